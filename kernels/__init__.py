@@ -1,0 +1,87 @@
+"""podkit's attention ops: one public function per op, dispatched by device.
+
+CUDA tensors go to the Triton kernels (``kernels/<op>.py``), everything else to the plain-PyTorch
+reference (``kernels/reference.py``), which is also the spec the kernels are tested against. Set
+``PODKIT_FORCE_REFERENCE=1`` to run the reference on CUDA too (debugging, A/B comparisons).
+Shapes and conventions: ARCHITECTURE.md.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+
+from . import reference
+
+__all__ = [
+    "decode_attention",
+    "selection_decode_attention",
+    "select_topk_positions",
+    "sparse_decode_attention",
+    "prefill_attention",
+    "sparse_prefill_attention",
+    "token_sparse_scores",
+    "pod_prefill_attention",
+    "pod_decode_attention",
+    "quest_page_scores",
+    "quest_select_pages",
+    "quest_page_minmax",
+    "reference",
+]
+
+# op name -> (module under kernels/, function name) of the Triton implementation
+_TRITON_IMPLEMENTATIONS = {
+    "decode_attention": ("decode_attention", "decode_attention_triton"),
+    "selection_decode_attention": ("decode_attention", "selection_decode_attention_triton"),
+    "sparse_decode_attention": ("sparse_decode_attention", "sparse_decode_attention_triton"),
+    "pod_decode_attention": ("pod_decode_attention", "pod_decode_attention_triton"),
+    "quest_page_scores": ("quest_pages", "quest_page_scores_triton"),
+    "quest_select_pages": ("quest_pages", "quest_select_pages_triton"),
+    "prefill_attention": ("prefill_attention", "prefill_attention_triton"),
+    "sparse_prefill_attention": ("sparse_prefill_attention", "sparse_prefill_attention_triton"),
+    "token_sparse_scores": ("token_sparse_scores", "token_sparse_scores_triton"),
+    "pod_prefill_attention": ("pod_prefill_attention", "pod_prefill_attention_triton"),
+}
+
+
+def use_triton(tensor) -> bool:
+    """Whether ops on ``tensor`` run the Triton kernel (CUDA and not forced to the reference)."""
+    return bool(getattr(tensor, "is_cuda", False)) and os.environ.get("PODKIT_FORCE_REFERENCE", "0") != "1"
+
+
+def triton_implementation(op: str):
+    """The Triton launcher of ``op`` (imported lazily: CPU users never import Triton code)."""
+    module_name, function_name = _TRITON_IMPLEMENTATIONS[op]
+    module = importlib.import_module(f"{__name__}.{module_name}")
+    return getattr(module, function_name)
+
+
+def _dispatch(op: str):
+    reference_fn = getattr(reference, op)
+
+    def op_fn(*args, **kwargs):
+        first = args[0] if args else next(iter(kwargs.values()))
+        if use_triton(first):
+            return triton_implementation(op)(*args, **kwargs)
+        return reference_fn(*args, **kwargs)
+
+    op_fn.__name__ = op
+    op_fn.__qualname__ = op
+    op_fn.__doc__ = f"Dispatching wrapper; see kernels.reference.{op} for the contract.\n\n" + (reference_fn.__doc__ or "")
+    return op_fn
+
+
+decode_attention = _dispatch("decode_attention")
+selection_decode_attention = _dispatch("selection_decode_attention")
+sparse_decode_attention = _dispatch("sparse_decode_attention")
+pod_decode_attention = _dispatch("pod_decode_attention")
+quest_page_scores = _dispatch("quest_page_scores")
+quest_select_pages = _dispatch("quest_select_pages")
+prefill_attention = _dispatch("prefill_attention")
+sparse_prefill_attention = _dispatch("sparse_prefill_attention")
+token_sparse_scores = _dispatch("token_sparse_scores")
+pod_prefill_attention = _dispatch("pod_prefill_attention")
+
+# Selection and page min/max are cheap torch ops on every device.
+select_topk_positions = reference.select_topk_positions
+quest_page_minmax = reference.quest_page_minmax

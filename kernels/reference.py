@@ -1,0 +1,416 @@
+"""Plain-PyTorch reference of every podkit attention op: the spec, and the CPU path.
+
+Each function computes in fp32 (or fp64 when given fp64 inputs, which the tests use as the
+"exact" answer) and returns the input dtype. Shapes and layout follow ARCHITECTURE.md:
+``B`` batch, ``Hq`` query heads, ``Hkv`` KV heads, ``G = Hq // Hkv`` (query head ``h`` reads KV
+head ``h // G``), ``D`` head dim. Caches use the "slot = position" layout: sequence ``b`` holds its
+tokens at slots ``[0, seq_lens[b])``. Index lists are padded with ``-1``.
+
+These functions favour clarity over speed: they materialise full score matrices. The Triton kernels
+in this package compute the same quantities without doing so.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+__all__ = [
+    "decode_attention",
+    "select_topk_positions",
+    "selection_decode_attention",
+    "sparse_decode_attention",
+    "prefill_attention",
+    "sparse_prefill_attention",
+    "token_sparse_scores",
+    "pod_prefill_attention",
+    "pod_decode_attention",
+    "pod_proximal_mask",
+    "quest_page_scores",
+    "quest_select_pages",
+    "quest_page_minmax",
+]
+
+
+def _compute_dtype(t: torch.Tensor) -> torch.dtype:
+    return torch.float64 if t.dtype == torch.float64 else torch.float32
+
+
+def _expand_kv(x: torch.Tensor, num_q_heads: int) -> torch.Tensor:
+    """[B, Hkv, ...] -> [B, Hq, ...] by repeating each KV head for its G query heads."""
+    group = num_q_heads // x.shape[1]
+    return x.repeat_interleave(group, dim=1) if group > 1 else x
+
+
+def _scale(scale: float | None, head_dim: int) -> float:
+    return head_dim ** -0.5 if scale is None else scale
+
+
+def _masked_softmax_attend(logits: torch.Tensor, valid: torch.Tensor, v: torch.Tensor):
+    """softmax(logits over valid) @ v, with rows that have no valid key returning 0 and lse -inf.
+
+    logits/valid: [..., K]; v: [..., K, D]. Returns (out [..., D], lse [...]).
+    """
+    logits = logits.masked_fill(~valid, float("-inf"))
+    lse = torch.logsumexp(logits, dim=-1)
+    safe_lse = torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))
+    probs = torch.exp(logits - safe_lse.unsqueeze(-1)).masked_fill(~valid, 0.0)
+    return torch.matmul(probs.unsqueeze(-2), v).squeeze(-2), lse
+
+
+# ----------------------------------------------------------------------------------------------
+# Decode: one query per sequence, at position seq_lens[b] - 1
+# ----------------------------------------------------------------------------------------------
+
+def decode_attention(q, k_cache, v_cache, seq_lens, *, scale=None, return_scores=False):
+    """Dense decode attention over each sequence's cached tokens.
+
+    Args:
+        q: [B, Hq, D] the new token's queries (its own K/V already appended to the cache).
+        k_cache, v_cache: [B, Hkv, N, D] post-RoPE keys and values, slot = position.
+        seq_lens: [B] int, number of valid slots (the query sits at seq_lens - 1).
+        return_scores: also return the raw logits q.k * scale, [B, Hq, N] fp32, -inf past seq_lens.
+    Returns:
+        out [B, Hq, D] in q.dtype (and scores).
+    """
+    ct = _compute_dtype(q)
+    batch, num_heads, head_dim = q.shape
+    n = k_cache.shape[2]
+    k = _expand_kv(k_cache, num_heads).to(ct)
+    v = _expand_kv(v_cache, num_heads).to(ct)
+    logits = torch.einsum("bhd,bhnd->bhn", q.to(ct), k) * _scale(scale, head_dim)
+    valid = torch.arange(n, device=q.device)[None, None, :] < seq_lens.to(q.device)[:, None, None]
+    out, _ = _masked_softmax_attend(logits, valid, v)
+    if return_scores:
+        return out.to(q.dtype), logits.masked_fill(~valid, float("-inf"))
+    return out.to(q.dtype)
+
+
+def select_topk_positions(scores, seq_lens, budget, *, group_size=1, per_kv_group=False):
+    """TidalDecode token selection (methods.md B.2): top-(budget-1) past slots + the current slot.
+
+    Args:
+        scores: [B, Hq, N] raw logits (-inf or anything past seq_lens; those slots are never chosen).
+        seq_lens: [B]; the current token sits at slot seq_lens - 1.
+        budget: tokens kept per head, the current one included.
+        group_size: G, query heads per KV head (only used with per_kv_group).
+        per_kv_group: select one list per KV head from the sum over its G query heads of their
+            softmax probabilities (a deviation from the paper that lets a GQA group share reads).
+    Returns:
+        indices [B, Hs, budget] int64, ascending, -1 padded where seq_lens < budget
+        (Hs = Hq, or Hq // group_size with per_kv_group).
+    """
+    batch, num_heads, n = scores.shape
+    seq_lens = seq_lens.to(scores.device)
+    slots = torch.arange(n, device=scores.device)
+    past = slots[None, :] < (seq_lens[:, None] - 1)  # [B, N]
+    s = scores.float().masked_fill(~past[:, None, :], float("-inf"))
+    if per_kv_group:
+        probs = torch.softmax(scores.float().masked_fill(~(slots[None, :] < seq_lens[:, None])[:, None, :], float("-inf")), -1)
+        probs = probs.masked_fill(~past[:, None, :], 0.0)
+        s = probs.view(batch, num_heads // group_size, group_size, n).sum(2)
+        s = s.masked_fill(~past[:, None, :], float("-inf"))
+    num_sel_heads = s.shape[1]
+    k = min(max(budget - 1, 0), n)
+    out = torch.full((batch, num_sel_heads, budget), -1, dtype=torch.int64, device=scores.device)
+    if k > 0:
+        top_vals, top_idx = torch.topk(s, k, dim=-1)
+        top_idx = torch.where(torch.isfinite(top_vals), top_idx, torch.full_like(top_idx, -1))
+        out[..., :k] = top_idx
+    current = (seq_lens - 1).clamp(min=0)
+    out[..., budget - 1] = current[:, None].expand(batch, num_sel_heads)
+    # ascending order with -1 padding first is awkward for readers; put padding last.
+    key = torch.where(out < 0, torch.full_like(out, n + 1), out)
+    out = torch.gather(out, -1, key.argsort(-1))
+    return out
+
+
+def selection_decode_attention(q, k_cache, v_cache, seq_lens, budget, *, scale=None, per_kv_group=False):
+    """Decode attention that also selects the next layers' positions (TidalDecode selection layer).
+
+    Returns (out [B, Hq, D], indices [B, Hs, budget]).
+    """
+    out, scores = decode_attention(q, k_cache, v_cache, seq_lens, scale=scale, return_scores=True)
+    group = q.shape[1] // k_cache.shape[1]
+    return out, select_topk_positions(scores, seq_lens, budget, group_size=group, per_kv_group=per_kv_group)
+
+
+def sparse_decode_attention(q, k_cache, v_cache, indices, *, scale=None):
+    """Decode attention over per-head slot lists (TidalDecode sparse layers, Quest, StreamingLLM).
+
+    Args:
+        q: [B, Hq, D]; k_cache, v_cache: [B, Hkv, N, D].
+        indices: [B, Hs, K] slots (-1 = unused). Hs = Hq (per query head) or Hkv (one list per
+            KV head, shared by its G query heads). Duplicate slots are counted once each (callers
+            don't produce them).
+    Returns:
+        out [B, Hq, D].
+    """
+    ct = _compute_dtype(q)
+    batch, num_heads, head_dim = q.shape
+    num_kv = k_cache.shape[1]
+    if indices.shape[1] == num_kv and num_kv != num_heads:
+        indices = _expand_kv(indices, num_heads)
+    valid = indices >= 0
+    idx = indices.clamp(min=0)
+    k = _expand_kv(k_cache, num_heads).to(ct)
+    v = _expand_kv(v_cache, num_heads).to(ct)
+    gather_idx = idx.unsqueeze(-1).expand(-1, -1, -1, head_dim)
+    k_sel = torch.gather(k, 2, gather_idx)
+    v_sel = torch.gather(v, 2, gather_idx)
+    logits = torch.einsum("bhd,bhkd->bhk", q.to(ct), k_sel) * _scale(scale, head_dim)
+    out, _ = _masked_softmax_attend(logits, valid, v_sel)
+    return out.to(q.dtype)
+
+
+# ----------------------------------------------------------------------------------------------
+# Prefill
+# ----------------------------------------------------------------------------------------------
+
+def prefill_attention(q, k, v, q_offsets, kv_lens, *, scale=None, return_lse=False):
+    """Causal attention for a chunk of queries against a (possibly longer) key sequence.
+
+    Args:
+        q: [B, Hq, S, D]; query i of sequence b sits at position q_offsets[b] + i.
+        k, v: [B, Hkv, N, D], slot = position; keys j < kv_lens[b] are valid.
+        q_offsets, kv_lens: [B] ints.
+    Returns:
+        out [B, Hq, S, D] (rows at positions >= kv_lens[b] are 0) and, with return_lse,
+        lse [B, Hq, S] fp32 (-inf for such rows).
+    """
+    ct = _compute_dtype(q)
+    batch, num_heads, s, head_dim = q.shape
+    n = k.shape[2]
+    kk = _expand_kv(k, num_heads).to(ct)
+    vv = _expand_kv(v, num_heads).to(ct)
+    qpos = q_offsets.to(q.device)[:, None] + torch.arange(s, device=q.device)[None, :]  # [B, S]
+    kpos = torch.arange(n, device=q.device)
+    valid = (kpos[None, None, :] <= qpos[:, :, None]) & (kpos[None, None, :] < kv_lens.to(q.device)[:, None, None])
+    valid = valid & (qpos < kv_lens.to(q.device)[:, None])[:, :, None]
+    logits = torch.einsum("bhsd,bhnd->bhsn", q.to(ct), kk) * _scale(scale, head_dim)
+    valid = valid[:, None, :, :].expand_as(logits)
+    out, lse = _masked_softmax_attend(logits, valid, vv.unsqueeze(2).expand(-1, -1, s, -1, -1))
+    if return_lse:
+        return out.to(q.dtype), lse.float() if ct != torch.float64 else lse
+    return out.to(q.dtype)
+
+
+def sparse_prefill_attention(q, k, v, indices, *, scale=None):
+    """Token Sparse compressed attention (methods.md C.1 steps 6-8), without the gathers' copies.
+
+    Args:
+        q: [B, Hq, S, D]; k, v: [B, Hkv, S, D] (same positions as q).
+        indices: [B, Hq, K] kept positions per query head, ascending, -1 padded. They are both the
+            kept queries and the kept keys.
+    Returns:
+        out [B, Hq, S, D]: causal attention among the kept positions written at their original
+        position; 0 at positions a head did not keep (the residual stream passes through there).
+    """
+    ct = _compute_dtype(q)
+    batch, num_heads, s, head_dim = q.shape
+    valid = indices >= 0
+    # scatter into one spare column so that -1 padding lands outside the sequence
+    kept = torch.zeros(batch, num_heads, s + 1, dtype=torch.bool, device=q.device)
+    kept.scatter_(2, torch.where(valid, indices, torch.full_like(indices, s)), True)
+    kept = kept[..., :s]
+    kk = _expand_kv(k, num_heads).to(ct)
+    vv = _expand_kv(v, num_heads).to(ct)
+    pos = torch.arange(s, device=q.device)
+    causal = pos[None, :] <= pos[:, None]  # [S, S]
+    mask = causal[None, None] & kept[:, :, None, :] & kept[:, :, :, None]
+    logits = torch.einsum("bhsd,bhnd->bhsn", q.to(ct), kk) * _scale(scale, head_dim)
+    out, _ = _masked_softmax_attend(logits, mask, vv.unsqueeze(2).expand(-1, -1, s, -1, -1))
+    out = out.masked_fill(~kept.unsqueeze(-1), 0.0)
+    return out.to(q.dtype)
+
+
+def token_sparse_scores(q, k, seq_lens, window):
+    """Token Sparse importance of each prefix key (methods.md C.1 step 2).
+
+    s_h[t] = mean over the last `window` valid queries i of softmax_j(q_i.k_j / sqrt(D))[t], with the
+    softmax over keys j <= i (causal). Keys inside the window and padding get 0.
+
+    Args:
+        q: [B, Hq, S, D]; k: [B, Hkv, S, D]; seq_lens: [B] valid length of each sequence.
+        window: W, the number of last queries that vote.
+    Returns:
+        scores [B, Hq, S] fp32.
+    """
+    ct = _compute_dtype(q)
+    batch, num_heads, s, head_dim = q.shape
+    kk = _expand_kv(k, num_heads).to(ct)
+    logits = torch.einsum("bhsd,bhnd->bhsn", q.to(ct), kk) * head_dim ** -0.5
+    pos = torch.arange(s, device=q.device)
+    lens = seq_lens.to(q.device)
+    causal = (pos[None, :] <= pos[:, None])[None] & (pos[None, None, :] < lens[:, None, None])  # [B, S, S]
+    probs = torch.softmax(logits.masked_fill(~causal[:, None], float("-inf")), dim=-1)
+    win_start = (lens - window).clamp(min=0)  # [B]
+    in_window_q = (pos[None, :] >= win_start[:, None]) & (pos[None, :] < lens[:, None])  # [B, S]
+    num_window = in_window_q.sum(-1).clamp(min=1).to(ct)
+    probs = probs.masked_fill(~in_window_q[:, None, :, None], 0.0)
+    scores = probs.sum(2) / num_window[:, None, None]
+    prefix = pos[None, :] < win_start[:, None]  # [B, S]
+    scores = scores.masked_fill(~prefix[:, None, :], 0.0)
+    return scores.float() if ct != torch.float64 else scores
+
+
+# ----------------------------------------------------------------------------------------------
+# POD
+# ----------------------------------------------------------------------------------------------
+
+def pod_proximal_mask(query_pos, key_pos, sink, recent):
+    """Whether key position j is proximal to query position i: j < sink or i - j < recent (j <= i assumed)."""
+    return (key_pos < sink) | ((query_pos - key_pos) < recent)
+
+
+def pod_prefill_attention(q, k_own, k_anchor, v, seq_lens, *, sink, recent, scale=None, return_gate=False):
+    """POD prefill / training attention (methods.md A.3), differentiable through autograd.
+
+    Two masked passes merged by log-sum-exp: proximal pairs (j <= i, j < sink or i - j < recent)
+    use the layer's own keys, distant pairs (j <= i otherwise) the anchor layer's keys; queries and
+    values are the layer's own. o = g o_P + (1 - g) o_D with g = sigmoid(lse_P - lse_D), which
+    equals one softmax over the concatenated logits.
+
+    Args:
+        q: [B, Hq, S, D]; k_own, k_anchor, v: [B, Hkv, S, D]; seq_lens: [B] (right padding).
+    Returns:
+        out [B, Hq, S, D] (0 on padding rows) and, with return_gate, gate [B, Hq, S] (1 where no
+        distant key exists).
+    """
+    ct = _compute_dtype(q)
+    batch, num_heads, s, head_dim = q.shape
+    sc = _scale(scale, head_dim)
+    pos = torch.arange(s, device=q.device)
+    lens = seq_lens.to(q.device)
+    causal = (pos[None, :] <= pos[:, None])[None] & (pos[None, None, :] < lens[:, None, None]) \
+        & (pos[None, :, None] < lens[:, None, None])  # [B, S, S]
+    proximal = pod_proximal_mask(pos[:, None], pos[None, :], sink, recent)[None] & causal
+    distant = causal & ~proximal
+    qc = q.to(ct)
+    vv = _expand_kv(v, num_heads).to(ct)
+    logits_p = torch.einsum("bhsd,bhnd->bhsn", qc, _expand_kv(k_own, num_heads).to(ct)) * sc
+    logits_d = torch.einsum("bhsd,bhnd->bhsn", qc, _expand_kv(k_anchor, num_heads).to(ct)) * sc
+    logits_p = logits_p.masked_fill(~proximal[:, None], float("-inf"))
+    logits_d = logits_d.masked_fill(~distant[:, None], float("-inf"))
+    lse_p = torch.logsumexp(logits_p, -1)
+    lse_d = torch.logsumexp(logits_d, -1)
+    lse = torch.logaddexp(lse_p, lse_d)
+    safe = torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse)).unsqueeze(-1)
+    probs = torch.exp(logits_p - safe) + torch.exp(logits_d - safe)
+    out = torch.matmul(probs, vv)
+    out = torch.where(torch.isfinite(lse).unsqueeze(-1), out, torch.zeros_like(out))
+    if return_gate:
+        gate = torch.exp(lse_p - safe.squeeze(-1))
+        gate = torch.where(torch.isfinite(lse_p), gate, torch.zeros_like(gate))
+        return out.to(q.dtype), gate.float() if ct != torch.float64 else gate
+    return out.to(q.dtype)
+
+
+def pod_decode_attention(q, k_local, k_anchor, v_cache, seq_lens, *, sink, recent, scale=None, gate_tau=None,
+                         return_gate=False):
+    """POD decode: proximal keys from the layer's own sink + ring, distant keys from the anchor.
+
+    Args:
+        q: [B, Hq, D], the query at position p = seq_lens - 1.
+        k_local: [B, Hkv, sink + recent, D]; slot t < sink holds position t, slot sink + (j % recent)
+            holds position j for the last `recent` positions.
+        k_anchor: [B, Hkv, N, D] the anchor layer's keys at every position (slot = position).
+        v_cache: [B, Hkv, N, D] the layer's own values.
+        gate_tau: if set, heads whose proximal gate g >= tau use proximal attention only.
+    Returns:
+        out [B, Hq, D] (and gate [B, Hq] with return_gate, computed before any skipping).
+    """
+    ct = _compute_dtype(q)
+    batch, num_heads, head_dim = q.shape
+    n = v_cache.shape[2]
+    sc = _scale(scale, head_dim)
+    lens = seq_lens.to(q.device)
+    p = lens - 1
+    j = torch.arange(n, device=q.device)
+    causal = j[None, :] <= p[:, None]  # [B, N]
+    proximal = pod_proximal_mask(p[:, None], j[None, :], sink, recent) & causal
+    distant = causal & ~proximal
+    # effective proximal keys at every position (only proximal positions are read)
+    local_slot = torch.where(j < sink, j, sink + (j % recent)).clamp(max=k_local.shape[2] - 1)
+    k_prox = k_local[:, :, local_slot, :]  # [B, Hkv, N, D]
+    qc = q.to(ct)
+    logits_p = torch.einsum("bhd,bhnd->bhn", qc, _expand_kv(k_prox, num_heads).to(ct)) * sc
+    logits_d = torch.einsum("bhd,bhnd->bhn", qc, _expand_kv(k_anchor, num_heads).to(ct)) * sc
+    logits_p = logits_p.masked_fill(~proximal[:, None], float("-inf"))
+    logits_d = logits_d.masked_fill(~distant[:, None], float("-inf"))
+    lse_p = torch.logsumexp(logits_p, -1)
+    lse_d = torch.logsumexp(logits_d, -1)
+    gate = torch.sigmoid(lse_p - lse_d)
+    if gate_tau is not None:
+        skip = gate >= gate_tau
+        logits_d = logits_d.masked_fill(skip.unsqueeze(-1), float("-inf"))
+    logits = torch.where(proximal[:, None], logits_p, logits_d)
+    valid = causal[:, None].expand_as(logits) & torch.isfinite(logits)
+    out, _ = _masked_softmax_attend(logits, valid, _expand_kv(v_cache, num_heads).to(ct))
+    if return_gate:
+        return out.to(q.dtype), gate.float()
+    return out.to(q.dtype)
+
+
+# ----------------------------------------------------------------------------------------------
+# Quest
+# ----------------------------------------------------------------------------------------------
+
+def quest_page_minmax(k_cache, seq_lens, page_size):
+    """Per-page, per-channel key max and min: ([B, Hkv, P, D], [B, Hkv, P, D]), P = ceil(N / page_size).
+
+    Slots past seq_lens don't contribute; an empty page gets max -inf and min +inf.
+    """
+    batch, num_kv, n, head_dim = k_cache.shape
+    pages = -(-n // page_size)
+    pad = pages * page_size - n
+    valid = torch.arange(pages * page_size, device=k_cache.device)[None, :] < seq_lens.to(k_cache.device)[:, None]
+    k = F.pad(k_cache.float(), (0, 0, 0, pad)).view(batch, num_kv, pages, page_size, head_dim)
+    valid = valid.view(batch, 1, pages, page_size, 1)
+    page_max = k.masked_fill(~valid, float("-inf")).amax(3)
+    page_min = k.masked_fill(~valid, float("inf")).amin(3)
+    return page_max, page_min
+
+
+def quest_page_scores(q, page_max, page_min, seq_lens, page_size):
+    """Quest criticality upper bound per (head, page) (methods.md D.1).
+
+    U = sum_i max(q_i M_i, q_i m_i), unscaled. Empty pages get -inf; the current (last) page +inf
+    so that it is always selected.
+
+    Args: q [B, Hq, D]; page_max, page_min [B, Hkv, P, D]; seq_lens [B].
+    Returns: scores [B, Hq, P] fp32.
+    """
+    batch, num_heads, head_dim = q.shape
+    pages = page_max.shape[2]
+    qf = q.float()[:, :, None, :]
+    mx = _expand_kv(page_max, num_heads).float()
+    mn = _expand_kv(page_min, num_heads).float()
+    prod = torch.maximum(qf * mx, qf * mn)
+    prod = torch.nan_to_num(prod, nan=float("-inf"))  # 0 * inf on empty pages
+    scores = prod.sum(-1)
+    lens = seq_lens.to(q.device)
+    page_ids = torch.arange(pages, device=q.device)
+    num_pages = -(-lens // page_size)
+    current = num_pages - 1
+    scores = scores.masked_fill(~(page_ids[None, None, :] < num_pages[:, None, None]), float("-inf"))
+    scores = torch.where(page_ids[None, None, :] == current[:, None, None], torch.full_like(scores, float("inf")), scores)
+    return scores
+
+
+def quest_select_pages(scores, seq_lens, page_size, budget):
+    """Top budget // page_size pages per head (the current page included), as token slot lists.
+
+    Returns indices [B, Hq, K] with K = (budget // page_size) * page_size, ascending, -1 padded
+    (slots past seq_lens and unselected entries).
+    """
+    batch, num_heads, pages = scores.shape
+    num_sel = max(1, min(budget // page_size, pages))
+    top_vals, top_pages = torch.topk(scores, num_sel, dim=-1)
+    top_pages = torch.where(torch.isfinite(top_vals) | (top_vals > 0), top_pages, torch.full_like(top_pages, -1))
+    top_pages, _ = torch.sort(torch.where(top_pages < 0, torch.full_like(top_pages, pages + 1), top_pages), dim=-1)
+    slots = top_pages[..., None] * page_size + torch.arange(page_size, device=scores.device)
+    slots = slots.flatten(-2)
+    valid = (top_pages[..., None] < pages).expand(-1, -1, -1, page_size).flatten(-2)
+    valid = valid & (slots < seq_lens.to(scores.device)[:, None, None])
+    return torch.where(valid, slots, torch.full_like(slots, -1))
