@@ -1,0 +1,115 @@
+"""Shared helpers for the prefill/training-side Triton kernels.
+
+Input checks (raised before any launch, naming the argument, the value and what is allowed),
+interpreter detection (``TRITON_INTERPRET=1`` runs kernels on CPU with small single configs) and
+the dtype-dependent ``tl.dot`` precision choice.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+LOG2_E = 1.4426950408889634
+
+
+def interpreter_active() -> bool:
+    """True when Triton kernels run through the CPU interpreter (``TRITON_INTERPRET=1``)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def _patch_interpreter_scalar_index() -> None:
+    """Let loop bounds computed from loaded scalars work in the Triton 3.6 interpreter.
+
+    The interpreter keeps scalars (``tl.load(ptr)``, ``tl.program_id``) as 1-element numpy arrays
+    and converts them with ``int(array)``, which numpy >= 2.4 rejects for ndim > 0 arrays
+    ("only 0-dimensional arrays can be converted to Python scalars"); ``range(0, n, BLOCK)`` with
+    a runtime ``n`` then fails. ``for`` loops (not ``while``) are what the GPU compiler software-
+    pipelines, so the kernels keep them and the interpreter's ``__index__`` uses ``.item()``.
+    Idempotent; does nothing outside the interpreter.
+    """
+    from triton.runtime import interpreter
+
+    original = interpreter._patch_lang_tensor
+    if getattr(original, "_podkit_scalar_index", False):
+        return
+
+    def patched(tensor, scope):
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    patched._podkit_scalar_index = True
+    interpreter._patch_lang_tensor = patched
+
+
+if interpreter_active():
+    _patch_interpreter_scalar_index()
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    """``tl.dot`` input precision: fp32 inputs use exact IEEE math (tf32 would lose ~3 digits);
+    fp16/bf16 inputs use the tensor cores' native precision with fp32 accumulation."""
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def head_dim_block(head_dim: int) -> int:
+    """Power-of-two register tile for the head dimension (masked when ``D`` is not a power of 2)."""
+    return max(16, 1 << (head_dim - 1).bit_length())
+
+
+def resolve_scale(scale, head_dim: int) -> float:
+    if scale is None:
+        return head_dim ** -0.5
+    scale = float(scale)
+    if not math.isfinite(scale) or scale <= 0:
+        raise ValueError(f"scale={scale} must be a finite positive number (default D ** -0.5)")
+    return scale
+
+
+def check_float_tensor(name: str, tensor, ndim: int, *, dtype=None, device=None) -> None:
+    """Tensor type, rank, dtype (fp16/bf16/fp32, or equal to ``dtype``) and device checks."""
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
+    if tensor.dim() != ndim:
+        raise ValueError(f"{name} must have {ndim} dimensions, got shape {tuple(tensor.shape)}")
+    if tensor.dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"{name}.dtype={tensor.dtype} is not supported; allowed: float16, bfloat16, float32")
+    if dtype is not None and tensor.dtype != dtype:
+        raise TypeError(f"{name}.dtype={tensor.dtype} must equal q.dtype={dtype}")
+    if device is not None and tensor.device != device:
+        raise ValueError(f"{name} is on {tensor.device} but q is on {device}; all inputs must share a device")
+    if tensor.numel() > 0 and tensor.stride(-1) != 1:
+        raise ValueError(f"{name} must be contiguous in its last (head) dimension, got strides {tensor.stride()}")
+
+
+def check_int_vector(name: str, tensor, batch: int, device, *, low: int, high: int | None) -> torch.Tensor:
+    """Per-sequence integer vector ``[B]`` with values in ``[low, high]``; returned as int32.
+
+    The range check reads the values (one device sync); it runs before any kernel launch.
+    """
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor of shape [{batch}], got {type(tensor).__name__}")
+    if tensor.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"{name}.dtype={tensor.dtype} must be int32 or int64")
+    if tuple(tensor.shape) != (batch,):
+        raise ValueError(f"{name} must have shape [{batch}] (one entry per sequence), got {tuple(tensor.shape)}")
+    if tensor.device != device:
+        raise ValueError(f"{name} is on {tensor.device} but q is on {device}; all inputs must share a device")
+    if batch > 0:
+        lo, hi = int(tensor.min()), int(tensor.max())
+        if lo < low or (high is not None and hi > high):
+            allowed = f"[{low}, {high}]" if high is not None else f">= {low}"
+            raise ValueError(f"{name} has values in [{lo}, {hi}]; allowed range is {allowed}")
+    return tensor.to(torch.int32).contiguous()
+
+
+def check_gqa(num_q_heads: int, num_kv_heads: int, kv_name: str = "k") -> int:
+    if num_kv_heads <= 0 or num_q_heads % num_kv_heads != 0:
+        raise ValueError(
+            f"q has {num_q_heads} heads and {kv_name} has {num_kv_heads}: the query head count must be a "
+            f"positive multiple of the KV head count (GQA group size G = Hq // Hkv)"
+        )
+    return num_q_heads // num_kv_heads
