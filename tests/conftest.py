@@ -1,0 +1,35 @@
+"""Test-wide setup.
+
+- Triton kernels run on CPU through the interpreter: TRITON_INTERPRET must be set before any
+  ``@triton.jit`` decorator runs, i.e. before the kernel modules are imported.
+- No hub, ever: tests build tiny models locally or use the embedded default.
+- podkit's top-level package ``kernels`` shadows Hugging Face's optional ``kernels`` package, which
+  transformers probes; a test below checks transformers still reports it unavailable.
+"""
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest  # noqa: E402
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU (run `pytest -m gpu` on the H200)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip_gpu)
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
