@@ -1,0 +1,259 @@
+"""Full decode attention (split-K / flash-decoding) and the TidalDecode selection layer, in Triton.
+
+`decode_attention_triton`: one query per sequence (at position seq_lens[b]-1, its own K/V already
+in the cache) against all cached keys, GQA native (one program loads each K/V row once for the
+`G` query heads of its group), ragged batches native (slot = position layout), optional raw
+per-head logits `scores[B,Hq,N]` (fp32, q.k*scale, -inf at slots >= seq_lens[b]).
+
+`selection_decode_attention_triton`: TidalDecode's token selection layer (Yang et al., "TidalDecode:
+Fast and Accurate LLM Decoding with Position Persistent Sparse Attention", arXiv 2410.05076, B.2 of
+shared/reference/methods.md): full attention (exact output) plus, per query head (Hs = Hq) or per
+GQA group (Hs = Hkv, summing the group's softmax probabilities), the top-(budget-1) slots among
+slots < seq_lens-1 plus the current slot, returned ascending and -1 padded.
+
+Top-k choice: the split kernel writes the selection logits itself (with the current slot already
+excluded, -inf), so no separate pass over the keys happens in Python; the k-largest search is
+then `torch.topk(sorted=False)` on those fp32 logits followed by a sort of the k winners' slot
+numbers (ascending order is part of the contract). torch.topk is a multi-block radix select on
+CUDA; this is the simple choice kept while it meets the 1.4x-of-full-decode target measured in
+eval/bench/kernels_decode.py. Per-KV-group mode adds one small Triton pass that turns the G
+heads' logits into summed probabilities with the merged LSE.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels import _decode_common as C
+
+# Tile of keys per loop iteration and launch shape. BLOCK_N=64 keeps a K and a V tile of
+# 64 x 128 bf16 (16 KiB each) in flight per stage; measured on H200 in eval/bench/kernels_decode.py.
+_BLOCK_N = 64
+_NUM_WARPS = 4
+_NUM_STAGES = 3
+
+
+@triton.jit
+def _decode_split_kernel(
+    Q, K, V, SeqLens, OPart, LSEPart, Scores,
+    sm_scale, N, chunk,
+    stride_qb, stride_qh,
+    stride_kb, stride_kh, stride_kn,
+    stride_vb, stride_vh, stride_vn,
+    stride_opb, stride_oph, stride_ops,
+    stride_lpb, stride_lph,
+    stride_sb, stride_sh,
+    Hkv,
+    G: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
+    D: tl.constexpr, BLOCK_D: tl.constexpr,
+    RETURN_SCORES: tl.constexpr, EXCLUDE_LAST: tl.constexpr, IEEE: tl.constexpr,
+):
+    """Program (split, b*Hkv + kvh): keys [split*chunk, split*chunk + chunk) of one sequence and KV
+    head, for the G query heads kvh*G .. kvh*G+G-1. Writes o_part/lse_part and, with
+    RETURN_SCORES, the logits of its slots (-inf past seq_len; with EXCLUDE_LAST also at the
+    current slot seq_len-1, which TidalDecode appends to the selection unconditionally)."""
+    split = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // Hkv
+    kvh = bh % Hkv
+    seq_len = tl.load(SeqLens + b).to(tl.int32)
+    start = split * chunk
+    end = tl.minimum(start + chunk, seq_len)
+
+    offs_g = tl.arange(0, BLOCK_G)
+    offs_d = tl.arange(0, BLOCK_D)
+    g_mask = offs_g < G
+    d_mask = offs_d < D
+    heads = kvh * G + offs_g
+    q = tl.load(Q + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
+                mask=g_mask[:, None] & d_mask[None, :], other=0.0)
+    k_base = K + b * stride_kb + kvh * stride_kh
+    v_base = V + b * stride_vb + kvh * stride_vh
+    s_base = Scores + b * stride_sb + heads[:, None] * stride_sh
+
+    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    for n0 in range(start, end, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        n_mask = offs_n < end
+        kv_mask = n_mask[:, None] & d_mask[None, :]
+        k = tl.load(k_base + offs_n[:, None] * stride_kn + offs_d[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_d[None, :], mask=kv_mask, other=0.0)
+        s = C.tile_logits(q, k, sm_scale, True, IEEE)
+        s = tl.where(n_mask[None, :], s, float("-inf"))
+        if RETURN_SCORES:
+            s_out = s
+            if EXCLUDE_LAST:
+                s_out = tl.where(offs_n[None, :] == seq_len - 1, float("-inf"), s)
+            tl.store(s_base + offs_n[None, :], s_out, mask=g_mask[:, None] & n_mask[None, :])
+        m_i, l_i, acc = C.online_softmax_update(s, v, m_i, l_i, acc, True, IEEE)
+
+    if RETURN_SCORES:
+        # slots of this chunk at or past seq_len (up to the capacity N) read as -inf
+        tail_end = tl.minimum(start + chunk, N)
+        tail_start = tl.maximum(start, seq_len)
+        for n0 in range(tail_start, tail_end, BLOCK_N):
+            offs_n = n0 + tl.arange(0, BLOCK_N)
+            neg = tl.full([BLOCK_G, BLOCK_N], float("-inf"), tl.float32)
+            tl.store(s_base + offs_n[None, :], neg, mask=g_mask[:, None] & (offs_n[None, :] < tail_end))
+
+    C.store_partial(OPart, LSEPart, m_i, l_i, acc,
+                    b * stride_opb + heads * stride_oph + split * stride_ops,
+                    b * stride_lpb + heads * stride_lph + split,
+                    g_mask, offs_d, D)
+
+
+def _check_decode_inputs(q, k_cache, v_cache, seq_lens):
+    C.check_float("q", q, 3, "[B,Hq,D]")
+    C.check_float("k_cache", k_cache, 4, "[B,Hkv,N,D]")
+    C.check_float("v_cache", v_cache, 4, "[B,Hkv,N,D]")
+    C.check_same("k_cache", k_cache, "q", q)
+    C.check_same("v_cache", v_cache, "q", q)
+    B, Hq, D = q.shape
+    if k_cache.shape[0] != B or k_cache.shape[3] != D:
+        raise ValueError(f"k_cache shape {tuple(k_cache.shape)} does not match q [B={B},Hq={Hq},D={D}]; "
+                         f"expected [B,Hkv,N,D]")
+    if v_cache.shape != k_cache.shape:
+        raise ValueError(f"v_cache shape {tuple(v_cache.shape)} must equal k_cache shape {tuple(k_cache.shape)}")
+    C.check_head_dim(D)
+    G = C.check_gqa(Hq, k_cache.shape[1])
+    C.check_index_tensor("seq_lens", seq_lens, 1, "[B]", q.device)
+    if seq_lens.shape[0] != B:
+        raise ValueError(f"seq_lens has {seq_lens.shape[0]} entries but the batch is B={B}")
+    N = k_cache.shape[2]
+    if N < 1:
+        raise ValueError(f"k_cache has capacity N={N}; it must hold at least the current token")
+    C.check_seq_lens_values(seq_lens, N)
+    return B, Hq, k_cache.shape[1], N, D, G
+
+
+def _launch_decode(q, k_cache, v_cache, seq_lens, scale, scores, exclude_last, lse_out=None,
+                   block_n=_BLOCK_N, num_warps=_NUM_WARPS, num_stages=_NUM_STAGES):
+    B, Hq, D = q.shape
+    Hkv, N = k_cache.shape[1], k_cache.shape[2]
+    G = Hq // Hkv
+    q, k_cache, v_cache = (C.last_dim_contiguous(t) for t in (q, k_cache, v_cache))
+    num_splits, chunk = C.plan_splits(N, B * Hkv, q.device, block_n)
+    o_part, lse_part = C.alloc_partials(B, Hq, num_splits, D, q.device)
+    scores_arg = scores if scores is not None else lse_part
+    launch = dict(num_warps=num_warps) if C.interpreting() else dict(num_warps=num_warps, num_stages=num_stages)
+    _decode_split_kernel[(num_splits, B * Hkv)](
+        q, k_cache, v_cache, seq_lens, o_part, lse_part, scores_arg,
+        scale, N, chunk,
+        q.stride(0), q.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        o_part.stride(0), o_part.stride(1), o_part.stride(2),
+        lse_part.stride(0), lse_part.stride(1),
+        scores_arg.stride(0) if scores is not None else 0, scores_arg.stride(1) if scores is not None else 0,
+        Hkv,
+        G=G, BLOCK_G=C.block_g(G), BLOCK_N=block_n, D=D, BLOCK_D=triton.next_power_of_2(D),
+        RETURN_SCORES=scores is not None, EXCLUDE_LAST=exclude_last,
+        IEEE=q.dtype == torch.float32,
+        **launch,
+    )
+    out = torch.empty(B, Hq, D, device=q.device, dtype=q.dtype)
+    C.merge_splits(o_part, lse_part, out, lse_out=lse_out)
+    return out
+
+
+def decode_attention_triton(q, k_cache, v_cache, seq_lens, *, scale=None, return_scores=False):
+    """Full decode attention.
+
+    q: [B,Hq,D]; k_cache, v_cache: [B,Hkv,N,D] (same float dtype: fp16 / bf16 / fp32; keys
+    post-RoPE); seq_lens: [B] int32/int64 in [1, N]. Hq = G * Hkv for any G.
+    Returns out [B,Hq,D] (q.dtype; fp32 accumulation), and with return_scores=True also
+    scores [B,Hq,N] fp32 raw logits q.k*scale with -inf at slots >= seq_lens[b].
+    """
+    B, Hq, Hkv, N, D, G = _check_decode_inputs(q, k_cache, v_cache, seq_lens)
+    scale = C.resolve_scale(scale, D)
+    scores = torch.empty(B, Hq, N, device=q.device, dtype=torch.float32) if return_scores else None
+    out = _launch_decode(q, k_cache, v_cache, seq_lens, scale, scores, exclude_last=False)
+    return (out, scores) if return_scores else out
+
+
+# ---------------------------------------------------------------------------------------------
+# Selection layer
+# ---------------------------------------------------------------------------------------------
+
+@triton.jit
+def _group_probability_kernel(
+    Scores, LSE, Out, N,
+    stride_sb, stride_sh, stride_ob, stride_oh,
+    Hkv, G: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """Program (n-block, b*Hkv+kvh): out[b,kvh,n] = sum_g exp(scores[b,kvh*G+g,n] - lse[b,kvh*G+g]),
+    the summed softmax probability of the group (-inf where every head has -inf, so that empty
+    slots stay unselectable)."""
+    nb = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // Hkv
+    kvh = bh % Hkv
+    offs_g = tl.arange(0, BLOCK_G)
+    offs_n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
+    g_mask = offs_g < G
+    n_mask = offs_n < N
+    heads = kvh * G + offs_g
+    lse = tl.load(LSE + b * (Hkv * G) + heads, mask=g_mask, other=float("inf"))
+    s = tl.load(Scores + b * stride_sb + heads[:, None] * stride_sh + offs_n[None, :],
+                mask=g_mask[:, None] & n_mask[None, :], other=float("-inf"))
+    p = tl.exp(s - lse[:, None])
+    total = tl.sum(p, axis=0)
+    any_valid = tl.max(s, axis=0) > float("-inf")
+    total = tl.where(any_valid, total, float("-inf"))
+    tl.store(Out + b * stride_ob + kvh * stride_oh + offs_n, total, mask=n_mask)
+
+
+def _topk_with_current(sel_scores: torch.Tensor, seq_lens: torch.Tensor, budget: int) -> torch.Tensor:
+    """sel_scores[B,Hs,N] fp32 with -inf at unselectable slots (past seq_len and the current slot)
+    -> indices[B,Hs,budget] int64: top-(budget-1) slots + the current slot, ascending, -1 padded."""
+    B, Hs, N = sel_scores.shape
+    k_top = min(budget - 1, N)
+    current = (seq_lens.to(torch.int64) - 1).view(B, 1, 1).expand(B, Hs, 1)
+    if k_top > 0:
+        values, idx = torch.topk(sel_scores, k_top, dim=-1, sorted=False)
+        # -inf winners are slots that do not exist (sequence shorter than the budget): push them
+        # past every real slot so that the sort leaves them at the end, then mark them -1.
+        idx = torch.where(values == float("-inf"), torch.full_like(idx, N), idx)
+        chosen = torch.cat([idx, current], dim=-1)
+    else:
+        chosen = current.clone()
+    chosen = torch.sort(chosen, dim=-1).values
+    chosen = torch.where(chosen >= N, torch.full_like(chosen, -1), chosen)
+    if chosen.shape[-1] < budget:
+        pad = torch.full((B, Hs, budget - chosen.shape[-1]), -1, device=chosen.device, dtype=chosen.dtype)
+        chosen = torch.cat([chosen, pad], dim=-1)
+    return chosen
+
+
+def selection_decode_attention_triton(q, k_cache, v_cache, seq_lens, budget, *, scale=None,
+                                      per_kv_group=False):
+    """TidalDecode token-selection layer: full decode attention + top-k positions.
+
+    q: [B,Hq,D]; k_cache, v_cache: [B,Hkv,N,D]; seq_lens: [B] in [1, N]; budget: int >= 1, the
+    number of selected slots including the current one.
+    Returns (out [B,Hq,D] exact full attention, indices [B,Hs,budget] int64), Hs = Hq, or Hkv with
+    per_kv_group=True (the G heads' softmax probabilities summed, one selection per KV head).
+    Indices: the top-(budget-1) slots among [0, seq_lens[b]-1) by logit (per head) or summed
+    probability (per group), plus seq_lens[b]-1; ascending; -1 padded when seq_lens[b] < budget.
+    """
+    B, Hq, Hkv, N, D, G = _check_decode_inputs(q, k_cache, v_cache, seq_lens)
+    if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
+        raise ValueError(f"budget must be an int >= 1 (selected slots, current one included), got {budget!r}")
+    scale = C.resolve_scale(scale, D)
+    scores = torch.empty(B, Hq, N, device=q.device, dtype=torch.float32)
+    lse = torch.empty(B, Hq, device=q.device, dtype=torch.float32) if per_kv_group else None
+    out = _launch_decode(q, k_cache, v_cache, seq_lens, scale, scores, exclude_last=True, lse_out=lse)
+    if per_kv_group:
+        group_scores = torch.empty(B, Hkv, N, device=q.device, dtype=torch.float32)
+        block_n = 256
+        _group_probability_kernel[(triton.cdiv(N, block_n), B * Hkv)](
+            scores, lse, group_scores, N,
+            scores.stride(0), scores.stride(1), group_scores.stride(0), group_scores.stride(1),
+            Hkv, G=G, BLOCK_G=triton.next_power_of_2(G), BLOCK_N=block_n, num_warps=4,
+        )
+        scores = group_scores
+    return out, _topk_with_current(scores, seq_lens, budget)
