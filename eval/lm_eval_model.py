@@ -1,0 +1,65 @@
+"""lm-evaluation-harness model ``podkit``: an HFLM whose model_args choose checkpoint and schemes.
+
+    python -m eval.lm_eval run --model podkit \\
+        --model_args pretrained=default decode_scheme=tidal budget=128 \\
+        --tasks podkit_passkey --device cpu --batch_size 1
+
+model_args (besides every HFLM argument such as ``batch_size`` or ``max_length``):
+
+* ``pretrained``: ``default`` (the embedded SmolLM2-135M-Instruct) or a checkpoint folder;
+* ``dtype``: ``auto`` (bf16 on CUDA, fp32 on CPU), ``float32``, ``bfloat16``, ``float16``;
+* any flat scheme override of sparse_models.config (``prefill_scheme``, ``decode_scheme``,
+  ``tidal_budget``, ``token_sparse_coverage``, ``pod_blocks_file``, ...);
+* ``budget``: shorthand for the decode scheme's budget (see :func:`eval.schemes.budget_overrides`).
+
+lm-eval also hands model_args to task code as metadata; the local tasks (eval/tasks) use
+``pretrained`` to pick the tokenizer that sizes their prompts.
+
+Note on phases: lm-eval feeds each request's whole prompt through prefill, so a *decode* scheme
+only acts on generated tokens after the first (and not at all on log-likelihood requests).
+``python -m eval.quality`` puts the passkey question in the decode phase instead (see there).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lm_eval.api.registry import register_model
+from lm_eval.models.huggingface import HFLM
+
+from eval.models import load_model, load_tokenizer
+from eval.schemes import budget_overrides
+
+
+def split_model_args(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(scheme overrides, remaining HFLM kwargs); ``budget`` expands to the decode scheme's field."""
+    from sparse_models.config import is_override_key
+
+    overrides = {key: kwargs[key] for key in kwargs if is_override_key(key)}
+    rest = {key: value for key, value in kwargs.items() if key not in overrides and key != "budget"}
+    if kwargs.get("budget") is not None:
+        decode_scheme = overrides.get("decode_scheme", "dense")
+        expanded = budget_overrides(decode_scheme, int(kwargs["budget"]))
+        overrides = expanded | {k: v for k, v in overrides.items() if k not in expanded or k == "decode_scheme"}
+    return overrides, rest
+
+
+@register_model("podkit")
+class PodkitLM(HFLM):
+    """HFLM over a podkit model (sparse_models classes) built by :func:`eval.models.load_model`."""
+
+    def __init__(self, pretrained: str = "default", dtype: str = "auto", device: str | None = None,
+                 **kwargs: Any) -> None:
+        import torch
+
+        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        overrides, rest = split_model_args(kwargs)
+        rest.pop("tokenizer", None)  # the tokenizer always comes with the checkpoint
+        rest.pop("trust_remote_code", None)
+        self.podkit_pretrained = pretrained
+        self.podkit_overrides = overrides
+        model = load_model(pretrained, device=device, dtype=dtype, **overrides)
+        tokenizer = load_tokenizer(pretrained)
+        if tokenizer.pad_token_id is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        super().__init__(pretrained=model, tokenizer=tokenizer, device=device, **rest)

@@ -1,0 +1,88 @@
+"""Named scheme settings for sweeps: a label and the flat overrides that load it.
+
+One place maps a human setting ("tidal@128", "token_sparse@0.005") to the load-time overrides of
+sparse_models.config, so the fidelity sweep, ``eval.quality`` and the lm-eval model agree on what a
+"budget" means for each decode method:
+
+* TidalDecode: ``tidal_budget`` = tokens attended per sparse layer, the current token included;
+* Quest: ``quest_budget`` = tokens of the selected pages (page size 16, the current page included);
+* StreamingLLM: 4 sink tokens + ``budget - 4`` most recent tokens (the same number of keys read).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+BUDGETED_DECODE_SCHEMES = ("tidal", "quest", "streaming", "pod+tidal")
+STREAMING_SINK_TOKENS = 4
+
+
+@dataclass(frozen=True)
+class Setting:
+    """A scheme setting: ``label`` for tables, ``method`` for grouping, ``overrides`` for loading."""
+
+    label: str
+    method: str
+    overrides: dict[str, Any] = field(default_factory=dict)
+    budget: int | None = None
+    coverage: float | None = None
+
+    @property
+    def phase(self) -> str:
+        """Which phase the setting makes sparse: "decode", "prefill", "both" or "none" (dense)."""
+        prefill = self.overrides.get("prefill_scheme", "dense") != "dense"
+        decode = self.overrides.get("decode_scheme", "dense") != "dense"
+        return {(False, False): "none", (True, False): "prefill", (False, True): "decode"}.get((prefill, decode), "both")
+
+
+def budget_overrides(decode_scheme: str, budget: int) -> dict[str, Any]:
+    """The overrides that give ``decode_scheme`` a budget of ``budget`` keys per query."""
+    if isinstance(budget, bool) or not isinstance(budget, int) or budget < 2:
+        raise ValueError(f"budget={budget!r} is invalid: expected an integer >= 2")
+    if decode_scheme in ("tidal", "pod+tidal"):
+        return {"decode_scheme": decode_scheme, "tidal_budget": budget}
+    if decode_scheme == "quest":
+        return {"decode_scheme": "quest", "quest_budget": budget}
+    if decode_scheme == "streaming":
+        if budget <= STREAMING_SINK_TOKENS:
+            raise ValueError(f"budget={budget} is too small for streaming: expected > {STREAMING_SINK_TOKENS} sink tokens")
+        return {"decode_scheme": "streaming", "streaming_sink_tokens": STREAMING_SINK_TOKENS,
+                "streaming_recent_window": budget - STREAMING_SINK_TOKENS}
+    raise ValueError(f"decode_scheme={decode_scheme!r} has no budget: expected one of {', '.join(BUDGETED_DECODE_SCHEMES)}")
+
+
+def dense() -> Setting:
+    return Setting("dense", "dense", {})
+
+
+def budgeted(method: str, budget: int, **extra: Any) -> Setting:
+    return Setting(f"{method}@{budget}", method, budget_overrides(method, budget) | extra, budget=budget)
+
+
+def token_sparse(coverage: float, **extra: Any) -> Setting:
+    return Setting(f"token_sparse@{coverage:g}", "token_sparse",
+                   {"prefill_scheme": "token_sparse", "token_sparse_coverage": coverage} | extra, coverage=coverage)
+
+
+def pod_zero_shot(blocks_file: str | None, **extra: Any) -> Setting:
+    """POD applied without training: blocks from the similarity calibration, both phases POD."""
+    overrides = {"prefill_scheme": "pod", "decode_scheme": "pod"} | extra
+    if blocks_file:
+        overrides["pod_blocks_file"] = str(blocks_file)
+    return Setting("pod_zero_shot", "pod", overrides)
+
+
+def parse_setting(label: str, **extra: Any) -> Setting:
+    """``"dense"``, ``"tidal@128"``, ``"quest@64"``, ``"streaming@256"``, ``"token_sparse@0.005"``, ``"pod"``."""
+    if label == "dense":
+        return dense()
+    if label in ("pod", "pod_zero_shot"):
+        return pod_zero_shot(extra.pop("pod_blocks_file", None), **extra)
+    method, _, value = label.partition("@")
+    if method == "token_sparse" and value:
+        return token_sparse(float(value), **extra)
+    if method in BUDGETED_DECODE_SCHEMES and value.isdigit():
+        return budgeted(method, int(value), **extra)
+    raise ValueError(f"setting={label!r} is not understood: expected dense, pod, token_sparse@TAU or "
+                     f"<{'|'.join(BUDGETED_DECODE_SCHEMES)}>@BUDGET")
