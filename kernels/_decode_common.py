@@ -288,8 +288,7 @@ def _merge_splits_kernel(
         if WRITE_GATE:
             tl.store(GateOut + b * Hq + h, gate)
         if USE_TAU:
-            keep = s_mask & (is_p | (gate < tau))
-            lse = tl.where(keep, lse, float("-inf"))
+            lse = tl.where(is_p, lse, tl.where(gate < tau, lse, float("-inf")))
     total_lse = _logsumexp_masked(lse, s_mask)
     w = tl.where(total_lse == float("-inf"), 0.0, tl.exp(lse - tl.where(total_lse == float("-inf"), 0.0, total_lse)))
     w = tl.where(s_mask, w, 0.0)

@@ -1,0 +1,156 @@
+"""Decode attention over per-head slot lists, in Triton (split-K over the list).
+
+One query per sequence attends only to the cache slots listed for its head: TidalDecode's sparse
+(PPSA) layers (Yang et al., arXiv 2410.05076: the positions chosen at the selection layer), Quest's
+selected pages expanded to slots (Tang et al., arXiv 2406.10774), StreamingLLM's sink + window.
+The K/V rows are gathered inside the kernel; no compressed copy is materialised.
+
+Two list granularities, told apart by `indices.shape[1]` (ARCHITECTURE.md):
+- Hs = Hq: one list per query head. One program per (chunk of the list, sequence, query head)
+  gathers its rows; the logits are a broadcast multiply-sum (tl.dot needs 16 query rows).
+- Hs = Hkv (G > 1): one list per GQA group. One program per (chunk, sequence, KV head) gathers each
+  listed row once and serves the group's G query heads with tl.dot, so the bytes read are G times
+  fewer than per-head lists of the same length.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels import _decode_common as C
+
+# Rows gathered per loop iteration. Per-head lists use a smaller tile: its logits are a
+# [BLOCK_N, D] broadcast product held in registers.
+_BLOCK_N_GROUP = 64
+_BLOCK_N_HEAD = 32
+_NUM_WARPS = 4
+_NUM_STAGES = 3
+
+
+@triton.jit
+def _sparse_decode_split_kernel(
+    Q, K, V, Idx, OPart, LSEPart,
+    sm_scale, list_len, chunk,
+    stride_qb, stride_qh,
+    stride_kb, stride_kh, stride_kn,
+    stride_vb, stride_vh, stride_vn,
+    stride_ib, stride_ih,
+    stride_opb, stride_oph, stride_ops,
+    stride_lpb, stride_lph,
+    Hs,
+    G: tl.constexpr, HEADS_PER_LIST: tl.constexpr, BLOCK_G: tl.constexpr,
+    BLOCK_N: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
+    USE_DOT: tl.constexpr, IEEE: tl.constexpr,
+):
+    """Program (split, b*Hs + hs): entries [split*chunk, split*chunk+chunk) of list (b, hs), for the
+    HEADS_PER_LIST query heads that read it (G when Hs = Hkv, 1 when Hs = Hq)."""
+    split = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = (bh // Hs).to(tl.int64)
+    hs = bh % Hs
+    if HEADS_PER_LIST == 1:
+        first_head = hs
+        kvh = hs // G
+    else:
+        first_head = hs * G
+        kvh = hs
+    start = split * chunk
+    end = tl.minimum(start + chunk, list_len)
+
+    offs_g = tl.arange(0, BLOCK_G)
+    offs_d = tl.arange(0, BLOCK_D)
+    g_mask = offs_g < HEADS_PER_LIST
+    d_mask = offs_d < D
+    heads = first_head + offs_g
+    q = tl.load(Q + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
+                mask=g_mask[:, None] & d_mask[None, :], other=0.0)
+    k_base = K + b * stride_kb + kvh * stride_kh
+    v_base = V + b * stride_vb + kvh * stride_vh
+    i_base = Idx + b * stride_ib + hs * stride_ih
+
+    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    for n0 in range(start, end, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        slots = tl.load(i_base + offs_n, mask=offs_n < end, other=-1).to(tl.int64)
+        valid = slots >= 0
+        rows = tl.where(valid, slots, 0)
+        kv_mask = valid[:, None] & d_mask[None, :]
+        k = tl.load(k_base + rows[:, None] * stride_kn + offs_d[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(v_base + rows[:, None] * stride_vn + offs_d[None, :], mask=kv_mask, other=0.0)
+        s = C.tile_logits(q, k, sm_scale, USE_DOT, IEEE)
+        s = tl.where(valid[None, :], s, float("-inf"))
+        m_i, l_i, acc = C.online_softmax_update(s, v, m_i, l_i, acc, USE_DOT, IEEE)
+
+    C.store_partial(OPart, LSEPart, m_i, l_i, acc,
+                    b * stride_opb + heads * stride_oph + split * stride_ops,
+                    b * stride_lpb + heads * stride_lph + split,
+                    g_mask, offs_d, D)
+
+
+def _check_inputs(q, k_cache, v_cache, indices):
+    C.check_float("q", q, 3, "[B,Hq,D]")
+    C.check_float("k_cache", k_cache, 4, "[B,Hkv,N,D]")
+    C.check_float("v_cache", v_cache, 4, "[B,Hkv,N,D]")
+    C.check_same("k_cache", k_cache, "q", q)
+    C.check_same("v_cache", v_cache, "q", q)
+    B, Hq, D = q.shape
+    if k_cache.shape[0] != B or k_cache.shape[3] != D:
+        raise ValueError(f"k_cache shape {tuple(k_cache.shape)} does not match q [B={B},Hq={Hq},D={D}]; "
+                         f"expected [B,Hkv,N,D]")
+    if v_cache.shape != k_cache.shape:
+        raise ValueError(f"v_cache shape {tuple(v_cache.shape)} must equal k_cache shape {tuple(k_cache.shape)}")
+    C.check_head_dim(D)
+    Hkv, N = k_cache.shape[1], k_cache.shape[2]
+    G = C.check_gqa(Hq, Hkv)
+    C.check_index_tensor("indices", indices, 3, "[B,Hs,K]", q.device)
+    if indices.shape[0] != B or indices.shape[1] not in (Hq, Hkv):
+        raise ValueError(f"indices shape {tuple(indices.shape)} must be [B={B}, Hs, K] with Hs = Hq={Hq} "
+                         f"(per query head) or Hs = Hkv={Hkv} (per KV group)")
+    C.check_index_values("indices", indices, N)
+    return B, Hq, Hkv, N, D, G
+
+
+def sparse_decode_attention_triton(q, k_cache, v_cache, indices, *, scale=None,
+                                   _block_n=None, _num_warps=_NUM_WARPS, _num_stages=_NUM_STAGES):
+    """Decode attention over listed slots only.
+
+    q: [B,Hq,D]; k_cache, v_cache: [B,Hkv,N,D] (fp16 / bf16 / fp32, same dtype);
+    indices: [B,Hs,K] int32/int64 slots in [0, N), -1 = unused; Hs = Hq (one list per query head)
+    or Hkv (one list per GQA group, read once for its G heads). Lists need not be sorted.
+    Returns out [B,Hq,D] in q.dtype: softmax over the listed slots (0 where a list is all -1).
+    The `_block_n` / `_num_warps` / `_num_stages` knobs exist for the benchmark's tuning sweep.
+    """
+    B, Hq, Hkv, N, D, G = _check_inputs(q, k_cache, v_cache, indices)
+    scale = C.resolve_scale(scale, D)
+    Hs, list_len = indices.shape[1], indices.shape[2]
+    per_group = Hs == Hkv and G > 1
+    out = torch.empty(B, Hq, D, device=q.device, dtype=q.dtype)
+    if list_len == 0:
+        return out.zero_()
+    q, k_cache, v_cache = (C.last_dim_contiguous(t) for t in (q, k_cache, v_cache))
+    indices = indices if indices.stride(-1) == 1 else indices.contiguous()
+    block_n = _block_n or (_BLOCK_N_GROUP if per_group else _BLOCK_N_HEAD)
+    num_splits, chunk = C.plan_splits(list_len, B * Hs, q.device, block_n)
+    o_part, lse_part = C.alloc_partials(B, Hq, num_splits, D, q.device)
+    launch = dict(num_warps=_num_warps) if C.interpreting() else dict(num_warps=_num_warps, num_stages=_num_stages)
+    _sparse_decode_split_kernel[(num_splits, B * Hs)](
+        q, k_cache, v_cache, indices, o_part, lse_part,
+        scale, list_len, chunk,
+        q.stride(0), q.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        indices.stride(0), indices.stride(1),
+        o_part.stride(0), o_part.stride(1), o_part.stride(2),
+        lse_part.stride(0), lse_part.stride(1),
+        Hs,
+        G=G, HEADS_PER_LIST=G if per_group else 1, BLOCK_G=C.block_g(G) if per_group else 1,
+        BLOCK_N=block_n, D=D, BLOCK_D=triton.next_power_of_2(D),
+        USE_DOT=per_group, IEEE=q.dtype == torch.float32,
+        **launch,
+    )
+    C.merge_splits(o_part, lse_part, out)
+    return out
