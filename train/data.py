@@ -1,0 +1,117 @@
+"""Text sources for POD adaptation: loading, tokenisation and packing to the context length.
+
+A source string is one of
+  * ``podkit:austen`` -- the embedded public-domain corpus: Jane Austen's novels except the held-out
+    one (``eval.data.texts.HELD_OUT_TEXT``, *Emma*); ``podkit:<name>`` -- one book of
+    ``eval.data.texts.TEXT_NAMES`` (e.g. ``podkit:emma`` for held-out perplexity);
+  * a local file or folder: ``.txt`` (one document per file), ``.jsonl`` / ``.json`` / ``.parquet``
+    (a ``text_field`` column);
+  * a Hub dataset name (``datasets.load_dataset(name, config, split=split)``).
+
+Packing (the usual causal-LM recipe): documents are tokenised, each followed by EOS, concatenated
+and cut into rows of exactly ``context_length`` tokens; the remainder of each map batch is dropped.
+Rows carry ``input_ids`` and ``labels`` (equal; the model shifts), so ``default_data_collator`` works.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from train.recipe import EMBEDDED_DATA_PREFIX, looks_like_local_path, resolve_input_path
+
+LOCAL_BUILDERS = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+
+
+def embedded_corpus_names() -> tuple[str, ...]:
+    """Names accepted after ``podkit:``: ``austen`` (training books) and every single book."""
+    from eval.data.texts import TEXT_NAMES
+
+    return ("austen",) + tuple(TEXT_NAMES)
+
+
+def embedded_documents(name: str) -> list[str]:
+    """The documents of an embedded corpus (fetched from Debian and cached by eval.data.texts)."""
+    from eval.data.texts import HELD_OUT_TEXT, TEXT_NAMES, TEXT_SOURCES, load_text
+
+    if name == "austen":
+        books = [n for n in TEXT_NAMES if TEXT_SOURCES[n].package == "r-cran-janeaustenr" and n != HELD_OUT_TEXT]
+        return [load_text(n) for n in books]
+    if name not in TEXT_NAMES:
+        raise ValueError(f"source=podkit:{name!r} is not an embedded corpus: expected one of "
+                         f"{', '.join(embedded_corpus_names())}")
+    return [load_text(name)]
+
+
+def load_text_dataset(source: str, *, config: str | None = None, split: str = "train", text_field: str = "text"):
+    """A ``datasets.Dataset`` with one column ``text`` (one row per document)."""
+    import datasets
+
+    if source.startswith(EMBEDDED_DATA_PREFIX):
+        return datasets.Dataset.from_dict({"text": embedded_documents(source[len(EMBEDDED_DATA_PREFIX):])})
+    if looks_like_local_path(source):
+        path = resolve_input_path(source)
+        files = sorted(p for p in path.rglob("*") if p.suffix in LOCAL_BUILDERS) if path.is_dir() else [path]
+        suffixes = {p.suffix for p in files}
+        if not files or len(suffixes) != 1 or next(iter(suffixes)) not in LOCAL_BUILDERS:
+            raise ValueError(f"source={source!r}: expected one .txt/.jsonl/.json/.parquet file or a folder of one "
+                             f"of those kinds, found {sorted(suffixes) or 'no data files'}")
+        builder = LOCAL_BUILDERS[next(iter(suffixes))]
+        kwargs: dict[str, Any] = {"sample_by": "document"} if builder == "text" else {}
+        dataset = datasets.load_dataset(builder, data_files=[str(f) for f in files], split="train", **kwargs)
+    else:
+        dataset = datasets.load_dataset(source, config, split=split)
+    if text_field not in dataset.column_names:
+        raise ValueError(f"data.text_field={text_field!r} is not a column of {source!r}: columns are "
+                         f"{', '.join(dataset.column_names)}")
+    if text_field != "text":
+        dataset = dataset.rename_column(text_field, "text")
+    return dataset.select_columns(["text"])
+
+
+def pack_dataset(dataset, tokenizer, context_length: int, *, max_tokens: int | None = None, num_proc: int = 1):
+    """Tokenise and pack ``dataset`` (column ``text``) into rows of ``context_length`` tokens.
+
+    Returns a ``datasets.Dataset`` with ``input_ids`` and ``labels`` (lists of ints, length
+    ``context_length``), at most ``max_tokens // context_length`` rows when ``max_tokens`` is set.
+    """
+    if context_length < 2:
+        raise ValueError(f"context_length={context_length}: expected an integer >= 2")
+    eos = tokenizer.eos_token_id
+    if eos is None:
+        raise ValueError("the tokenizer has no eos_token_id: packing needs a document separator")
+
+    def tokenize_and_pack(batch: dict[str, list]) -> dict[str, list]:
+        stream: list[int] = []
+        for text in batch["text"]:
+            if text:
+                stream.extend(tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"])
+                stream.append(eos)
+        rows = [stream[i:i + context_length] for i in range(0, len(stream) - context_length + 1, context_length)]
+        return {"input_ids": rows, "labels": [list(row) for row in rows]}
+
+    packed = dataset.map(tokenize_and_pack, batched=True, batch_size=64, remove_columns=dataset.column_names,
+                         num_proc=num_proc if num_proc > 1 else None, desc=f"tokenise + pack to {context_length}")
+    if len(packed) == 0:
+        raise ValueError(f"the data holds fewer than context_length={context_length} tokens: nothing to train on")
+    if max_tokens is not None:
+        packed = packed.select(range(min(len(packed), max(1, max_tokens // context_length))))
+    return packed
+
+
+def token_windows(source: str, tokenizer, context_length: int, max_tokens: int, *, config: str | None = None,
+                  split: str = "train", text_field: str = "text") -> torch.Tensor:
+    """Non-overlapping windows of held-out text for perplexity: ``[W, context_length]`` int64, with
+    ``W = min(available, max_tokens // context_length)`` (at least one window is required)."""
+    dataset = load_text_dataset(source, config=config, split=split, text_field=text_field)
+    packed = pack_dataset(dataset, tokenizer, context_length, max_tokens=max_tokens)
+    return torch.tensor(packed["input_ids"], dtype=torch.long)
+
+
+def calibration_samples(packed, count: int) -> torch.Tensor:
+    """``count`` rows spread evenly over a packed dataset: ``[count', L]`` int64 (count' <= count)."""
+    total = len(packed)
+    indices = sorted({int(i * total / count) for i in range(count)}) if count < total else list(range(total))
+    return torch.tensor(packed.select(indices)["input_ids"], dtype=torch.long)
