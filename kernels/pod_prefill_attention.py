@@ -1,0 +1,169 @@
+"""POD prefill / training attention with a Triton forward and backward.
+
+POD (Ma et al., "Compressing KV Cache for Long-Context LLM Inference with Inter-Layer Attention
+Similarity", arXiv 2412.02252 v2; methods.md §A.3): for a query at position ``i`` and a key at
+``j <= i``, the pair is *proximal* when ``j < sink`` or ``i - j < recent`` and uses the layer's own
+key ``k_own[j]``; otherwise it is *distant* and uses the anchor layer's key ``k_anchor[j]``. Queries
+and values are the layer's own. The paper's two masked passes merged by log-sum-exp,
+``o = g o_P + (1 - g) o_D`` with ``g = sigmoid(lse_P - lse_D)``, equal one softmax over both kinds
+of pair, which is what the kernels compute in a single pass (``_prefill_pod_fwd.py``), with a
+FlashAttention-2 style backward (``_prefill_pod_bwd.py``) giving gradients for ``q``, ``k_own``,
+``k_anchor`` and ``v``.
+
+    q[B,Hq,S,D], k_own/k_anchor/v[B,Hkv,S,D], seq_lens[B] (right padding) -> out[B,Hq,S,D]
+    (, gate[B,Hq,S] fp32: the proximal share of the softmax mass; 1 where no distant key exists,
+    0 on padding rows). The gate is returned for inspection and is not differentiable.
+
+For a head that is its own anchor pass ``k_anchor = k_own`` (the same tensor): the result is plain
+causal attention and autograd sums the two key gradients.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+from ._prefill_common import (
+    LOG2_E,
+    check_float_tensor,
+    check_gqa,
+    check_int_vector,
+    dot_precision,
+    head_dim_block,
+    resolve_scale,
+)
+from ._prefill_pod_bwd import pod_delta_kernel, pod_dkdv_kernel, pod_dq_kernel
+from ._prefill_pod_fwd import pod_forward_kernel
+
+
+def _pod_forward(q, k_own, k_anchor, v, seq_lens, sink, recent, scale, return_gate):
+    batch, num_q_heads, seq_total, head_dim = q.shape
+    group = num_q_heads // k_own.shape[1]
+    out = torch.empty(q.shape, device=q.device, dtype=q.dtype)
+    lse2 = torch.empty((batch, num_q_heads, seq_total), device=q.device, dtype=torch.float32)
+    gate = torch.empty_like(lse2) if return_gate else lse2
+    grid = lambda meta: (triton.cdiv(seq_total, meta["BLOCK_M"]), batch * num_q_heads)  # noqa: E731
+    pod_forward_kernel[grid](
+        q, k_own, k_anchor, v, seq_lens, out, lse2, gate,
+        q.stride(0), q.stride(1), q.stride(2),
+        k_own.stride(0), k_own.stride(1), k_own.stride(2),
+        k_anchor.stride(0), k_anchor.stride(1), k_anchor.stride(2),
+        v.stride(0), v.stride(1), v.stride(2),
+        out.stride(0), out.stride(1), out.stride(2),
+        lse2.stride(0), lse2.stride(1),
+        num_q_heads, seq_total, sink, recent, scale * LOG2_E,
+        GROUP=group, HEAD_DIM=head_dim, BLOCK_D=head_dim_block(head_dim),
+        RETURN_GATE=return_gate, DOT_PRECISION=dot_precision(q.dtype),
+    )
+    return out, lse2, (gate if return_gate else None)
+
+
+def _pod_backward(dout, q, k_own, k_anchor, v, seq_lens, out, lse2, sink, recent, scale):
+    batch, num_q_heads, seq_total, head_dim = q.shape
+    num_kv_heads = k_own.shape[1]
+    group = num_q_heads // num_kv_heads
+    block_d = head_dim_block(head_dim)
+    precision = dot_precision(q.dtype)
+    dout = dout.contiguous() if dout.stride(-1) != 1 else dout
+    delta = torch.empty_like(lse2)
+    delta_block = 64
+    pod_delta_kernel[(triton.cdiv(seq_total, delta_block), batch * num_q_heads)](
+        out, dout, delta, out.stride(0), out.stride(1), out.stride(2), dout.stride(0), dout.stride(1),
+        dout.stride(2), delta.stride(0), delta.stride(1), num_q_heads, seq_total,
+        HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=delta_block,
+    )
+    dk_own = torch.empty(k_own.shape, device=q.device, dtype=q.dtype)
+    dk_anchor = torch.empty_like(dk_own)
+    dv = torch.empty_like(dk_own)
+    grid_kv = lambda meta: (triton.cdiv(seq_total, meta["BLOCK_N"]), batch * num_kv_heads)  # noqa: E731
+    pod_dkdv_kernel[grid_kv](
+        q, k_own, k_anchor, v, dout, lse2, delta, seq_lens, dk_own, dk_anchor, dv,
+        q.stride(0), q.stride(1), q.stride(2),
+        k_own.stride(0), k_own.stride(1), k_own.stride(2),
+        k_anchor.stride(0), k_anchor.stride(1), k_anchor.stride(2),
+        v.stride(0), v.stride(1), v.stride(2),
+        dout.stride(0), dout.stride(1), dout.stride(2),
+        lse2.stride(0), lse2.stride(1),
+        dk_own.stride(0), dk_own.stride(1), dk_own.stride(2),
+        num_kv_heads, seq_total, sink, recent, scale * LOG2_E, scale,
+        GROUP=group, HEAD_DIM=head_dim, BLOCK_D=block_d, DOT_PRECISION=precision,
+    )
+    dq = torch.empty(q.shape, device=q.device, dtype=q.dtype)
+    grid_q = lambda meta: (triton.cdiv(seq_total, meta["BLOCK_M"]), batch * num_q_heads)  # noqa: E731
+    pod_dq_kernel[grid_q](
+        q, k_own, k_anchor, v, dout, lse2, delta, seq_lens, dq,
+        q.stride(0), q.stride(1), q.stride(2),
+        k_own.stride(0), k_own.stride(1), k_own.stride(2),
+        k_anchor.stride(0), k_anchor.stride(1), k_anchor.stride(2),
+        v.stride(0), v.stride(1), v.stride(2),
+        dout.stride(0), dout.stride(1), dout.stride(2),
+        lse2.stride(0), lse2.stride(1),
+        dq.stride(0), dq.stride(1), dq.stride(2),
+        num_q_heads, seq_total, sink, recent, scale * LOG2_E, scale,
+        GROUP=group, HEAD_DIM=head_dim, BLOCK_D=block_d, DOT_PRECISION=precision,
+    )
+    return dq, dk_own, dk_anchor, dv
+
+
+class PodPrefillAttentionFunction(torch.autograd.Function):
+    """autograd wrapper: forward saves the log2-domain LSE, backward recomputes probabilities."""
+
+    @staticmethod
+    def forward(ctx, q, k_own, k_anchor, v, seq_lens, sink, recent, scale, return_gate):
+        out, lse2, gate = _pod_forward(q, k_own, k_anchor, v, seq_lens, sink, recent, scale, return_gate)
+        ctx.save_for_backward(q, k_own, k_anchor, v, seq_lens, out, lse2)
+        ctx.pod_args = (sink, recent, scale)
+        if gate is None:
+            return out
+        ctx.mark_non_differentiable(gate)
+        return out, gate
+
+    @staticmethod
+    def backward(ctx, dout, *unused_gate_grad):
+        q, k_own, k_anchor, v, seq_lens, out, lse2 = ctx.saved_tensors
+        sink, recent, scale = ctx.pod_args
+        dq, dk_own, dk_anchor, dv = _pod_backward(dout, q, k_own, k_anchor, v, seq_lens, out, lse2, sink, recent,
+                                                  scale)
+        return dq, dk_own, dk_anchor, dv, None, None, None, None, None
+
+
+def _check_window(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name}={value!r} must be a non-negative int")
+    return value
+
+
+def pod_prefill_attention_triton(q, k_own, k_anchor, v, seq_lens, *, sink, recent, scale=None, return_gate=False):
+    """POD prefill / training attention (Triton forward and backward, differentiable).
+
+    Args:
+        q: ``[B, Hq, S, D]`` fp16/bf16/fp32 queries (post-RoPE).
+        k_own: ``[B, Hkv, S, D]`` this layer's keys (proximal pairs).
+        k_anchor: ``[B, Hkv, S, D]`` the anchor layer's keys (distant pairs).
+        v: ``[B, Hkv, S, D]`` this layer's values.
+        seq_lens: ``[B]`` int in ``[0, S]``; rows at positions ``>= seq_lens[b]`` output 0.
+        sink, recent: proximal window: ``j < sink`` or ``i - j < recent`` (ints ``>= 0``).
+        scale: softmax scale, default ``D ** -0.5``.
+        return_gate: also return ``gate[B, Hq, S]`` fp32 (not differentiable).
+
+    Returns:
+        ``out[B, Hq, S, D]`` in q's dtype (``, gate``).
+    """
+    check_float_tensor("q", q, 4)
+    for name, tensor in (("k_own", k_own), ("k_anchor", k_anchor), ("v", v)):
+        check_float_tensor(name, tensor, 4, dtype=q.dtype, device=q.device)
+    batch, num_q_heads, seq_total, head_dim = q.shape
+    expected = (batch, k_own.shape[1], seq_total, head_dim)
+    for name, tensor in (("k_own", k_own), ("k_anchor", k_anchor), ("v", v)):
+        if tuple(tensor.shape) != expected:
+            raise ValueError(f"{name} shape {tuple(tensor.shape)} must be [B, Hkv, S, D] = {expected}")
+    check_gqa(num_q_heads, k_own.shape[1], "k_own")
+    seq_lens = check_int_vector("seq_lens", seq_lens, batch, q.device, low=0, high=seq_total)
+    sink = _check_window("sink", sink)
+    recent = _check_window("recent", recent)
+    scale = resolve_scale(scale, head_dim)
+    if q.numel() == 0:
+        out = torch.zeros_like(q)
+        gate = torch.zeros((batch, num_q_heads, seq_total), device=q.device, dtype=torch.float32)
+        return (out, gate) if return_gate else out
+    return PodPrefillAttentionFunction.apply(q, k_own, k_anchor, v, seq_lens, sink, recent, scale, return_gate)
