@@ -1,0 +1,222 @@
+"""Token Sparse Attention layer selection by inter-layer representation drift (arXiv 2602.03216, Eq. 1-2).
+
+For each decoder layer l with input hidden states h_l and output h_{l+1} (attention + MLP residual
+update), the drift of token t is ||h_{l+1,t} - h_{l,t}||_2 / (||h_{l,t}||_2 + eps), eps = 1e-8,
+computed in fp32. R_l is its mean over all tokens (and calibration samples), R^_l = R_l / sum R, and
+the sparse layers are the low-drift ones: {l : R^_l <= quantile(R^, delta)}, delta = 0.5 (methods.md
+C.2). Low-drift layers change the residual stream little, so dropping tokens there costs little.
+
+The hidden states are taken with forward hooks on the decoder layers, not from
+``output_hidden_states``: transformers applies the final norm to the last entry of that tuple, which
+would make the last layer's drift meaningless.
+
+Writes a JSON (``sparse_layers`` is what ``TokenSparseConfig.calibration_file`` reads) and a PNG: a
+heatmap of drift per (position bucket, layer) above a bar chart of R^ with the threshold.
+
+    python -m sparse_models.calibration.token_sparse_drift --model default --text emma \\
+        --length 4096 --samples 2 --out outputs/calibration/token_sparse_drift
+
+Shapes: ``B`` batch, ``S`` tokens, ``C`` hidden size, ``L`` layers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Iterable
+
+import torch
+
+DRIFT_FORMAT = "podkit.token_sparse_drift/1"
+EPS = 1e-8
+
+
+def token_drift(h_in: torch.Tensor, h_out: torch.Tensor) -> torch.Tensor:
+    """Per-token drift ``[B,S]`` fp32 of one layer: ||h_out - h_in|| / (||h_in|| + eps) for ``[B,S,C]`` inputs."""
+    if h_in.shape != h_out.shape or h_in.dim() != 3:
+        raise ValueError(f"h_in {tuple(h_in.shape)} and h_out {tuple(h_out.shape)}: expected equal [B,S,C] shapes")
+    h_in, h_out = h_in.float(), h_out.float()
+    return (h_out - h_in).norm(dim=-1) / (h_in.norm(dim=-1) + EPS)
+
+
+def select_sparse_layers(drift: torch.Tensor, delta: float = 0.5) -> tuple[list[int], float]:
+    """(layers with normalised drift <= quantile(normalised, delta), that threshold); ``drift[L]``."""
+    if not 0.0 < float(delta) <= 1.0:
+        raise ValueError(f"delta={delta!r} is invalid: expected a number in (0, 1] (paper: 0.5)")
+    normalised = drift.double() / drift.double().sum()
+    threshold = float(torch.quantile(normalised, float(delta)))
+    return [layer for layer in range(drift.numel()) if float(normalised[layer]) <= threshold], threshold
+
+
+class DriftAccumulator:
+    """Sums of per-token drift per layer (and per position bucket) over calibration forwards."""
+
+    def __init__(self, num_layers: int, num_buckets: int = 16) -> None:
+        self.num_layers, self.num_buckets = num_layers, num_buckets
+        self.total = torch.zeros(num_layers, dtype=torch.float64)
+        self.bucket_total = torch.zeros(num_buckets, num_layers, dtype=torch.float64)
+        self.bucket_count = torch.zeros(num_buckets, dtype=torch.float64)
+        self.tokens = 0
+        self.samples = 0
+
+    def add(self, per_layer: list[torch.Tensor], valid: torch.Tensor | None = None) -> None:
+        """``per_layer[l]``: drift ``[B,S]`` of layer l; ``valid``: ``[B,S]`` bool (padding False)."""
+        if len(per_layer) != self.num_layers:
+            raise ValueError(f"got drift for {len(per_layer)} layers, expected {self.num_layers}")
+        batch, seq = per_layer[0].shape
+        valid = torch.ones(batch, seq, dtype=torch.bool) if valid is None else valid.bool().cpu()
+        bucket = (torch.arange(seq) * self.num_buckets // seq).expand(batch, seq)[valid]
+        self.bucket_count += torch.bincount(bucket, minlength=self.num_buckets).double()
+        for layer, drift in enumerate(per_layer):
+            values = drift.detach().double().cpu()[valid]
+            self.total[layer] += values.sum()
+            self.bucket_total[:, layer] += torch.bincount(bucket, weights=values, minlength=self.num_buckets)
+        self.tokens += int(valid.sum())
+        self.samples += batch
+
+    def drift(self) -> torch.Tensor:
+        """R_l: mean drift per layer over every token seen, ``[L]`` float64."""
+        if self.tokens == 0:
+            raise ValueError("no calibration tokens were added")
+        return self.total / self.tokens
+
+    def bucket_drift(self) -> torch.Tensor:
+        """Mean drift per (position bucket, layer), ``[num_buckets, L]``; NaN for empty buckets."""
+        return self.bucket_total / self.bucket_count[:, None]
+
+
+def decoder_layers(model) -> list[torch.nn.Module]:
+    """The decoder layers of a transformers causal LM (``model.model.layers``)."""
+    inner = getattr(model, "model", model)
+    layers = getattr(inner, "layers", None)
+    if layers is None:
+        raise ValueError(f"{type(model).__name__} has no .model.layers: expected a Llama-family causal LM")
+    return list(layers)
+
+
+@torch.no_grad()
+def layer_drifts(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> list[torch.Tensor]:
+    """One forward of ``model`` on ``input_ids[B,S]``; the drift ``[B,S]`` of every decoder layer."""
+    layers = decoder_layers(model)
+    drifts: list[torch.Tensor | None] = [None] * len(layers)
+
+    def hook(index):
+        def record(module, args, kwargs, output):
+            h_in = args[0] if args else kwargs["hidden_states"]
+            h_out = output[0] if isinstance(output, (tuple, list)) else output
+            drifts[index] = token_drift(h_in, h_out).cpu()
+        return record
+
+    handles = [layer.register_forward_hook(hook(i), with_kwargs=True) for i, layer in enumerate(layers)]
+    try:
+        model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+    finally:
+        for handle in handles:
+            handle.remove()
+    if any(d is None for d in drifts):
+        raise RuntimeError("a decoder layer did not run its forward hook")
+    return drifts  # type: ignore[return-value]
+
+
+def calibrate(model, samples: Iterable[torch.Tensor], *, delta: float = 0.5, num_buckets: int = 16) -> dict:
+    """Drift over ``samples`` (token id batches ``[B,S]``), then the sparse-layer choice."""
+    acc = DriftAccumulator(len(decoder_layers(model)), num_buckets)
+    device = next(model.parameters()).device
+    for ids in samples:
+        acc.add(layer_drifts(model, ids.to(device)))
+    drift = acc.drift()
+    sparse_layers, threshold = select_sparse_layers(drift, delta)
+    return {"drift": drift, "bucket_drift": acc.bucket_drift(), "sparse_layers": sparse_layers,
+            "threshold": threshold, "delta": delta, "samples": acc.samples, "tokens": acc.tokens}
+
+
+def write_drift_json(path: str | Path, result: dict, **metadata) -> Path:
+    drift = result["drift"].double()
+    payload = {
+        "format": DRIFT_FORMAT,
+        "num_layers": drift.numel(),
+        "sparse_layers": result["sparse_layers"],
+        "delta": result["delta"],
+        "threshold": result["threshold"],
+        "drift": [round(float(x), 6) for x in drift],
+        "normalised_drift": [round(float(x), 6) for x in drift / drift.sum()],
+        "samples": result["samples"],
+        "tokens": result["tokens"],
+        **metadata,
+    }
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(payload, indent=1))
+    tmp.replace(path)
+    return path
+
+
+def read_sparse_layers(path: str | Path) -> list[int]:
+    """The ``sparse_layers`` of a drift JSON written by :func:`write_drift_json`."""
+    data = json.loads(Path(path).read_text())
+    if data.get("format") != DRIFT_FORMAT or "sparse_layers" not in data:
+        raise ValueError(f"{path}: not a Token Sparse drift file (format {data.get('format')!r}, expected {DRIFT_FORMAT})")
+    return [int(x) for x in data["sparse_layers"]]
+
+
+def plot_drift(result: dict, path: str | Path, title: str = "Token Sparse: inter-layer representation drift") -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    drift = result["drift"].double()
+    normalised = (drift / drift.sum()).numpy()
+    num_layers = drift.numel()
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(max(6.0, 0.28 * num_layers), 6.2), sharex=True,
+                                      gridspec_kw={"height_ratios": [3, 2]})
+    image = top.imshow(result["bucket_drift"].numpy(), aspect="auto", origin="lower", cmap="magma",
+                       extent=(-0.5, num_layers - 0.5, 0.0, 1.0))
+    top.set_ylabel("relative position")
+    fig.colorbar(image, ax=top, label="drift")
+    colours = ["tab:green" if layer in result["sparse_layers"] else "tab:gray" for layer in range(num_layers)]
+    bottom.bar(range(num_layers), normalised, color=colours)
+    bottom.axhline(result["threshold"], color="tab:red", linestyle="--", linewidth=1,
+                   label=f"quantile {result['delta']:g} (green: sparse layers)")
+    bottom.set_xlabel("layer")
+    bottom.set_ylabel("normalised drift")
+    bottom.legend(fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="default", help="'default' (SmolLM2) or a checkpoint folder")
+    parser.add_argument("--text", default="emma", help="calibration book (eval.data.texts name)")
+    parser.add_argument("--length", type=int, default=4096, help="tokens per calibration sample")
+    parser.add_argument("--samples", type=int, default=2)
+    parser.add_argument("--delta", type=float, default=0.5)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--out", default="outputs/calibration/token_sparse_drift", help="output path without suffix")
+    args = parser.parse_args(argv)
+
+    from eval.models import load_model, load_tokenizer
+    from eval.tasks.perplexity import perplexity_windows
+
+    model = load_model(args.model, device=args.device)
+    windows = perplexity_windows(load_tokenizer(args.model), args.length, args.samples, text=args.text)
+    result = calibrate(model, (torch.tensor([w]) for w in windows), delta=args.delta)
+    out = Path(args.out)
+    json_path = write_drift_json(out.with_suffix(".json"), result, model=args.model, text=args.text,
+                                 length=args.length)
+    png_path = plot_drift(result, out.with_suffix(".png"))
+    print(f"sparse layers ({len(result['sparse_layers'])}/{result['drift'].numel()}): {result['sparse_layers']}")
+    print(f"wrote {json_path} and {png_path}")
+    return result
+
+
+if __name__ == "__main__":
+    main()
