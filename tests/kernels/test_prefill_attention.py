@@ -1,0 +1,129 @@
+"""Triton prefill_attention (causal, ragged offsets / KV lengths, LSE) against kernels.reference.
+
+CPU: TRITON_INTERPRET=1 (fp32, fp16); GPU (``-m gpu``): bf16 at larger sizes. Tolerance: the
+kernel's error against the fp64 reference is within a small factor of the same-dtype torch
+reference's error (plus a tiny floor for fp32, where both are ~1e-7).
+"""
+
+import pytest
+import torch
+
+from kernels import reference
+from kernels.prefill_attention import prefill_attention_triton
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.fixture
+def poisoned_outputs(monkeypatch):
+    """Every float buffer the launcher allocates starts as NaN, so unwritten elements show up."""
+    real_empty, real_empty_like = torch.empty, torch.empty_like
+
+    def empty(*args, **kwargs):
+        t = real_empty(*args, **kwargs)
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+
+    def empty_like(*args, **kwargs):
+        t = real_empty_like(*args, **kwargs)
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+
+    monkeypatch.setattr(torch, "empty", empty)
+    monkeypatch.setattr(torch, "empty_like", empty_like)
+
+
+def assert_error_within(name, got, same_dtype_ref, exact, factor=4.0, floor=1e-5):
+    got_err = (got.double() - exact).abs().max().item()
+    ref_err = (same_dtype_ref.double() - exact).abs().max().item()
+    assert got_err <= factor * ref_err + floor, f"{name}: kernel error {got_err:.3e} vs reference error {ref_err:.3e}"
+
+
+def make_inputs(batch, hq, hkv, s, n, d, dtype, gen):
+    q = torch.randn(batch, hq, s, d, generator=gen).to(DEVICE, dtype)
+    k = torch.randn(batch, hkv, n, d, generator=gen).to(DEVICE, dtype)
+    v = torch.randn(batch, hkv, n, d, generator=gen).to(DEVICE, dtype)
+    return q, k, v
+
+
+CPU_CASES = [  # batch, Hq, Hkv, S, N, D
+    (2, 4, 4, 37, 37, 32),   # G = 1, prompt chunk = whole sequence
+    (3, 6, 2, 20, 45, 16),   # G = 3, chunked prefill with offsets
+    (2, 8, 2, 33, 50, 64),   # G = 4
+    (2, 8, 1, 17, 40, 16),   # G = 8
+    (1, 5, 1, 24, 24, 48),   # G = 5, D not a power of two
+]
+
+
+@pytest.mark.parametrize("case", CPU_CASES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_matches_reference(case, dtype, poisoned_outputs):
+    gen = torch.Generator().manual_seed(hash((case, str(dtype))) % 2**31)
+    batch, hq, hkv, s, n, d = case
+    q, k, v = make_inputs(batch, hq, hkv, s, n, d, dtype, gen)
+    q_offsets = torch.randint(0, n - s + 1, (batch,), generator=gen)
+    # ragged: some sequences end inside the chunk (padding rows), one is complete
+    kv_lens = torch.minimum(q_offsets + torch.randint(1, s + 1, (batch,), generator=gen), torch.tensor(n))
+    kv_lens[0] = n
+    q_offsets[0] = n - s
+    q_offsets, kv_lens = q_offsets.to(DEVICE), kv_lens.to(DEVICE)
+    out, lse = prefill_attention_triton(q, k, v, q_offsets, kv_lens, return_lse=True)
+    exact_out, exact_lse = reference.prefill_attention(q.double(), k.double(), v.double(), q_offsets, kv_lens,
+                                                       return_lse=True)
+    ref_out, ref_lse = reference.prefill_attention(q, k, v, q_offsets, kv_lens, return_lse=True)
+    assert out.dtype == dtype and lse.dtype == torch.float32
+    assert not torch.isnan(out).any() and not torch.isnan(lse).any()
+    assert torch.equal(torch.isinf(lse), torch.isinf(exact_lse)), "padding rows must have lse = -inf"
+    assert_error_within("out", out, ref_out, exact_out)
+    finite = torch.isfinite(exact_lse)
+    assert_error_within("lse", lse[finite], ref_lse[finite], exact_lse[finite], floor=1e-4)
+    padding = ~finite
+    assert (out[padding] == 0).all(), "rows at positions >= kv_lens must be 0"
+
+
+def test_scale_and_no_lse(poisoned_outputs):
+    gen = torch.Generator().manual_seed(7)
+    q, k, v = make_inputs(2, 4, 2, 19, 19, 16, torch.float32, gen)
+    offsets = torch.zeros(2, dtype=torch.int64, device=DEVICE)
+    lens = torch.tensor([19, 11], device=DEVICE)
+    out = prefill_attention_triton(q, k, v, offsets, lens, scale=0.3)
+    exact = reference.prefill_attention(q.double(), k.double(), v.double(), offsets, lens, scale=0.3)
+    assert (out.double() - exact).abs().max().item() < 1e-5
+
+
+@pytest.mark.parametrize(
+    "mutate, error, match",
+    [
+        (lambda a: a.update(k=a["k"].half()), TypeError, "k.dtype"),
+        (lambda a: a.update(q=a["q"].to(torch.int32)), TypeError, "q.dtype"),
+        (lambda a: a.update(k=a["k"][:, :, :, :8].contiguous(), v=a["v"][:, :, :, :8].contiguous()), ValueError,
+         "k shape"),
+        (lambda a: a.update(kv_lens=torch.tensor([40, 3])), ValueError, "kv_lens has values"),
+        (lambda a: a.update(q_offsets=torch.tensor([-1, 0])), ValueError, "q_offsets has values"),
+        (lambda a: a.update(kv_lens=torch.tensor([3.0, 3.0])), TypeError, "kv_lens.dtype"),
+        (lambda a: a.update(q=torch.randn(2, 5, 8, 16)), ValueError, "multiple of the KV head count"),
+        (lambda a: a.update(scale=-1.0), ValueError, "scale"),
+    ],
+)
+def test_bad_inputs_raise_clear_errors(mutate, error, match):
+    args = dict(q=torch.randn(2, 4, 8, 16), k=torch.randn(2, 2, 12, 16), v=torch.randn(2, 2, 12, 16),
+                q_offsets=torch.tensor([0, 4]), kv_lens=torch.tensor([12, 8]), scale=None)
+    mutate(args)
+    with pytest.raises(error, match=match):
+        prefill_attention_triton(args["q"], args["k"], args["v"], args["q_offsets"], args["kv_lens"],
+                                 scale=args["scale"])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("group", [1, 3, 4, 8])
+def test_bf16_gpu(group, poisoned_outputs):
+    gen = torch.Generator().manual_seed(group)
+    batch, hkv, s, n, d = 2, 2, 700, 1000, 128
+    q, k, v = make_inputs(batch, hkv * group, hkv, s, n, d, torch.bfloat16, gen)
+    q_offsets = torch.tensor([n - s, 100], device=DEVICE)
+    kv_lens = torch.tensor([n, 513], device=DEVICE)
+    out, lse = prefill_attention_triton(q, k, v, q_offsets, kv_lens, return_lse=True)
+    exact_out, exact_lse = reference.prefill_attention(q.double(), k.double(), v.double(), q_offsets, kv_lens,
+                                                       return_lse=True)
+    ref_out = reference.prefill_attention(q, k, v, q_offsets, kv_lens)
+    assert_error_within("out", out, ref_out, exact_out, factor=3.0)
+    finite = torch.isfinite(exact_lse)
+    assert (lse[finite].double() - exact_lse[finite]).abs().max().item() < 1e-2
