@@ -1,0 +1,144 @@
+"""Per-layer attention routing: one call per layer and forward, by phase and the layer's plan.
+
+Phases (decided once per forward by the model loop):
+
+- ``prefill``: no past in the cache (or no cache: training, scoring). The plan's prefill role runs
+  on the fresh K/V; with a cache the K/V are stored afterwards (uncompressed, so decode sees all).
+- ``decode``: every sequence adds exactly one token after a non-empty past. The decode role runs.
+- ``chunk``: several new tokens after a past (continued prompts, TidalDecode's KV correction).
+  Exact causal attention over the cache: dense, or POD's attention when the cache is POD-shaped
+  (then token by token, because a non-anchor head no longer holds distant keys of its own).
+
+State handed between layers (TidalDecode indices, POD gates, anchor keys in prefill) lives in the
+explicit :class:`ForwardState` of one forward, never in module attributes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+import torch
+
+from .cache import SparseKVCache
+from .config import SparseAttentionConfig
+from .plan import LayerPlan
+from .schemes.dense import dense_decode, dense_prefill
+from .schemes.pod import pod_decode, pod_prefill
+from .schemes.quest import quest_decode
+from .schemes.streaming import streaming_decode
+from .schemes.tidal import tidal_select_decode, tidal_sparse_decode
+from .schemes.token_sparse import TokenSparseStats, token_sparse_prefill
+
+
+@dataclass
+class ForwardState:
+    """What the layers of one forward share.
+
+    Attributes:
+        phase: ``prefill`` | ``decode`` | ``chunk``.
+        old_lens, num_new, new_lens: [B] tokens before this forward, added by it, after it.
+        cache: the SparseKVCache or None.
+        selected: TidalDecode indices chosen in this step, by selection layer.
+        gates: POD proximal gates [B, Hq] of this decode step, by layer (gate_tau).
+        stats: Token Sparse statistics of this prefill (None unless Token Sparse runs).
+        capture: when not None, layer -> (q, k) post-RoPE for the layers in ``capture_layers``.
+    """
+
+    phase: str
+    old_lens: torch.Tensor
+    num_new: torch.Tensor
+    new_lens: torch.Tensor
+    cache: SparseKVCache | None
+    config: SparseAttentionConfig
+    plan: list[LayerPlan]
+    selected: dict[int, torch.Tensor] = field(default_factory=dict)
+    gates: dict[int, torch.Tensor] = field(default_factory=dict)
+    stats: TokenSparseStats | None = None
+    capture: dict | None = None
+    capture_layers: set | None = None
+
+
+def layer_attention(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: ForwardState,
+                    k_anchor: torch.Tensor | None = None) -> torch.Tensor:
+    """Attention of one layer. q [B, Hq, S, D], k/v [B, Hkv, S, D] post-RoPE (packed layout).
+
+    ``k_anchor`` [B, Hkv, S, D]: the anchor keys per KV head for a ``pod-shared`` prefill.
+    Returns [B, Hq, S, D].
+    """
+    if state.capture is not None and (state.capture_layers is None or layer in state.capture_layers):
+        state.capture[layer] = (q.detach(), k.detach())
+    if state.phase == "decode":
+        return _decode(layer, q, k, v, state)
+    if state.phase == "chunk":
+        return _chunk(layer, q, k, v, state)
+    return _prefill(layer, q, k, v, state, k_anchor)
+
+
+def _prefill(layer, q, k, v, state, k_anchor):
+    p = state.plan[layer]
+    cfg = state.config
+    lens = state.num_new
+    if p.prefill == "pod-shared":
+        if k_anchor is None:
+            raise RuntimeError(f"layer {layer} is POD-shared but received no anchor keys")
+        out = pod_prefill(q, k, k_anchor, v, lens, cfg.pod)
+    elif p.prefill == "token-sparse":
+        out = token_sparse_prefill(q, k, v, lens, cfg.token_sparse, layer, state.stats)
+    else:
+        out = dense_prefill(q, k, v, torch.zeros_like(lens), lens)
+    if state.cache is not None:
+        state.cache.write(layer, k, v, state.old_lens, state.num_new)
+        state.cache.update_quest_pages(layer, state.old_lens, state.new_lens)
+    return out
+
+
+def _decode(layer, q, k, v, state):
+    p = state.plan[layer]
+    cfg = state.config
+    cache = state.cache
+    lens = state.new_lens
+    cache.write(layer, k, v, state.old_lens, state.num_new)
+    cache.update_quest_pages(layer, state.old_lens, lens)
+    q1 = q[:, :, 0]
+    values = cache.layer_values(layer)
+    role = p.decode
+    if role in ("pod-anchor", "pod-shared"):
+        out = pod_decode(layer, p.anchors, q1, cache, lens, cfg.pod, state.gates)
+    else:
+        keys = cache.effective_keys(layer, lens) if p.pod_keys else cache.layer_keys(layer)
+        if role in ("dense", "full"):
+            out = dense_decode(q1, keys, values, lens)
+        elif role == "full+select":
+            out, idx = tidal_select_decode(q1, keys, values, lens, cfg.tidal)
+            state.selected[layer] = idx
+            cache.tidal_indices[layer] = idx
+        elif role == "sparse-over-selected":
+            out = tidal_sparse_decode(q1, keys, values, state.selected[p.selection_source])
+        elif role == "quest":
+            out, _ = quest_decode(q1, keys, values, lens, cache.page_max[layer], cache.page_min[layer], cfg.quest)
+        elif role == "streaming":
+            out = streaming_decode(q1, keys, values, lens, cfg.streaming)
+        else:
+            raise RuntimeError(f"unknown decode role {role!r} for layer {layer}")
+    return out.unsqueeze(2)
+
+
+def _chunk(layer, q, k, v, state):
+    p = state.plan[layer]
+    cache = state.cache
+    if not p.pod_keys:
+        cache.write(layer, k, v, state.old_lens, state.num_new)
+        cache.update_quest_pages(layer, state.old_lens, state.new_lens)
+        return dense_prefill(q, cache.layer_keys(layer), cache.layer_values(layer), state.old_lens, state.new_lens)
+    # POD-shaped cache: append and attend one position at a time (exact POD attention).
+    outs = []
+    cfg = state.config.pod
+    for j in range(q.shape[2]):
+        active = (j < state.num_new).long()
+        start = state.old_lens + j
+        cache.write(layer, k[:, :, j: j + 1], v[:, :, j: j + 1], start, active)
+        lens = torch.where(active.bool(), start + 1, state.new_lens.clamp(min=1))
+        out = pod_decode(layer, p.anchors, q[:, :, j], cache, lens, dataclasses.replace(cfg, gate_tau=None))
+        outs.append(torch.where(active.bool()[:, None, None], out, torch.zeros_like(out)))
+    return torch.stack(outs, dim=2)

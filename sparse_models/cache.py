@@ -1,0 +1,351 @@
+"""``SparseKVCache``: podkit's KV cache, in the "slot = position" layout (ARCHITECTURE.md).
+
+Per layer it keeps values ``[B, Hkv, N, D]`` and keys, post-RoPE, laid out by the layer's plan:
+
+- Plain layers: keys ``[B, Hkv, N, D]`` like values.
+- POD (arXiv 2412.02252, §2.3) when ``decode_scheme`` is ``pod`` or ``pod+tidal``: a KV head that is
+  its own anchor keeps keys for every position; a head that shares an earlier layer's distant keys
+  keeps only ``sink`` keys plus a ring of the last ``recent`` keys (``[B, heads, sink + recent, D]``,
+  slot ``t < sink`` = position t, slot ``sink + j % recent`` = position j). The saving is real:
+  those positions' keys are never allocated. :meth:`kv_bytes` reports it against a dense cache.
+- Quest (arXiv 2406.10774): per-page, per-channel key max/min ``[B, Hkv, P, D]`` (fp32) for the
+  Quest layers, updated on every append.
+
+Cross-layer state that must follow the batch lives here too: ``seq_lens`` (tokens per sequence),
+the TidalDecode indices chosen at the last step (``tidal_indices``, for inspection), and the token ids
+of the last sparse-decoded tokens (for TidalDecode's KV-cache correction).
+
+It subclasses transformers' ``Cache`` only for what ``generate()`` touches (5.17 and 5.24):
+``get_seq_length`` (= mask columns seen, padding included), ``reorder_cache`` (beam search),
+``batch_repeat_interleave`` / ``batch_select_indices``, ``is_linear`` / ``is_compileable`` /
+``is_croppable``. The model's forward does all reads and writes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers.cache_utils import Cache
+
+import kernels
+
+from .plan import LayerPlan
+
+
+def local_slot_positions(seq_lens: torch.Tensor, sink: int, recent: int) -> torch.Tensor:
+    """Position held by each slot of a POD local key buffer once ``seq_lens`` tokens were written.
+
+    Returns [B, sink + recent] int64: slot t < sink holds position t; ring slot ``sink + r`` holds the
+    latest position j <= seq_len - 1 with j % recent == r. -1 where no such position exists.
+    """
+    lens = seq_lens.long()
+    last = (lens - 1)[:, None]
+    sinks = torch.arange(sink, device=lens.device)[None, :].expand(lens.shape[0], -1)
+    sinks = torch.where(sinks < lens[:, None], sinks, torch.full_like(sinks, -1))
+    r = torch.arange(recent, device=lens.device)[None, :]
+    ring = last - torch.remainder(last - r, recent)
+    ring = torch.where(ring >= 0, ring, torch.full_like(ring, -1))
+    return torch.cat([sinks, ring], dim=1)
+
+
+@dataclass
+class KVBytes:
+    """KV memory actually allocated, against a dense cache of the same capacity (bytes)."""
+
+    keys: int
+    values: int
+    metadata: int
+    dense: int
+
+    @property
+    def total(self) -> int:
+        return self.keys + self.values + self.metadata
+
+    @property
+    def saving(self) -> float:
+        """1 - total / dense (POD: up to 0.5 as distant keys dominate)."""
+        return 1.0 - self.total / self.dense if self.dense else 0.0
+
+
+class SparseKVCache(Cache):
+    """KV cache for podkit models; see the module docstring.
+
+    Args:
+        plan: the model's per-layer plan (``sparse_models.plan.build_plan``).
+        num_kv_heads, head_dim: Hkv and D.
+        sink, recent: POD's proximal window (``config.pod``), used by layers with ``pod_keys``.
+        quest_page_size: page size for Quest layers (decode role ``quest``), else None.
+        capacity: slots to allocate up front (grows on demand; ``generate`` passes max_length).
+        correction_period: TidalDecode KV-cache correction period T, or None.
+    """
+
+    def __init__(self, plan: list[LayerPlan], num_kv_heads: int, head_dim: int, *, sink: int = 0, recent: int = 1,
+                 quest_page_size: int | None = None, capacity: int = 0, correction_period: int | None = None):
+        super().__init__(layers=[])
+        self.plan = plan
+        self.num_layers = len(plan)
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.sink = sink
+        self.recent = recent
+        self.quest_page_size = quest_page_size
+        self.initial_capacity = capacity
+        self.correction_period = correction_period
+        self.capacity = 0
+        self.seq_lens: torch.Tensor | None = None
+        self.columns_seen = 0
+        self.keys: list[torch.Tensor | None] = [None] * self.num_layers
+        self.local_keys: list[torch.Tensor | None] = [None] * self.num_layers
+        self.values: list[torch.Tensor | None] = [None] * self.num_layers
+        self.page_max: list[torch.Tensor | None] = [None] * self.num_layers
+        self.page_min: list[torch.Tensor | None] = [None] * self.num_layers
+        self.tidal_indices: dict[int, torch.Tensor] = {}
+        self.decoded_tokens: torch.Tensor | None = None  # [B, T] token ids of the last T decode steps
+        self.steps_since_correction = 0
+        # key storage per (layer, KV head): ("full", i) -> keys[layer][:, i]; ("local", i) -> local_keys[layer][:, i]
+        self.key_slot: list[list[tuple[str, int]]] = []
+        for p in plan:
+            row, full_i, local_i = [], 0, 0
+            for h in range(num_kv_heads):
+                if p.pod_keys and p.anchors[h] != p.layer:
+                    row.append(("local", local_i))
+                    local_i += 1
+                else:
+                    row.append(("full", full_i))
+                    full_i += 1
+            self.key_slot.append(row)
+
+    # ------------------------------------------------------------------ transformers' Cache surface
+    def __len__(self) -> int:
+        return self.num_layers
+
+    def __repr__(self) -> str:
+        lens = None if self.seq_lens is None else self.seq_lens.tolist()
+        return f"SparseKVCache(layers={self.num_layers}, seq_lens={lens}, capacity={self.capacity})"
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        """Mask columns processed so far (padding included): what ``generate()`` slices inputs with."""
+        return self.columns_seen
+
+    def get_max_length(self, layer_idx: int | None = None) -> int:
+        return -1
+
+    @property
+    def is_linear(self) -> list[bool]:
+        return [False] * self.num_layers
+
+    @property
+    def is_sliding(self) -> list[bool]:
+        return [False] * self.num_layers
+
+    @property
+    def is_compileable(self) -> bool:
+        return False
+
+    @property
+    def is_croppable(self) -> bool:
+        return False
+
+    @property
+    def is_initialized(self) -> bool:
+        return self.seq_lens is not None
+
+    @property
+    def batch_size(self) -> int:
+        return -1 if self.seq_lens is None else int(self.seq_lens.shape[0])
+
+    def crop(self, tokens_to_remove: int) -> None:
+        raise NotImplementedError("SparseKVCache cannot be cropped (assisted/speculative decoding is not supported)")
+
+    def reset(self) -> None:
+        self.__init__(self.plan, self.num_kv_heads, self.head_dim, sink=self.sink, recent=self.recent,
+                      quest_page_size=self.quest_page_size, capacity=self.initial_capacity,
+                      correction_period=self.correction_period)
+
+    def _map_batch(self, fn) -> None:
+        for store in (self.keys, self.local_keys, self.values, self.page_max, self.page_min):
+            for i, t in enumerate(store):
+                if t is not None:
+                    store[i] = fn(t)
+        self.tidal_indices = {k: fn(v) for k, v in self.tidal_indices.items()}
+        if self.seq_lens is not None:
+            self.seq_lens = fn(self.seq_lens)
+        if self.decoded_tokens is not None:
+            self.decoded_tokens = fn(self.decoded_tokens)
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        """Beam search: row i becomes the old row ``beam_idx[i]``."""
+        self._map_batch(lambda t: t.index_select(0, beam_idx.to(t.device)))
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        self._map_batch(lambda t: t.repeat_interleave(repeats, dim=0))
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self._map_batch(lambda t: t[indices.to(t.device)])
+
+    # ------------------------------------------------------------------ storage
+    def _alloc_layer(self, layer: int, batch: int, capacity: int, dtype, device) -> None:
+        row = self.key_slot[layer]
+        num_full = sum(1 for kind, _ in row if kind == "full")
+        num_local = len(row) - num_full
+        d = self.head_dim
+        self.values[layer] = torch.zeros(batch, self.num_kv_heads, capacity, d, dtype=dtype, device=device)
+        self.keys[layer] = torch.zeros(batch, num_full, capacity, d, dtype=dtype, device=device) if num_full else None
+        self.local_keys[layer] = (torch.zeros(batch, num_local, self.sink + self.recent, d, dtype=dtype, device=device)
+                                  if num_local else None)
+
+    def reserve(self, batch: int, needed: int, dtype, device) -> None:
+        """Allocate on first use and grow (by doubling, 64-slot granules) so that ``needed`` slots fit."""
+        if self.seq_lens is None:
+            self.seq_lens = torch.zeros(batch, dtype=torch.long, device=device)
+            capacity = max(needed, self.initial_capacity)
+            capacity = -(-capacity // 64) * 64
+            for layer in range(self.num_layers):
+                self._alloc_layer(layer, batch, capacity, dtype, device)
+            self.capacity = capacity
+            self._refresh_quest_pages(list(range(self.num_layers)))
+            return
+        if self.seq_lens.shape[0] != batch:
+            raise ValueError(f"the cache holds {self.seq_lens.shape[0]} sequences but the input has batch size {batch}")
+        if needed <= self.capacity:
+            return
+        capacity = -(-max(needed, 2 * self.capacity) // 64) * 64
+        grow = capacity - self.capacity
+        for layer in range(self.num_layers):
+            for store in (self.keys, self.values):
+                t = store[layer]
+                if t is not None:
+                    store[layer] = torch.cat([t, t.new_zeros(*t.shape[:2], grow, t.shape[3])], dim=2)
+        self.capacity = capacity
+        self._refresh_quest_pages(list(range(self.num_layers)))
+
+    def write(self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor, start: torch.Tensor,
+              num_new: torch.Tensor) -> None:
+        """Store new tokens' K/V. k_new, v_new: [B, Hkv, S, D]; row b's token j goes to slot start[b] + j.
+
+        Entries j >= num_new[b] (padding) land past the sequence end, where nothing reads them, except
+        in POD's local ring and Quest's pages, which only take real tokens.
+        """
+        batch, _, s, d = k_new.shape
+        slots = (start[:, None] + torch.arange(s, device=start.device)[None, :])  # [B, S]
+        index = slots[:, None, :, None].expand(-1, self.num_kv_heads, -1, d)
+        self.values[layer].scatter_(2, index, v_new.to(self.values[layer].dtype))
+        row = self.key_slot[layer]
+        full = [h for h, (kind, _) in enumerate(row) if kind == "full"]
+        local = [h for h, (kind, _) in enumerate(row) if kind == "local"]
+        if full:
+            k_full = k_new if len(full) == self.num_kv_heads else k_new[:, full]
+            self.keys[layer].scatter_(2, index[:, : len(full)], k_full.to(self.keys[layer].dtype))
+        if local:
+            new_lens = start + num_new
+            pos = local_slot_positions(new_lens, self.sink, self.recent)  # [B, sink + recent]
+            take = (pos >= start[:, None]) & (pos < new_lens[:, None])
+            src_idx = (pos - start[:, None]).clamp(0, s - 1)
+            k_local = k_new[:, local]
+            src = torch.gather(k_local, 2, src_idx[:, None, :, None].expand(-1, len(local), -1, d))
+            buf = self.local_keys[layer]
+            self.local_keys[layer] = torch.where(take[:, None, :, None], src.to(buf.dtype), buf)
+
+    def layer_values(self, layer: int) -> torch.Tensor:
+        """[B, Hkv, N, D] values of ``layer``."""
+        return self.values[layer]
+
+    def layer_keys(self, layer: int) -> torch.Tensor:
+        """[B, Hkv, N, D] keys of a layer that keeps every head's keys (not POD-shared)."""
+        if self.local_keys[layer] is not None:
+            raise RuntimeError(f"layer {layer} keeps POD-shared heads' keys for sinks + ring only; "
+                               f"use anchor_keys / local_key_view")
+        return self.keys[layer]
+
+    def _full_head(self, layer: int, head: int) -> torch.Tensor:
+        kind, i = self.key_slot[layer][head]
+        if kind != "full":
+            raise RuntimeError(f"layer {layer} KV head {head} is not an anchor: its distant keys are not stored")
+        return self.keys[layer][:, i]
+
+    def anchor_keys(self, layer: int) -> torch.Tensor:
+        """[B, Hkv, N, D]: per KV head, the full keys of its anchor layer (its own for anchor heads)."""
+        anchors = self.plan[layer].anchors
+        if all(a == layer for a in anchors):
+            return self.keys[layer]
+        return torch.stack([self._full_head(a, h) for h, a in enumerate(anchors)], dim=1)
+
+    def local_key_view(self, layer: int, lens: torch.Tensor) -> torch.Tensor:
+        """[B, Hkv, sink + recent, D] POD local buffer of every head once ``lens`` tokens are stored
+        (anchor heads, which keep every key, are gathered into the same layout)."""
+        pos = local_slot_positions(lens, self.sink, self.recent).clamp(min=0)
+        heads = []
+        for h, (kind, i) in enumerate(self.key_slot[layer]):
+            if kind == "local":
+                heads.append(self.local_keys[layer][:, i])
+            else:
+                k = self.keys[layer][:, i]  # [B, N, D]
+                heads.append(torch.gather(k, 1, pos[:, :, None].expand(-1, -1, self.head_dim)))
+        return torch.stack(heads, dim=1)
+
+    def effective_keys(self, layer: int, lens: torch.Tensor) -> torch.Tensor:
+        """[B, Hkv, N, D] keys as POD attention reads them for the query at position ``lens - 1``: the
+        layer's own key at proximal positions, the anchor's key elsewhere (``pod+tidal`` decode).
+        A temporary copy: the stored cache stays POD-sized."""
+        k = self.anchor_keys(layer)
+        if self.local_keys[layer] is None:
+            return k
+        k = k.clone()
+        pos = local_slot_positions(lens, self.sink, self.recent)  # [B, L]
+        query = (lens - 1)[:, None]
+        proximal = (pos >= 0) & ((pos < self.sink) | (query - pos < self.recent))
+        local = self.local_key_view(layer, lens)  # [B, Hkv, L, D]
+        for b in range(k.shape[0]):
+            cols = proximal[b].nonzero().squeeze(-1)
+            k[b, :, pos[b, cols]] = local[b, :, cols]
+        return k
+
+    # ------------------------------------------------------------------ Quest pages
+    def _refresh_quest_pages(self, layers: list[int]) -> None:
+        if self.quest_page_size is None or self.seq_lens is None:
+            return
+        for layer in layers:
+            if self.plan[layer].decode == "quest":
+                self.page_max[layer], self.page_min[layer] = kernels.quest_page_minmax(
+                    self.keys[layer], self.seq_lens, self.quest_page_size)
+
+    def update_quest_pages(self, layer: int, old_lens: torch.Tensor, new_lens: torch.Tensor) -> None:
+        """Refresh the page max/min of ``layer`` after an append (only the touched page on decode)."""
+        if self.quest_page_size is None or self.plan[layer].decode != "quest":
+            return
+        ps = self.quest_page_size
+        if not bool(((new_lens - old_lens) == 1).all()):
+            self.page_max[layer], self.page_min[layer] = kernels.quest_page_minmax(self.keys[layer], new_lens, ps)
+            return
+        keys = self.keys[layer]
+        page = (new_lens - 1) // ps  # [B]
+        slots = page[:, None] * ps + torch.arange(ps, device=page.device)[None, :]  # [B, ps]
+        valid = slots < new_lens[:, None]
+        k = torch.gather(keys, 2, slots.clamp(max=keys.shape[2] - 1)[:, None, :, None]
+                         .expand(-1, keys.shape[1], -1, keys.shape[3])).float()
+        mx = k.masked_fill(~valid[:, None, :, None], float("-inf")).amax(2)  # [B, Hkv, D]
+        mn = k.masked_fill(~valid[:, None, :, None], float("inf")).amin(2)
+        idx = page[:, None, None, None].expand(-1, keys.shape[1], 1, keys.shape[3])
+        self.page_max[layer].scatter_(2, idx, mx.unsqueeze(2))
+        self.page_min[layer].scatter_(2, idx, mn.unsqueeze(2))
+
+    # ------------------------------------------------------------------ bookkeeping
+    def record_decoded(self, tokens: torch.Tensor) -> None:
+        """Remember the ids of sparse-decoded tokens (TidalDecode correction re-runs them)."""
+        if self.correction_period is None:
+            return
+        tokens = tokens.reshape(-1, 1)
+        if self.decoded_tokens is None:
+            self.decoded_tokens = tokens
+        else:
+            self.decoded_tokens = torch.cat([self.decoded_tokens, tokens], dim=1)[:, -self.correction_period:]
+        self.steps_since_correction += 1
+
+    def kv_bytes(self) -> KVBytes:
+        """Bytes allocated for keys, values and page metadata, and a dense cache's bytes (same capacity)."""
+        keys = sum(t.numel() * t.element_size() for t in self.keys + self.local_keys if t is not None)
+        values = sum(t.numel() * t.element_size() for t in self.values if t is not None)
+        metadata = sum(t.numel() * t.element_size() for t in self.page_max + self.page_min if t is not None)
+        dense = 2 * values  # a dense cache stores keys exactly like values
+        return KVBytes(keys, values, metadata, dense)

@@ -1,0 +1,18 @@
+"""Dense causal attention: prefill (fresh or a chunk after a cached past) and decode."""
+
+from __future__ import annotations
+
+import torch
+
+import kernels
+
+
+def dense_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offsets: torch.Tensor,
+                  kv_lens: torch.Tensor) -> torch.Tensor:
+    """q [B, Hq, S, D] at positions q_offsets + i; k, v [B, Hkv, N, D] (slot = position) -> [B, Hq, S, D]."""
+    return kernels.prefill_attention(q, k, v, q_offsets, kv_lens)
+
+
+def dense_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:
+    """q [B, Hq, D] at position seq_lens - 1 -> [B, Hq, D]."""
+    return kernels.decode_attention(q, k_cache, v_cache, seq_lens)

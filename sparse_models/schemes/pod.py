@@ -1,0 +1,95 @@
+"""POD: Proximal tokens Over Distant tokens (Ma et al., arXiv 2412.02252; methods.md A).
+
+A query attends to proximal keys (the first ``sink`` positions and the last ``recent`` positions up
+to itself) with the layer's own keys and to every other position with the keys of its block's anchor
+layer (per KV head); one softmax over both, i.e. the log-sum-exp merge with gate
+g = sigmoid(lse_P - lse_D). Anchor layers are plain causal attention.
+
+Prefill/training: ``kernels.pod_prefill_attention`` (differentiable); the anchor keys come in as an
+argument (the decoder loop passes them explicitly, which keeps gradient checkpointing correct).
+Decode: ``kernels.pod_decode_attention`` over the cache's sink + ring buffer and the anchor's keys.
+
+Compute skipping (``pod.gate_tau``, decode only): where the proximal gate g >= tau the distant part is
+dropped. ``gate_estimate="exact"`` uses this layer's own gate (the kernel's skip); ``"anchor"`` uses
+the gate the anchor layer computed for the same query head (methods.md A.4, reading ii). In the
+plain-PyTorch path both parts are still computed; the saving only exists in a kernel that skips.
+"""
+
+from __future__ import annotations
+
+import torch
+
+import kernels
+from ..cache import SparseKVCache, local_slot_positions
+from ..config import PodConfig
+
+
+def assemble_anchor_keys(anchors: tuple[int, ...], keys_by_layer: dict[int, torch.Tensor]) -> torch.Tensor:
+    """[B, Hkv, S, D]: KV head h takes the keys of layer ``anchors[h]`` (same head)."""
+    return torch.stack([keys_by_layer[a][:, h] for h, a in enumerate(anchors)], dim=1)
+
+
+def pod_prefill(q: torch.Tensor, k_own: torch.Tensor, k_anchor: torch.Tensor, v: torch.Tensor,
+                seq_lens: torch.Tensor, cfg: PodConfig) -> torch.Tensor:
+    """q [B, Hq, S, D]; k_own, k_anchor, v [B, Hkv, S, D] -> [B, Hq, S, D] (differentiable)."""
+    return kernels.pod_prefill_attention(q, k_own, k_anchor, v, seq_lens, sink=cfg.sink_tokens,
+                                         recent=cfg.recent_window)
+
+
+def proximal_only_decode(q: torch.Tensor, k_local: torch.Tensor, v_cache: torch.Tensor, seq_lens: torch.Tensor,
+                         cfg: PodConfig) -> torch.Tensor:
+    """Attention over proximal positions only (the output when distant attention is skipped).
+
+    q [B, Hq, D]; k_local [B, Hkv, sink + recent, D]; v_cache [B, Hkv, N, D] -> [B, Hq, D].
+    """
+    sink, recent = cfg.sink_tokens, cfg.recent_window
+    pos = local_slot_positions(seq_lens, sink, recent)  # [B, L]
+    query = (seq_lens.long() - 1)[:, None]
+    slot = torch.arange(pos.shape[1], device=pos.device)[None, :]
+    # ring slots holding a sink position duplicate a sink slot: count each position once
+    proximal = (pos >= 0) & (pos <= query) & ((slot < sink) | ((pos >= sink) & (query - pos < recent)))
+    v_local = torch.gather(v_cache, 2, pos.clamp(min=0)[:, None, :, None].expand(-1, v_cache.shape[1], -1,
+                                                                                  v_cache.shape[3]))
+    indices = torch.where(proximal, slot.expand_as(pos), torch.full_like(pos, -1))
+    big = pos.shape[1] + 1
+    indices = torch.where(indices < 0, torch.full_like(indices, big), indices).sort(-1).values
+    indices = torch.where(indices == big, torch.full_like(indices, -1), indices)
+    indices = indices[:, None, :].expand(-1, k_local.shape[1], -1).contiguous()
+    return kernels.sparse_decode_attention(q, k_local, v_local, indices)
+
+
+def pod_decode(layer: int, anchors: tuple[int, ...], q: torch.Tensor, cache: SparseKVCache, seq_lens: torch.Tensor,
+               cfg: PodConfig, gates: dict[int, torch.Tensor] | None = None) -> torch.Tensor:
+    """POD decode of one layer: q [B, Hq, D] at position seq_lens - 1 -> [B, Hq, D].
+
+    ``gates`` collects each layer's proximal gate [B, Hq] when ``cfg.gate_tau`` is set (the anchor
+    estimate of later layers reads it).
+    """
+    v = cache.layer_values(layer)
+    own_only = all(a == layer for a in anchors)
+    tau = cfg.gate_tau
+    if own_only and tau is None:
+        return kernels.decode_attention(q, cache.anchor_keys(layer), v, seq_lens)
+    k_local = cache.local_key_view(layer, seq_lens)
+    k_anchor = cache.anchor_keys(layer)
+    common = dict(sink=cfg.sink_tokens, recent=cfg.recent_window)
+    if tau is None:
+        return kernels.pod_decode_attention(q, k_local, k_anchor, v, seq_lens, **common)
+    if own_only or cfg.gate_estimate == "exact":
+        # anchor layers never skip: their distant keys are their own (exact attention)
+        out, gate = kernels.pod_decode_attention(q, k_local, k_anchor, v, seq_lens,
+                                                 gate_tau=None if own_only else tau, return_gate=True, **common)
+        if gates is not None:
+            gates[layer] = gate
+        return out
+    out, gate = kernels.pod_decode_attention(q, k_local, k_anchor, v, seq_lens, return_gate=True, **common)
+    if gates is not None:
+        gates[layer] = gate
+    group = q.shape[1] // len(anchors)
+    estimate = torch.stack([gates[anchors[qh // group]][:, qh] if anchors[qh // group] != layer else gate[:, qh]
+                            for qh in range(q.shape[1])], dim=1)  # [B, Hq]
+    skip = estimate >= tau
+    if not bool(skip.any()):
+        return out
+    prox = proximal_only_decode(q, k_local, v, seq_lens, cfg)
+    return torch.where(skip[..., None], prox, out)

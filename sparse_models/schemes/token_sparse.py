@@ -1,0 +1,121 @@
+"""Token Sparse Attention for prefill (Jo et al., arXiv 2602.03216; methods.md C.1).
+
+On a sparse layer: the last ``window`` queries score each prefix key (mean softmax probability,
+``kernels.token_sparse_scores``), scores are smoothed by an average pool, a layer-level budget comes
+from dynamic token coverage (drop the least important prefix tokens whose normalised mass stays
+within ``coverage``, keep at least ``min_tokens``), each query head keeps its own top tokens plus the
+window, attention runs among the kept tokens only (``kernels.sparse_prefill_attention``) and the
+outputs are scattered back with zeros elsewhere, so the residual stream passes through unchanged at
+dropped positions. Unlike the reference code, ragged batches work: each sequence gets its own budget.
+
+Decode is untouched (the full K/V are written to the cache before compression).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+import kernels
+from ..config import TokenSparseConfig
+
+
+@dataclass
+class LayerSparsity:
+    """What one sparse layer kept in one prefill: per sequence, its length and kept tokens (per head)."""
+
+    layer: int
+    seq_lens: list[int]
+    kept: list[int]
+    sparse: list[bool]
+
+    @property
+    def token_sparsity(self) -> list[float]:
+        """Per sequence, the fraction of tokens each head dropped."""
+        return [1.0 - k / n if n else 0.0 for k, n in zip(self.kept, self.seq_lens)]
+
+
+@dataclass
+class TokenSparseStats:
+    """Achieved sparsity of the last prefill (``model.token_sparse_stats``), readable by eval/."""
+
+    layers: dict[int, LayerSparsity] = field(default_factory=dict)
+
+    @property
+    def mean_token_sparsity(self) -> float:
+        """Mean over sparse layers and sequences of the dropped-token fraction (0.0 when nothing ran)."""
+        values = [s for rec in self.layers.values() for s in rec.token_sparsity]
+        return sum(values) / len(values) if values else 0.0
+
+    def to_dict(self) -> dict:
+        return {"mean_token_sparsity": self.mean_token_sparsity,
+                "layers": {layer: {"seq_lens": r.seq_lens, "kept": r.kept, "sparse": r.sparse,
+                                   "token_sparsity": r.token_sparsity} for layer, r in self.layers.items()}}
+
+
+def token_sparse_indices(q: torch.Tensor, k: torch.Tensor, seq_lens: torch.Tensor,
+                         cfg: TokenSparseConfig) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-head kept positions.
+
+    Args: q [B, Hq, S, D]; k [B, Hkv, S, D]; seq_lens [B] (tokens at slots [0, seq_lens)).
+    Returns:
+        indices [B, Hq, K] ascending, -1 padded; kept [B] tokens kept per head; sparse [B] bool
+        (False where the sequence is too short, coverage is 0 or nothing could be dropped).
+    """
+    batch, num_heads, s, _ = q.shape
+    lens = seq_lens.long()
+    window = cfg.window
+    pos = torch.arange(s, device=q.device)
+    prefix_len = (lens - window).clamp(min=0)
+    sparse = lens > (cfg.min_tokens + window)
+    if cfg.coverage == 0:
+        sparse = torch.zeros_like(sparse)
+    k_keep = prefix_len.clone()
+    if bool(sparse.any()):
+        scores = kernels.token_sparse_scores(q, k, lens, window)  # [B, Hq, S]
+        pad = cfg.pool_kernel // 2
+        pooled = F.avg_pool1d(scores.reshape(batch * num_heads, 1, s), cfg.pool_kernel, stride=1, padding=pad)
+        pooled = pooled.reshape(batch, num_heads, s)
+        prefix = pos[None, :] < prefix_len[:, None]  # [B, S]
+        pooled = pooled.masked_fill(~prefix[:, None, :], 0.0)
+        # dynamic token coverage: one layer-level budget per sequence, from the head-mean scores
+        mean = pooled.mean(1)
+        mean = mean / mean.sum(-1, keepdim=True).clamp_min(torch.finfo(mean.dtype).tiny)
+        ordered = torch.where(prefix, mean, torch.full_like(mean, float("inf"))).sort(-1).values
+        cum = torch.where(torch.isfinite(ordered), ordered, torch.zeros_like(ordered)).cumsum(-1)
+        k_sparse = ((cum < cfg.coverage) & torch.isfinite(ordered)).sum(-1) + 1
+        budget = torch.maximum(torch.full_like(prefix_len, cfg.min_tokens), prefix_len - k_sparse)
+        k_keep = torch.where(sparse, budget.clamp(max=prefix_len), prefix_len)
+        ranking = pooled.masked_fill(~prefix[:, None, :], float("-inf"))
+    else:
+        ranking = torch.where(pos[None, None, :] < prefix_len[:, None, None], 0.0, float("-inf")).expand(batch, num_heads, s)
+    sparse = sparse & (k_keep < prefix_len)
+    k_max = int(k_keep.max())
+    if k_max > 0:
+        top = torch.topk(ranking, k_max, dim=-1).indices  # [B, Hq, k_max]
+        top = torch.where(torch.arange(k_max, device=q.device)[None, None, :] < k_keep[:, None, None], top,
+                          torch.full_like(top, -1))
+    else:
+        top = torch.empty(batch, num_heads, 0, dtype=torch.long, device=q.device)
+    win = prefix_len[:, None] + torch.arange(window, device=q.device)[None, :]  # [B, W]
+    win = torch.where(win < lens[:, None], win, torch.full_like(win, -1))
+    idx = torch.cat([top, win[:, None, :].expand(-1, num_heads, -1)], dim=-1)
+    big = s + 1
+    idx = torch.where(idx < 0, torch.full_like(idx, big), idx).sort(-1).values
+    idx = torch.where(idx == big, torch.full_like(idx, -1), idx)
+    kept = k_keep + torch.minimum(lens, torch.full_like(lens, window))
+    return idx, kept, sparse
+
+
+def token_sparse_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens: torch.Tensor,
+                         cfg: TokenSparseConfig, layer: int, stats: TokenSparseStats | None = None) -> torch.Tensor:
+    """Token Sparse attention of one layer: q [B, Hq, S, D], k/v [B, Hkv, S, D] -> [B, Hq, S, D]."""
+    indices, kept, sparse = token_sparse_indices(q, k, seq_lens, cfg)
+    if stats is not None:
+        stats.layers[layer] = LayerSparsity(layer, seq_lens.tolist(), kept.tolist(), sparse.tolist())
+    if not bool(sparse.any()):
+        zeros = torch.zeros_like(seq_lens)
+        return kernels.prefill_attention(q, k, v, zeros, seq_lens)
+    return kernels.sparse_prefill_attention(q, k, v, indices)

