@@ -49,6 +49,17 @@ if interpreter_active():
     _patch_interpreter_scalar_index()
 
 
+def pick_configs(gpu_configs, interpreter_config):
+    """Autotune candidates: one small config under the interpreter (it cannot benchmark), only
+    the first (default) GPU config when ``PODKIT_TRITON_AUTOTUNE=0`` (fast compiles in tests),
+    else all of them."""
+    if interpreter_active():
+        return [interpreter_config]
+    if os.environ.get("PODKIT_TRITON_AUTOTUNE", "1") == "0":
+        return gpu_configs[:1]
+    return gpu_configs
+
+
 def dot_precision(dtype: torch.dtype) -> str:
     """``tl.dot`` input precision: fp32 inputs use exact IEEE math (tf32 would lose ~3 digits);
     fp16/bf16 inputs use the tensor cores' native precision with fp32 accumulation."""

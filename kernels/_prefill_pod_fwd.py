@@ -19,7 +19,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._prefill_common import interpreter_active
+from ._prefill_common import pick_configs
 
 MODE_PROX = 0
 MODE_PROX_MASKED = 1
@@ -28,13 +28,11 @@ MODE_MIXED = 3
 
 
 def forward_configs():
-    if interpreter_active():
-        return [triton.Config({"BLOCK_M": 16, "BLOCK_N": 16}, num_warps=4, num_stages=1)]
-    return [
+    return pick_configs([
         triton.Config({"BLOCK_M": 128, "BLOCK_N": 64}, num_warps=8, num_stages=3),
         triton.Config({"BLOCK_M": 128, "BLOCK_N": 128}, num_warps=8, num_stages=3),
         triton.Config({"BLOCK_M": 64, "BLOCK_N": 64}, num_warps=4, num_stages=3),
-    ]
+    ], triton.Config({"BLOCK_M": 16, "BLOCK_N": 16}, num_warps=4, num_stages=1))
 
 
 @triton.jit

@@ -24,20 +24,18 @@ from ._prefill_common import (
     check_int_vector,
     dot_precision,
     head_dim_block,
-    interpreter_active,
+    pick_configs,
     resolve_scale,
 )
 
 
 def _configs():
-    if interpreter_active():  # the interpreter cannot autotune (no driver to benchmark on)
-        return [triton.Config({"BLOCK_M": 16, "BLOCK_N": 16}, num_warps=4, num_stages=1)]
-    return [
+    return pick_configs([
         triton.Config({"BLOCK_M": 128, "BLOCK_N": 64}, num_warps=8, num_stages=3),
         triton.Config({"BLOCK_M": 128, "BLOCK_N": 128}, num_warps=8, num_stages=3),
         triton.Config({"BLOCK_M": 64, "BLOCK_N": 64}, num_warps=4, num_stages=3),
         triton.Config({"BLOCK_M": 128, "BLOCK_N": 32}, num_warps=4, num_stages=4),
-    ]
+    ], triton.Config({"BLOCK_M": 16, "BLOCK_N": 16}, num_warps=4, num_stages=1))
 
 
 @triton.jit
