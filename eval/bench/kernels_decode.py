@@ -1,0 +1,266 @@
+"""Benchmark of podkit's Triton decode kernels against torch, with the memory-bandwidth floor.
+
+    python -m eval.bench.kernels_decode --out decode.json [--contexts 8192 32768 131072]
+        [--batches 1 8] [--check] [--tune]
+
+Pure torch + triton (runs on the GPU image: no deepspeed / lm-eval / datasets). Shape: Llama-3-8B
+attention (32 query heads, 8 KV heads, D=128, bf16), every sequence full (seq_lens = context).
+Each row times, in the same run, podkit's kernel, torch's closest composition and the floor
+(bytes that must move / copy bandwidth measured here), with `triton.testing.do_bench` medians
+(L2 flushed between repetitions). Rows:
+
+- decode: torch SDPA (enable_gqa=True) vs decode_attention_triton.
+- selection (budget 2048): naive torch (SDPA for the output + a GQA matmul for the logits +
+  topk + sort) vs selection_decode_attention_triton, per head and per KV group; ratio to podkit
+  full decode.
+- sparse decode, k in {256, 2048, 4096}: torch gather + SDPA vs sparse_decode_attention_triton,
+  lists per query head (Hs=Hq) and per KV group (Hs=Hkv).
+- pod decode (sink 4, recent 2048): vs podkit full decode at equal context.
+- quest (page 16, budget 2048): page scores + page selection + sparse decode over the pages.
+
+Data-dependent input checks (one host sync each) are switched off for the timings
+(PODKIT_SKIP_VALUE_CHECKS=1), as under CUDA-graph capture; `checks_cost_us` reports their cost.
+`--check` also compares every op in bf16 against kernels/reference.py (fp32 math) and an fp64
+reference, and records the errors in the JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+
+HQ, HKV, D = 32, 8, 128
+DTYPE = torch.bfloat16
+
+
+def _bench(fn, rep=100):
+    import triton.testing
+    return triton.testing.do_bench(fn, warmup=25, rep=rep, return_mode="median") * 1e3  # us
+
+
+def copy_bandwidth(device) -> float:
+    """Bytes/s of a 2 GiB device-to-device copy (read + write counted)."""
+    n = 1 << 30
+    src = torch.empty(n, dtype=torch.int16, device=device)
+    dst = torch.empty_like(src)
+    us = _bench(lambda: dst.copy_(src), rep=50)
+    del src, dst
+    return 2 * 2 * n / (us * 1e-6)
+
+
+def _inputs(B, N, device, gen):
+    q = torch.randn(B, HQ, D, device=device, dtype=DTYPE, generator=gen)
+    k = torch.randn(B, HKV, N, D, device=device, dtype=DTYPE, generator=gen)
+    v = torch.randn(B, HKV, N, D, device=device, dtype=DTYPE, generator=gen)
+    seq_lens = torch.full((B,), N, device=device, dtype=torch.int32)
+    return q, k, v, seq_lens
+
+
+def _random_lists(B, H, N, K, device, gen):
+    """[B,H,K] distinct random slots per list (ascending), int32."""
+    keys = torch.rand(B, H, N, device=device, generator=gen)
+    idx = keys.topk(K, dim=-1).indices
+    return idx.sort(dim=-1).values.to(torch.int32)
+
+
+def torch_sparse(q, k, v, idx):
+    """torch gather + SDPA over listed slots (Hs = Hq or Hkv); what a user would write."""
+    B, Hq, Dh = q.shape
+    Hkv, Hs, K = k.shape[1], idx.shape[1], idx.shape[2]
+    if Hs == Hkv:
+        gi = idx.long()[..., None].expand(B, Hkv, K, Dh)
+        ks, vs = torch.gather(k, 2, gi), torch.gather(v, 2, gi)
+    else:
+        gi = idx.long().view(B, Hkv, (Hq // Hkv) * K)[..., None].expand(-1, -1, -1, Dh)
+        ks = torch.gather(k, 2, gi).view(B, Hq, K, Dh)
+        vs = torch.gather(v, 2, gi).view(B, Hq, K, Dh)
+    return F.scaled_dot_product_attention(q[:, :, None], ks, vs, enable_gqa=True)[:, :, 0]
+
+
+def torch_selection(q, k, v, budget, per_kv_group):
+    """SDPA output + logits via a GQA matmul + topk(budget-1) + current slot + sort."""
+    B, Hq, Dh = q.shape
+    N = k.shape[2]
+    out = F.scaled_dot_product_attention(q[:, :, None], k, v, enable_gqa=True)[:, :, 0]
+    logits = torch.matmul(q.view(B, HKV, Hq // HKV, Dh), k.transpose(-1, -2)).float() * Dh ** -0.5
+    logits[..., N - 1] = float("-inf")
+    if per_kv_group:
+        scores = torch.softmax(logits, -1).sum(2)
+    else:
+        scores = logits.view(B, Hq, N)
+    idx = scores.topk(budget - 1, dim=-1, sorted=False).indices
+    cur = torch.full((*idx.shape[:2], 1), N - 1, device=q.device, dtype=idx.dtype)
+    return out, torch.cat([idx, cur], -1).sort(-1).values
+
+
+def _row(rows, op, ctx, batch, **cols):
+    row = dict(op=op, context=ctx, batch=batch, **{k: (round(v, 2) if isinstance(v, float) else v) for k, v in cols.items()})
+    rows.append(row)
+    print(json.dumps(row), flush=True)
+
+
+def run_bench(contexts, batches, device, bw, tune=False):
+    from kernels import decode_attention as DA
+    from kernels.sparse_decode_attention import sparse_decode_attention_triton
+    from kernels.pod_decode_attention import pod_decode_attention_triton
+    from kernels.quest_pages import quest_page_scores_triton, quest_select_pages_triton
+    from kernels.reference import quest_page_minmax
+
+    gen = torch.Generator(device=device)
+    gen.manual_seed(0)
+    rows = []
+    for N in contexts:
+        for B in batches:
+            q, k, v, seq_lens = _inputs(B, N, device, gen)
+            kv_bytes = 2 * B * HKV * N * D * 2
+            floor = kv_bytes / bw * 1e6
+            sdpa = _bench(lambda: F.scaled_dot_product_attention(q[:, :, None], k, v, enable_gqa=True))
+            full = _bench(lambda: DA.decode_attention_triton(q, k, v, seq_lens))
+            full_scores = _bench(lambda: DA.decode_attention_triton(q, k, v, seq_lens, return_scores=True))
+            _row(rows, "decode", N, B, floor_us=floor, sdpa_us=sdpa, podkit_us=full,
+                 podkit_scores_us=full_scores, podkit_over_sdpa=full / sdpa, podkit_over_floor=full / floor)
+            if tune:
+                for bn, nw, ns in [(32, 4, 3), (64, 4, 2), (64, 4, 4), (64, 8, 3), (128, 8, 3), (128, 4, 2)]:
+                    t = _bench(lambda: DA._launch_decode(q, k, v, seq_lens, D ** -0.5, None, False,
+                                                         block_n=bn, num_warps=nw, num_stages=ns))
+                    _row(rows, "decode_tune", N, B, block_n=bn, num_warps=nw, num_stages=ns, podkit_us=t,
+                         over_sdpa=t / sdpa)
+            budget = 2048
+            for per_group in (False, True):
+                naive = _bench(lambda: torch_selection(q, k, v, budget, per_group))
+                sel = _bench(lambda: DA.selection_decode_attention_triton(q, k, v, seq_lens, budget,
+                                                                         per_kv_group=per_group))
+                _row(rows, "selection_group" if per_group else "selection_head", N, B, budget=budget,
+                     floor_us=floor, torch_us=naive, podkit_us=sel, podkit_full_us=full,
+                     over_podkit_full=sel / full, torch_over_podkit=naive / sel)
+            for K in (256, 2048, 4096):
+                for Hs, name in ((HQ, "sparse_head"), (HKV, "sparse_group")):
+                    idx = _random_lists(B, Hs, N, K, device, gen)
+                    sp_floor = (2 * B * Hs * K * D * 2 + idx.numel() * 4) / bw * 1e6
+                    ts = _bench(lambda: torch_sparse(q, k, v, idx))
+                    ps = _bench(lambda: sparse_decode_attention_triton(q, k, v, idx))
+                    _row(rows, name, N, B, k=K, floor_us=sp_floor, torch_us=ts, podkit_us=ps,
+                         torch_over_podkit=ts / ps, podkit_over_floor=ps / sp_floor)
+            sink, recent = 4, 2048
+            k_local = torch.randn(B, HKV, sink + recent, D, device=device, dtype=DTYPE, generator=gen)
+            pod = _bench(lambda: pod_decode_attention_triton(q, k_local, k, v, seq_lens, sink=sink, recent=recent))
+            pod_tau = _bench(lambda: pod_decode_attention_triton(q, k_local, k, v, seq_lens, sink=sink,
+                                                                 recent=recent, gate_tau=0.7, return_gate=True))
+            _row(rows, "pod_decode", N, B, sink=sink, recent=recent, floor_us=floor, podkit_us=pod,
+                 podkit_tau_us=pod_tau, podkit_full_us=full, over_podkit_full=pod / full)
+            ps_, qbudget = 16, 2048
+            pmax, pmin = quest_page_minmax(k, seq_lens, ps_)
+            pmax, pmin = pmax.to(DTYPE), pmin.to(DTYPE)
+            t_scores = _bench(lambda: quest_page_scores_triton(q, pmax, pmin, seq_lens, ps_))
+            scores = quest_page_scores_triton(q, pmax, pmin, seq_lens, ps_)
+            t_select = _bench(lambda: quest_select_pages_triton(scores, seq_lens, ps_, qbudget))
+            qidx = quest_select_pages_triton(scores, seq_lens, ps_, qbudget)
+            t_attn = _bench(lambda: sparse_decode_attention_triton(q, k, v, qidx))
+            meta_floor = 2 * pmax.numel() * 2 / bw * 1e6
+            _row(rows, "quest", N, B, page_size=ps_, budget=qbudget, scores_us=t_scores,
+                 scores_floor_us=meta_floor, select_us=t_select, attn_us=t_attn,
+                 total_us=t_scores + t_select + t_attn, podkit_full_us=full)
+            del q, k, v, k_local, pmax, pmin
+            torch.cuda.empty_cache()
+    return rows
+
+
+def checks_cost(device):
+    from kernels import decode_attention as DA
+    q, k, v, seq_lens = _inputs(1, 8192, device, None)
+    os.environ["PODKIT_SKIP_VALUE_CHECKS"] = "0"
+    on = _bench(lambda: DA.decode_attention_triton(q, k, v, seq_lens))
+    os.environ["PODKIT_SKIP_VALUE_CHECKS"] = "1"
+    off = _bench(lambda: DA.decode_attention_triton(q, k, v, seq_lens))
+    return on - off
+
+
+def run_checks(device):
+    """bf16 errors of each op against the fp32-math reference and an fp64 reference."""
+    from kernels import reference as R
+    from kernels.decode_attention import decode_attention_triton, selection_decode_attention_triton
+    from kernels.sparse_decode_attention import sparse_decode_attention_triton
+    from kernels.pod_decode_attention import pod_decode_attention_triton
+    from kernels.quest_pages import quest_page_scores_triton
+
+    torch.manual_seed(1)
+    out = {}
+    B, N = 3, 5000
+    q, k, v, _ = _inputs(B, N, device, None)
+    seq_lens = torch.tensor([5000, 1777, 64], device=device, dtype=torch.int32)
+    qd, kd, vd = q.double(), k.double(), v.double()
+
+    def err(a, ref64):
+        return (a.double() - ref64).abs().max().item()
+
+    ref64 = R.decode_attention(qd, kd, vd, seq_lens)
+    o = decode_attention_triton(q, k, v, seq_lens)
+    out["decode"] = dict(kernel=err(o, ref64), torch_bf16=err(R.decode_attention(q, k, v, seq_lens), ref64))
+    o, idx = selection_decode_attention_triton(q, k, v, seq_lens, 256)
+    _, idx_ref = R.selection_decode_attention(q, k, v, seq_lens, 256)
+    out["selection_head"] = dict(kernel=err(o, ref64), index_agreement=(idx == idx_ref).float().mean().item())
+    o, idx = selection_decode_attention_triton(q, k, v, seq_lens, 256, per_kv_group=True)
+    _, idx_ref = R.selection_decode_attention(q, k, v, seq_lens, 256, per_kv_group=True)
+    out["selection_group"] = dict(kernel=err(o, ref64), index_agreement=(idx == idx_ref).float().mean().item())
+    for Hs in (HQ, HKV):
+        idx = _random_lists(B, Hs, 1700, 300, device, None).long()
+        idx[2, :, 100:] = -1
+        ref = R.sparse_decode_attention(qd, kd, vd, idx)
+        o = sparse_decode_attention_triton(q, k, v, idx)
+        out[f"sparse_hs{Hs}"] = dict(kernel=err(o, ref), torch_bf16=err(R.sparse_decode_attention(q, k, v, idx), ref))
+    sink, recent = 4, 300
+    k_local = torch.randn(B, HKV, sink + recent, D, device=device, dtype=DTYPE)
+    ref, g64 = R.pod_decode_attention(qd, k_local.double(), kd, vd, seq_lens, sink=sink, recent=recent, return_gate=True)
+    o, g = pod_decode_attention_triton(q, k_local, k, v, seq_lens, sink=sink, recent=recent, return_gate=True)
+    r32 = R.pod_decode_attention(q, k_local, k, v, seq_lens, sink=sink, recent=recent)
+    out["pod"] = dict(kernel=err(o, ref), torch_bf16=err(r32, ref), gate=err(g, g64))
+    pmax, pmin = R.quest_page_minmax(k, seq_lens, 16)
+    s = quest_page_scores_triton(q, pmax.to(DTYPE), pmin.to(DTYPE), seq_lens, 16)
+    sr = R.quest_page_scores(q, pmax.to(DTYPE), pmin.to(DTYPE), seq_lens, 16)
+    fin = torch.isfinite(sr)
+    out["quest_scores"] = dict(kernel=(s[fin] - sr[fin]).abs().max().item(),
+                               inf_pattern_equal=bool(torch.equal(torch.isinf(s), torch.isinf(sr))))
+    for name, val in out.items():
+        print("check", name, json.dumps(val), flush=True)
+    return out
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True, help="JSON output path")
+    ap.add_argument("--contexts", type=int, nargs="+", default=[8192, 32768, 131072])
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 8])
+    ap.add_argument("--check", action="store_true", help="also check bf16 accuracy against the reference")
+    ap.add_argument("--tune", action="store_true", help="also time decode launch-config variants")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("kernels_decode: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    os.environ["PODKIT_SKIP_VALUE_CHECKS"] = "1"
+    device = torch.device("cuda")
+    import triton
+    result = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                  device=torch.cuda.get_device_name(device), torch=torch.__version__, triton=triton.__version__,
+                  shape=dict(Hq=HQ, Hkv=HKV, D=D, dtype=str(DTYPE)))
+    if args.check:
+        result["checks"] = run_checks(device)
+    bw = copy_bandwidth(device)
+    result["copy_bandwidth_TBps"] = round(bw / 1e12, 3)
+    print(f"copy bandwidth {bw / 1e12:.3f} TB/s", flush=True)
+    result["checks_cost_us"] = round(checks_cost(device), 2)
+    os.environ["PODKIT_SKIP_VALUE_CHECKS"] = "1"
+    result["rows"] = run_bench(args.contexts, args.batches, device, bw, tune=args.tune)
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1)
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,112 @@
+"""Triton pod_decode_attention (sink + ring own keys, anchor keys for distant positions, gate and
+gate_tau skip) against kernels.reference. CPU interpreter fp32 / fp16; GPU (``-m gpu``) bf16."""
+
+import os
+import zlib
+
+import pytest
+import torch
+
+from kernels import reference
+from kernels.pod_decode_attention import pod_decode_attention_triton
+
+INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
+cpu_only = pytest.mark.skipif(not INTERPRETING, reason="CPU cases run the Triton interpreter")
+
+CASES = [  # B, Hq, Hkv, N, D, sink, recent, seq_lens
+    (3, 4, 4, 150, 32, 4, 16, [150, 40, 3]),       # G = 1; a sequence shorter than sink + recent
+    (2, 6, 2, 200, 16, 0, 8, [200, 9]),            # G = 3, no sink
+    (2, 8, 2, 130, 64, 3, 70, [130, 72]),          # G = 4, ring wraps, recent crosses a tile
+    (2, 8, 1, 97, 16, 4, 1, [97, 5]),              # G = 8, ring of one (only the current token)
+    (1, 5, 1, 90, 48, 2, 20, [90]),                # G = 5, D not a power of two
+]
+
+
+def assert_error_within(name, got, same_dtype_ref, exact, factor=4.0, floor=1e-6):
+    got_err = (got.double() - exact).abs().max().item()
+    ref_err = (same_dtype_ref.double() - exact).abs().max().item()
+    assert got_err <= factor * ref_err + floor, f"{name}: kernel error {got_err:.3e} vs reference error {ref_err:.3e}"
+
+
+def make_case(case, dtype, device, seed):
+    """k_local holds the layer's own keys for proximal positions; every other slot is garbage
+    (huge), so that reading a wrong slot cannot pass unnoticed."""
+    B, Hq, Hkv, N, D, sink, recent, lens = case
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, Hq, D, generator=gen)
+    k_own = torch.randn(B, Hkv, N, D, generator=gen)
+    k_anchor = torch.randn(B, Hkv, N, D, generator=gen)
+    v = torch.randn(B, Hkv, N, D, generator=gen)
+    k_local = torch.full((B, Hkv, sink + recent, D), 1e3)
+    for b, L in enumerate(lens):
+        for j in range(L):
+            if j < sink:
+                k_local[b, :, j] = k_own[b, :, j]
+            elif L - 1 - j < recent:
+                k_local[b, :, sink + j % recent] = k_own[b, :, j]
+    # anchor keys at proximal positions are never read: poison them too
+    for b, L in enumerate(lens):
+        for j in range(L):
+            if j < sink or L - 1 - j < recent:
+                k_anchor[b, :, j] = 1e3
+    t = lambda x: x.to(device, dtype)
+    return t(q), t(k_local), t(k_anchor), t(v), torch.tensor(lens, device=device), sink, recent
+
+
+def run_both(q, k_local, k_anchor, v, seq_lens, sink, recent, tau):
+    kw = dict(sink=sink, recent=recent, gate_tau=tau, return_gate=True)
+    out, gate = pod_decode_attention_triton(q, k_local, k_anchor, v, seq_lens, **kw)
+    exact, exact_gate = reference.pod_decode_attention(q.double(), k_local.double(), k_anchor.double(),
+                                                       v.double(), seq_lens, **kw)
+    ref, _ = reference.pod_decode_attention(q, k_local, k_anchor, v, seq_lens, **kw)
+    return out, gate, exact, exact_gate, ref
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("dtype", [pytest.param(torch.float32, marks=cpu_only),
+                                   pytest.param(torch.float16, marks=cpu_only)])
+def test_matches_reference(case, dtype, monkeypatch):
+    real_empty = torch.empty
+    monkeypatch.setattr(torch, "empty", lambda *a, **kw: (lambda t: t.fill_(float("nan")) if t.is_floating_point()
+                                                          else t)(real_empty(*a, **kw)))
+    args = make_case(case, dtype, "cpu", zlib.crc32(repr((case, dtype)).encode()))
+    out, gate, exact, exact_gate, ref = run_both(*args, tau=None)
+    assert out.dtype == dtype and gate.dtype == torch.float32
+    assert not torch.isnan(out).any() and not torch.isnan(gate).any()
+    assert_error_within("out", out, ref, exact)
+    assert (gate.double() - exact_gate).abs().max() < 1e-5
+    # tau at the median gate: some heads skip distant attention, some don't
+    # (halfway between two gate values, so rounding cannot flip a head's decision)
+    gates = exact_gate.flatten().sort().values
+    mid = gates.numel() // 2
+    tau = 0.5 * (gates[mid - 1] + gates[mid]).item() if gates.numel() > 1 else 0.5
+    out, gate, exact, exact_gate, ref = run_both(*args, tau=tau)
+    assert_error_within("out (tau)", out, ref, exact)
+    assert (gate.double() - exact_gate).abs().max() < 1e-5, "the gate is reported before skipping"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("G", [1, 4, 5])
+def test_bf16_gpu(G):
+    Hkv = 8 if G < 5 else 2
+    case = (2, G * Hkv, Hkv, 3000, 128, 4, 1000, [3000, 1100])
+    args = make_case(case, torch.bfloat16, "cuda", G)
+    for tau in (None, 0.5):
+        out, gate, exact, exact_gate, ref = run_both(*args, tau=tau)
+        assert_error_within("out", out, ref, exact)
+        assert (gate.double() - exact_gate).abs().max() < 1e-3
+
+
+def test_bad_inputs_raise_clear_errors():
+    q, kl, ka, v = torch.zeros(2, 4, 16), torch.zeros(2, 2, 12, 16), torch.zeros(2, 2, 40, 16), torch.zeros(2, 2, 40, 16)
+    lens = torch.tensor([40, 3])
+    with pytest.raises(ValueError, match="k_local shape"):
+        pod_decode_attention_triton(q, kl, ka, v, lens, sink=4, recent=9)
+    with pytest.raises(ValueError, match="recent must be an int >= 1"):
+        pod_decode_attention_triton(q, torch.zeros(2, 2, 4, 16), ka, v, lens, sink=4, recent=0)
+    with pytest.raises(ValueError, match="k_anchor shape"):
+        pod_decode_attention_triton(q, kl, ka[:, :, :30], v, lens, sink=4, recent=8)
+    with pytest.raises(ValueError, match="gate_tau"):
+        pod_decode_attention_triton(q, kl, ka, v, lens, sink=4, recent=8, gate_tau=float("nan"))
+    with pytest.raises(ValueError, match="seq_lens values"):
+        pod_decode_attention_triton(q, kl, ka, v, torch.tensor([41, 3]), sink=4, recent=8)
