@@ -1,0 +1,167 @@
+"""Attention of one decode step, per layer role, on the engine's static cache (CUDA-graph safe).
+
+Every function takes q [B, Hq, D] (post-RoPE, the token at slot ``positions[b]``, whose K/V are already
+appended) and ``lens`` = positions + 1 [B] (a device tensor), and returns out [B, Hq, D]. No host syncs,
+no data-dependent shapes: the same Python runs eagerly and under CUDA-graph capture.
+
+Roles (``sparse_models.plan``): ``dense`` / ``full`` / ``pod-anchor`` / ``pod-shared`` -> full attention
+(POD non-anchor heads read proximal keys from the ring and distant keys from the anchor layer,
+POD arXiv 2412.02252); ``full+select`` -> full attention + TidalDecode's top-k positions (arXiv
+2410.05076); ``sparse-over-selected`` -> attention over those positions; ``quest`` -> Quest page
+selection (arXiv 2406.10774); ``streaming`` -> sinks + recent window (StreamingLLM).
+"""
+
+from __future__ import annotations
+
+import torch
+
+import kernels
+
+from .static_cache import KeyRun, StaticCache
+
+
+def _heads(run: KeyRun, group: int) -> slice:
+    return slice(run.h0 * group, run.h1 * group)
+
+
+def _cat(parts: list[torch.Tensor]) -> torch.Tensor:
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+
+
+def full_attention(cache: StaticCache, layer: int, q, lens, scale, gate_tau=None):
+    """Exact attention over every cached token (POD-aware in the shared-key layout)."""
+    batch, num_heads, _ = q.shape
+    group = num_heads // cache.num_kv_heads
+    outs = []
+    for run in cache.runs[layer]:
+        hq = _heads(run, group)
+        v = cache.values[layer][:batch, run.h0:run.h1]
+        k_full = cache.full_keys(run.anchor, run.h0, run.h1, batch)
+        if run.own:
+            outs.append(kernels.decode_attention(q[:, hq], k_full, v, lens, scale=scale))
+        else:
+            k_local = cache.local_keys[layer][:batch, run.h0:run.h1]
+            outs.append(kernels.pod_decode_attention(q[:, hq], k_local, k_full, v, lens, sink=cache.sink,
+                                                     recent=cache.recent, scale=scale, gate_tau=gate_tau))
+    return _cat(outs)
+
+
+def _pod_logits_all_slots(cache: StaticCache, layer: int, run: KeyRun, q_run, lens, scale):
+    """Raw logits [B, Hq_run, N] of a POD non-anchor run: anchor keys everywhere, then the proximal
+    slots (sinks + the last ``recent`` positions) overwritten with the layer's own keys from the ring."""
+    batch = q_run.shape[0]
+    k_anchor = cache.full_keys(run.anchor, run.h0, run.h1, batch)
+    v = cache.values[layer][:batch, run.h0:run.h1]
+    _, scores = kernels.decode_attention(q_run, k_anchor, v, lens, scale=scale, return_scores=True)
+    group = q_run.shape[1] // (run.h1 - run.h0)
+    k_local = cache.local_keys[layer][:batch, run.h0:run.h1].repeat_interleave(group, dim=1)
+    own = torch.einsum("bhd,bhwd->bhw", q_run.float(), k_local.float()) * scale  # [B, Hq_run, W]
+    p = (lens - 1)[:, None]  # [B, 1]
+    slot = torch.arange(cache.sink + cache.recent, device=q_run.device)[None, :]
+    ring = slot - cache.sink
+    # position held by each local slot: sinks hold their own position; ring slot r holds the latest
+    # position <= p congruent to r modulo `recent`
+    pos = torch.where(slot < cache.sink, slot, p - (p - ring) % cache.recent)
+    valid = (pos <= p) & (pos >= 0) & ((slot < cache.sink) | (pos >= cache.sink))
+    # invalid slots are sent to the current slot, whose score selection ignores (it is always kept)
+    target = torch.where(valid, pos, p.expand_as(pos))
+    scores.scatter_(2, target[:, None, :].expand_as(own), own)
+    return scores
+
+
+def selection_attention(cache: StaticCache, layer: int, q, lens, scale, budget: int, per_kv_group: bool):
+    """TidalDecode selection layer: exact attention + indices [B, Hs, budget] (Hs = Hq or Hkv)."""
+    batch, num_heads, _ = q.shape
+    group = num_heads // cache.num_kv_heads
+    outs, indices = [], []
+    for run in cache.runs[layer]:
+        hq = _heads(run, group)
+        v = cache.values[layer][:batch, run.h0:run.h1]
+        if run.own:
+            k_full = cache.full_keys(run.anchor, run.h0, run.h1, batch)
+            out, idx = kernels.selection_decode_attention(q[:, hq], k_full, v, lens, budget, scale=scale,
+                                                          per_kv_group=per_kv_group)
+        else:
+            out = full_attention_run(cache, layer, run, q[:, hq], lens, scale)
+            scores = _pod_logits_all_slots(cache, layer, run, q[:, hq], lens, scale)
+            idx = kernels.select_topk_positions(scores, lens, budget, group_size=group, per_kv_group=per_kv_group)
+        outs.append(out)
+        indices.append(idx)
+    return _cat(outs), _cat(indices)
+
+
+def full_attention_run(cache: StaticCache, layer: int, run: KeyRun, q_run, lens, scale):
+    batch = q_run.shape[0]
+    k_full = cache.full_keys(run.anchor, run.h0, run.h1, batch)
+    v = cache.values[layer][:batch, run.h0:run.h1]
+    if run.own:
+        return kernels.decode_attention(q_run, k_full, v, lens, scale=scale)
+    k_local = cache.local_keys[layer][:batch, run.h0:run.h1]
+    return kernels.pod_decode_attention(q_run, k_local, k_full, v, lens, sink=cache.sink, recent=cache.recent,
+                                        scale=scale)
+
+
+def _pod_sparse_run(cache: StaticCache, layer: int, run: KeyRun, q_run, indices, lens, scale):
+    """Attention of a POD non-anchor run over selected slots: a selected position's key is the
+    layer's own (ring) key if it is proximal to the query, else the anchor layer's key.
+
+    No kernel covers this combination yet (kernels has no POD-aware sparse decode op), so it is a
+    gather in PyTorch: it reads only the selected rows, B * Hq_run * K * D elements.
+    """
+    batch, hq, d = q_run.shape
+    r = run.h1 - run.h0
+    group = hq // r
+    if indices.shape[1] == r and group > 1:
+        indices = indices.repeat_interleave(group, dim=1)
+    valid = indices >= 0
+    j = indices.clamp(min=0)  # [B, Hq_run, K]
+    p = (lens - 1)[:, None, None]
+    proximal = (j < cache.sink) | (p - j < cache.recent)
+    b = torch.arange(batch, device=q_run.device)[:, None, None]
+    kvh = (torch.arange(hq, device=q_run.device) // group)[None, :, None]
+    k_anchor = cache.full_keys(run.anchor, run.h0, run.h1, batch)[b, kvh, j]  # [B, Hq_run, K, D]
+    k_local = cache.local_keys[layer][:batch, run.h0:run.h1][b, kvh, cache.ring_slots(j)]
+    v = cache.values[layer][:batch, run.h0:run.h1][b, kvh, j]
+    k = torch.where(proximal[..., None], k_local, k_anchor)
+    logits = torch.einsum("bhd,bhkd->bhk", q_run.float(), k.float()) * scale
+    logits = logits.masked_fill(~valid, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    return torch.einsum("bhk,bhkd->bhd", probs, v.float()).to(q_run.dtype)
+
+
+def sparse_attention(cache: StaticCache, layer: int, q, lens, scale, indices):
+    """Attention over per-head slot lists indices [B, Hs, K] (TidalDecode sparse layers, Quest, streaming)."""
+    batch, num_heads, _ = q.shape
+    group = num_heads // cache.num_kv_heads
+    per_kv = indices.shape[1] == cache.num_kv_heads and group > 1
+    outs = []
+    for run in cache.runs[layer]:
+        hq = _heads(run, group)
+        idx = indices[:, run.h0:run.h1] if per_kv else indices[:, hq]
+        if run.own:
+            k_full = cache.full_keys(run.anchor, run.h0, run.h1, batch)
+            v = cache.values[layer][:batch, run.h0:run.h1]
+            outs.append(kernels.sparse_decode_attention(q[:, hq], k_full, v, idx, scale=scale))
+        else:
+            outs.append(_pod_sparse_run(cache, layer, run, q[:, hq], idx, lens, scale))
+    return _cat(outs)
+
+
+def quest_attention(cache: StaticCache, layer: int, q, lens, scale, budget: int):
+    """Quest: top budget // page_size pages by the key min/max upper bound (current page always kept)."""
+    batch = q.shape[0]
+    scores = kernels.quest_page_scores(q, cache.page_max[layer][:batch], cache.page_min[layer][:batch], lens,
+                                       cache.page_size)
+    indices = kernels.quest_select_pages(scores, lens, cache.page_size, budget)
+    return sparse_attention(cache, layer, q, lens, scale, indices)
+
+
+def streaming_indices(lens: torch.Tensor, num_kv_heads: int, sink: int, recent: int) -> torch.Tensor:
+    """StreamingLLM's slots [B, Hkv, sink + recent]: positions < sink and the last `recent` ones, -1 elsewhere."""
+    p = (lens - 1)[:, None]
+    sinks = torch.arange(sink, device=lens.device)[None, :].expand(lens.shape[0], sink)
+    sinks = torch.where(sinks <= p, sinks, torch.full_like(sinks, -1))
+    recent_pos = p - recent + 1 + torch.arange(recent, device=lens.device)[None, :]
+    recent_pos = torch.where(recent_pos >= sink, recent_pos, torch.full_like(recent_pos, -1))
+    idx = torch.cat([sinks, recent_pos], dim=1)
+    return idx[:, None, :].expand(-1, num_kv_heads, -1).contiguous()

@@ -1,0 +1,300 @@
+"""The fast generation engine: static caches, CUDA-graph decode, every podkit scheme.
+
+    engine = GenerationEngine(model, max_batch_size=4, max_seq_len=8192, decode_scheme="tidal", tidal_budget=2048)
+    result = engine.generate([[1, 2, 3], [4, 5]], max_new_tokens=64, stop_token_ids=[2])
+    result.tokens  # one list of new token ids per prompt
+
+The engine reuses the model's weights and modules (``model_parts``), builds the per-layer plan from the
+model's ``SparseAttentionConfig`` (``config.sparse_attention``) with load-time-style overrides, owns a
+``StaticCache`` sized for ``max_batch_size`` x ``max_seq_len``, prefills with the chosen prefill scheme
+and decodes with the chosen decode scheme, one CUDA graph per batch size on CUDA (eager elsewhere).
+TidalDecode's KV-cache correction (arXiv 2410.05076 §3.3; ``tidal.correction_period`` = T) runs every T
+decode steps: the last T tokens are recomputed with exact attention and their K/V overwritten.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import torch
+
+from ..config import DECODE_SCHEMES, PREFILL_SCHEMES, ConfigError, SparseAttentionConfig
+from ..plan import build_plan, model_family
+from .cuda_graph import GraphedStep
+from .decode_step import DecodeStep
+from .errors import EngineError
+from .model_parts import extract_model_parts
+from .prefill import forward_chunk
+from .sampling import SamplingConfig, sample_next
+from .static_cache import StaticCache
+
+
+@dataclass
+class GenerationResult:
+    """Output of :meth:`GenerationEngine.generate`.
+
+    tokens: new token ids per prompt (a stop token, when hit, is included and ends the row).
+    finish_reasons: "stop" or "length" per prompt.
+    timings: prefill_s, decode_s, decode_steps, ms_per_step (wall clock, synchronised).
+    stats: scheme statistics (e.g. Token Sparse kept fractions per layer).
+    """
+
+    tokens: list[list[int]]
+    finish_reasons: list[str]
+    prompt_lens: list[int]
+    timings: dict = field(default_factory=dict)
+    stats: dict = field(default_factory=dict)
+
+
+def _resolve_config(model, sparse_config, overrides) -> SparseAttentionConfig:
+    if sparse_config is None:
+        stored = getattr(model.config, "sparse_attention", None)
+        if isinstance(stored, SparseAttentionConfig):
+            sparse_config = stored
+        elif isinstance(stored, dict):
+            sparse_config = SparseAttentionConfig.from_dict(stored)
+        else:
+            sparse_config = SparseAttentionConfig()
+    for key, allowed in (("decode_scheme", DECODE_SCHEMES), ("prefill_scheme", PREFILL_SCHEMES)):
+        if key in overrides and overrides[key] not in allowed:
+            raise EngineError(f"{key}={overrides[key]!r} is not a known scheme: expected one of {', '.join(allowed)}")
+    try:
+        return sparse_config.with_overrides(**overrides) if overrides else sparse_config
+    except ConfigError as err:
+        raise EngineError(str(err)) from err
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class GenerationEngine:
+    """Static-cache generation for a Llama-family model with podkit's schemes.
+
+    Args:
+        model: PodkitLlamaForCausalLM (or any transformers Llama/Mistral/Qwen2 CausalLM), eval mode.
+        sparse_config: the schemes; default: the model's ``config.sparse_attention`` (else dense).
+        max_batch_size: sequences per generate() call.
+        max_seq_len: cache slots per sequence (prompt + new tokens); default the model's
+            ``max_position_embeddings``.
+        use_cuda_graphs: capture the decode step (default: True on CUDA). Asked for on a machine
+            without CUDA, it warns and runs eagerly.
+        token_sparse_keep_ratio: replace Token Sparse's dynamic coverage by a fixed kept fraction.
+        **overrides: flat scheme overrides (``decode_scheme="tidal", tidal_budget=2048``).
+    """
+
+    def __init__(self, model, *, sparse_config: SparseAttentionConfig | None = None, max_batch_size: int = 1,
+                 max_seq_len: int | None = None, use_cuda_graphs: bool | None = None,
+                 token_sparse_keep_ratio: float | None = None, **overrides):
+        self.model = model
+        self.parts = extract_model_parts(model)
+        self.config = _resolve_config(model, sparse_config, overrides)
+        if token_sparse_keep_ratio is not None and not 0 < token_sparse_keep_ratio <= 1:
+            raise EngineError(f"token_sparse_keep_ratio={token_sparse_keep_ratio!r} is invalid: expected a number "
+                              f"in (0, 1]")
+        self.token_sparse_keep_ratio = token_sparse_keep_ratio
+        if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int) or max_batch_size < 1:
+            raise EngineError(f"max_batch_size={max_batch_size!r} is invalid: expected an integer >= 1")
+        capacity = max_seq_len or getattr(model.config, "max_position_embeddings", None)
+        if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 2:
+            raise EngineError(f"max_seq_len={max_seq_len!r} is invalid: expected an integer >= 2 (cache slots per "
+                              f"sequence: prompt + new tokens)")
+        device = self.parts.device
+        if use_cuda_graphs is None:
+            use_cuda_graphs = device.type == "cuda"
+        elif use_cuda_graphs and device.type != "cuda":
+            warnings.warn(f"CUDA graphs were requested but the model is on {device} (CUDA graphs need a CUDA GPU); "
+                          f"running the decode step eagerly", RuntimeWarning, stacklevel=2)
+            use_cuda_graphs = False
+        self.use_cuda_graphs = use_cuda_graphs
+        parts = self.parts
+        try:
+            self.plan = build_plan(self.config, parts.num_layers, parts.num_kv_heads, model_family(model.config))
+        except ConfigError as err:
+            raise EngineError(str(err)) from err
+        quest_layers = [p.layer for p in self.plan if p.decode == "quest"]
+        self.cache = StaticCache(self.plan, parts.num_kv_heads, parts.head_dim, max_batch_size, capacity,
+                                 dtype=parts.dtype, device=device, pod_sink=self.config.pod.sink_tokens,
+                                 pod_recent=self.config.pod.recent_window, quest_layers=quest_layers,
+                                 quest_page_size=self.config.quest.page_size)
+        self.decode_step = DecodeStep(parts, self.plan, self.cache, self.config)
+        self._correction_step = None
+        self._input_ids = torch.zeros(max_batch_size, dtype=torch.long, device=device)
+        self._graphs: dict[int, GraphedStep] = {}
+        self._graph_pool = None
+
+    # ------------------------------------------------------------------------------------------
+
+    @property
+    def max_batch_size(self) -> int:
+        return self.cache.max_batch
+
+    @property
+    def capacity(self) -> int:
+        return self.cache.capacity
+
+    def kv_bytes(self) -> dict:
+        return self.cache.kv_bytes()
+
+    def _check_prompts(self, prompts, max_new_tokens: int) -> list[list[int]]:
+        if isinstance(prompts, torch.Tensor):
+            if prompts.dim() != 2:
+                raise EngineError(f"prompts tensor has shape {tuple(prompts.shape)}: expected [batch, length] "
+                                  f"(or a list of token-id lists for ragged prompts)")
+            prompts = prompts.tolist()
+        if not isinstance(prompts, (list, tuple)) or not prompts:
+            raise EngineError(f"prompts={prompts!r} is invalid: expected a non-empty list of token-id lists")
+        if isinstance(prompts[0], int):
+            prompts = [prompts]
+        if len(prompts) > self.max_batch_size:
+            raise EngineError(f"got {len(prompts)} prompts but max_batch_size={self.max_batch_size}: build the "
+                              f"engine with a larger max_batch_size")
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise EngineError(f"max_new_tokens={max_new_tokens!r} is invalid: expected an integer >= 1")
+        out = []
+        for i, p in enumerate(prompts):
+            p = list(p)
+            if not p:
+                raise EngineError(f"prompt {i} is empty: every prompt needs at least one token")
+            if any(not isinstance(t, int) or not 0 <= t < self.parts.vocab_size for t in p):
+                raise EngineError(f"prompt {i} holds ids outside [0, {self.parts.vocab_size}) (vocab_size)")
+            if len(p) + max_new_tokens > self.capacity:
+                raise EngineError(f"prompt {i} has {len(p)} tokens + max_new_tokens={max_new_tokens} = "
+                                  f"{len(p) + max_new_tokens} > the cache capacity max_seq_len={self.capacity}: "
+                                  f"shorten the prompt, lower max_new_tokens or build the engine with a larger "
+                                  f"max_seq_len")
+            out.append(p)
+        return out
+
+    # ------------------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def prefill(self, prompts: list[list[int]], stats: dict | None = None) -> torch.Tensor:
+        """Prefill right-padded prompts into the cache; returns the last-token logits [B, V] fp32."""
+        device = self.cache.device
+        batch = len(prompts)
+        width = max(len(p) for p in prompts)
+        tokens = torch.zeros(batch, width, dtype=torch.long, device=device)
+        for b, p in enumerate(prompts):
+            tokens[b, :len(p)] = torch.tensor(p, dtype=torch.long)
+        lens = torch.tensor([len(p) for p in prompts], dtype=torch.long, device=device)
+        offsets = torch.zeros_like(lens)
+        logits = forward_chunk(self.parts, self.plan, self.cache, self.config, tokens, offsets, lens,
+                               token_sparse_keep_ratio=self.token_sparse_keep_ratio, stats=stats)
+        self.cache.positions[:batch] = lens
+        return logits
+
+    def step(self, batch: int, tokens: torch.Tensor | None = None) -> torch.Tensor:
+        """One decode step for the first ``batch`` sequences: feed ``tokens`` [batch] (default: what
+        the input buffer holds) at slots ``cache.positions``, advance positions, return logits [B, V].
+        The returned tensor is a static buffer under CUDA graphs: read it before the next step."""
+        ids = self._input_ids[:batch]
+        if tokens is not None:
+            ids.copy_(tokens)
+        positions = self.cache.positions[:batch]
+        if self.use_cuda_graphs:
+            graph = self._graphs.get(batch)
+            if graph is None:
+                if self._graph_pool is None:
+                    self._graph_pool = torch.cuda.graph_pool_handle()
+                graph = self._graphs[batch] = GraphedStep(self.decode_step, ids, positions, pool=self._graph_pool)
+            logits = graph.replay()
+        else:
+            logits = self.decode_step(ids, positions)
+        positions += 1
+        return logits
+
+    def correct_kv(self, batch: int, history: torch.Tensor) -> None:
+        """TidalDecode KV-cache correction: recompute the K/V of the last T tokens with exact attention.
+
+        history: [batch, T] the ids fed at the last T decode steps (slots positions - T .. positions - 1).
+        Dense layout: one chunked prefill (exact causal attention over the clean prefix + the chunk).
+        POD layout (pod+tidal): the T tokens are replayed through the exact POD decode step.
+        """
+        num = history.shape[1]
+        positions = self.cache.positions[:batch]
+        start = positions - num
+        if not any(p.pod_keys for p in self.plan):
+            forward_chunk(self.parts, self.plan, self.cache, self.config, history, start, positions.clone(),
+                          mode="full")
+            return
+        if self._correction_step is None:
+            self._correction_step = DecodeStep(self.parts, self.plan, self.cache, self.config, role_override="full")
+        for i in range(num):
+            self._correction_step(history[:, i].contiguous(), start + i)
+
+    @torch.no_grad()
+    def generate(self, prompts, *, max_new_tokens: int, sampling: SamplingConfig | None = None,
+                 stop_token_ids: Sequence[int] = (), on_tokens: Callable[[int, list], None] | None = None
+                 ) -> GenerationResult:
+        """Generate up to ``max_new_tokens`` per prompt.
+
+        Args:
+            prompts: list of token-id lists (ragged lengths allowed) or a [B, S] tensor.
+            sampling: greedy by default.
+            stop_token_ids: a row ends after emitting one of these (it is included).
+            on_tokens: streaming callback ``on_tokens(step, new)``; ``new[b]`` is the token row b emitted
+                at this step, or None once the row has finished.
+        """
+        prompts = self._check_prompts(prompts, max_new_tokens)
+        sampling = sampling or SamplingConfig()
+        device = self.cache.device
+        generator = None
+        if sampling.seed is not None:
+            generator = torch.Generator(device=device)
+            generator.manual_seed(sampling.seed)
+        batch = len(prompts)
+        stop = set(int(t) for t in stop_token_ids)
+        watch = bool(stop) or on_tokens is not None
+        period = self.config.tidal.correction_period if self.config.decode_scheme in ("tidal", "pod+tidal") else None
+        generated = torch.zeros(batch, max_new_tokens, dtype=torch.long, device=device)
+        history = torch.zeros(batch, period or 1, dtype=torch.long, device=device)
+        done = [False] * batch
+        lengths = [max_new_tokens] * batch
+        stats: dict = {}
+
+        _synchronize(device)
+        t0 = time.perf_counter()
+        logits = self.prefill(prompts, stats=stats)
+        token = sample_next(logits, sampling, generator)
+        _synchronize(device)
+        t1 = time.perf_counter()
+        steps = 0
+        for i in range(max_new_tokens):
+            generated[:, i] = token
+            if watch:
+                values = token.tolist()
+                new = []
+                for b, t in enumerate(values):
+                    if done[b]:
+                        new.append(None)
+                        continue
+                    new.append(t)
+                    if t in stop:
+                        done[b] = True
+                        lengths[b] = i + 1
+                if on_tokens is not None:
+                    on_tokens(i, new)
+                if all(done):
+                    break
+            if i == max_new_tokens - 1:
+                break
+            if period:
+                history[:, steps % period] = token
+            logits = self.step(batch, token)
+            steps += 1
+            if period and steps % period == 0:
+                self.correct_kv(batch, history.clone())
+            token = sample_next(logits, sampling, generator)
+        _synchronize(device)
+        t2 = time.perf_counter()
+        rows = generated.tolist()
+        tokens = [rows[b][:lengths[b]] for b in range(batch)]
+        reasons = ["stop" if done[b] else "length" for b in range(batch)]
+        timings = {"prefill_s": t1 - t0, "decode_s": t2 - t1, "decode_steps": steps,
+                   "ms_per_step": 1000 * (t2 - t1) / steps if steps else None}
+        return GenerationResult(tokens, reasons, [len(p) for p in prompts], timings, stats)

@@ -1,0 +1,227 @@
+"""Preallocated static KV caches for the engine (gpt-fast style buffers, slot = position).
+
+Everything is allocated once for ``max_batch`` sequences of ``capacity`` slots, so that a decode step
+has static shapes and can be captured in a CUDA graph. The only per-step state is ``positions`` [B]
+(a device tensor: the slot the next token goes to); every op reads lengths from it, never from the host.
+
+Layouts (per layer ``l``, chosen by the per-layer plan, ``sparse_models.plan``):
+
+* dense layout (every scheme except POD decode):
+    ``keys[l]``, ``values[l]``: [Bmax, Hkv, N, D].
+* POD's shared-key layout (``plan[l].pod_keys``; POD arXiv 2412.02252, "pod" and "pod+tidal" decode):
+    ``values[l]``: [Bmax, Hkv, N, D] (values are never shared);
+    ``key_pool``: [Bmax, U, N, D], one plane per *anchor unit* (layer, KV head) whose anchor is itself,
+    ordered by (layer, head), so the anchor heads of one layer are consecutive planes and a run of
+    consecutive heads is a strided view ``key_pool[:, u0:u0 + r]`` ([B, r, N, D]) that kernels read in place;
+    ``local_keys[l]``: [Bmax, Hkv, sink + recent, D] for layers with non-anchor heads: the layer's own
+    keys at the sink slots ``0..sink-1`` and a ring of the last ``recent`` positions at slot
+    ``sink + pos % recent`` (kernels/ARCHITECTURE.md pod_decode_attention). Non-anchor units keep
+    nothing else, so the memory saving is real.
+* Quest (arXiv 2406.10774) adds, per Quest layer, ``page_max`` / ``page_min``: [Bmax, Hkv, P, D]
+  (P = ceil(N / page_size)), the per-channel key max / min of each page, updated on every append.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+import kernels
+
+from .errors import EngineError
+
+
+@dataclass(frozen=True)
+class KeyRun:
+    """Consecutive KV heads [h0, h1) of one layer that read full keys from the same layer.
+
+    ``anchor == layer`` (own) for anchor heads or in the dense layout; else the heads are POD
+    non-anchor heads whose distant keys are the anchor layer's and whose proximal keys are in the ring.
+    """
+
+    h0: int
+    h1: int
+    anchor: int
+    own: bool
+
+
+def key_runs(anchors: tuple[int, ...], layer: int) -> list[KeyRun]:
+    runs: list[KeyRun] = []
+    start = 0
+    for h in range(1, len(anchors) + 1):
+        if h == len(anchors) or anchors[h] != anchors[start]:
+            runs.append(KeyRun(start, h, anchors[start], anchors[start] == layer))
+            start = h
+    return runs
+
+
+class StaticCache:
+    """The engine's KV buffers for one model, plan and capacity.
+
+    Args:
+        plan: list of ``sparse_models.plan.LayerPlan`` (roles, anchors, ``pod_keys``).
+        num_kv_heads, head_dim: Hkv, D.
+        max_batch: Bmax; capacity: N slots per sequence.
+        pod_sink, pod_recent: POD's proximal window (used when some layer has ``pod_keys``).
+        quest_layers, quest_page_size: layers that keep Quest page metadata.
+    """
+
+    def __init__(self, plan, num_kv_heads: int, head_dim: int, max_batch: int, capacity: int, *,
+                 dtype: torch.dtype, device, pod_sink: int = 0, pod_recent: int = 1,
+                 quest_layers=(), quest_page_size: int = 16):
+        if max_batch < 1:
+            raise EngineError(f"max_batch={max_batch} is invalid: expected >= 1")
+        if capacity < 1:
+            raise EngineError(f"capacity={capacity} is invalid: expected >= 1 slot per sequence")
+        self.plan = plan
+        self.num_layers = len(plan)
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.max_batch = max_batch
+        self.capacity = capacity
+        self.dtype = dtype
+        self.device = torch.device(device)
+        self.sink = pod_sink
+        self.recent = pod_recent
+        self.page_size = quest_page_size
+        shape = (max_batch, num_kv_heads, capacity, head_dim)
+        alloc = dict(dtype=dtype, device=self.device)
+        self.runs = [key_runs(p.anchors if p.pod_keys else (p.layer,) * num_kv_heads, p.layer) for p in plan]
+        self.values = [torch.zeros(shape, **alloc) for _ in plan]
+        self.keys: list[torch.Tensor | None] = [None] * self.num_layers
+        self.local_keys: list[torch.Tensor | None] = [None] * self.num_layers
+        self.unit_of: dict[tuple[int, int], int] = {}
+        for p in plan:
+            if not p.pod_keys:
+                continue
+            for h, a in enumerate(p.anchors):
+                if a == p.layer:
+                    self.unit_of[(p.layer, h)] = len(self.unit_of)
+        self.key_pool = (torch.zeros(max_batch, len(self.unit_of), capacity, head_dim, **alloc)
+                         if self.unit_of else None)
+        for p in plan:
+            if p.pod_keys:
+                if any(not run.own for run in self.runs[p.layer]):
+                    self.local_keys[p.layer] = torch.zeros(max_batch, num_kv_heads, pod_sink + pod_recent, head_dim,
+                                                           **alloc)
+            else:
+                self.keys[p.layer] = torch.zeros(shape, **alloc)
+        pages = -(-capacity // quest_page_size)
+        self.quest_layers = tuple(quest_layers)
+        self.page_max = {l: torch.full((max_batch, num_kv_heads, pages, head_dim), float("-inf"), **alloc)
+                         for l in self.quest_layers}
+        self.page_min = {l: torch.full((max_batch, num_kv_heads, pages, head_dim), float("inf"), **alloc)
+                         for l in self.quest_layers}
+        # slot of the next token of each sequence (= its current length)
+        self.positions = torch.zeros(max_batch, dtype=torch.long, device=self.device)
+        self._batch_index = torch.arange(max_batch, device=self.device)
+
+    # ------------------------------------------------------------------------------------------
+    # Views
+    # ------------------------------------------------------------------------------------------
+
+    def full_keys(self, layer: int, h0: int, h1: int, batch: int) -> torch.Tensor:
+        """[batch, h1 - h0, N, D] view of the keys of (layer, heads h0..h1-1) at every slot.
+
+        In the POD layout only anchor units have them; asking for a non-anchor unit is a bug.
+        """
+        if self.keys[layer] is not None:
+            return self.keys[layer][:batch, h0:h1]
+        u0 = self.unit_of.get((layer, h0))
+        if u0 is None or any(self.unit_of.get((layer, h)) != u0 + h - h0 for h in range(h0, h1)):
+            raise EngineError(f"layer {layer} heads [{h0}, {h1}) keep no full keys in POD's cache (not anchors)")
+        return self.key_pool[:batch, u0:u0 + h1 - h0]
+
+    def ring_slots(self, pos: torch.Tensor) -> torch.Tensor:
+        """Slot in ``local_keys`` of key position ``pos`` (sinks first, then the ring)."""
+        return torch.where(pos < self.sink, pos, self.sink + pos % self.recent)
+
+    # ------------------------------------------------------------------------------------------
+    # Writes
+    # ------------------------------------------------------------------------------------------
+
+    def append(self, layer: int, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor) -> None:
+        """Decode write (CUDA-graph safe): k, v [B, Hkv, D] of the token at slot positions[b]."""
+        batch = k.shape[0]
+        b = self._batch_index[:batch]
+        self.values[layer][b, :, positions] = v
+        for run in self.runs[layer]:
+            if run.own:
+                self.full_keys(layer, run.h0, run.h1, self.max_batch)[b, :, positions] = k[:, run.h0:run.h1]
+        local = self.local_keys[layer]
+        if local is not None:
+            local[b, :, self.ring_slots(positions)] = k
+        if layer in self.page_max:
+            page = positions // self.page_size
+            fresh = (positions % self.page_size == 0)[:, None, None]
+            pmax, pmin = self.page_max[layer], self.page_min[layer]
+            pmax[b, :, page] = torch.where(fresh, k, torch.maximum(pmax[b, :, page], k))
+            pmin[b, :, page] = torch.where(fresh, k, torch.minimum(pmin[b, :, page], k))
+
+    def write_chunk(self, layer: int, k: torch.Tensor, v: torch.Tensor, offsets: torch.Tensor,
+                    lens: torch.Tensor) -> None:
+        """Prefill / correction write: k, v [B, Hkv, S, D] of positions offsets[b] + i.
+
+        ``lens`` [B] is each sequence's length after the chunk; columns at positions >= lens[b]
+        (right padding) may be written to the dense buffers (they are past the sequence and get
+        overwritten by later tokens) but never into POD's ring or Quest's pages.
+        """
+        batch, _, s, d = k.shape
+        pos = offsets[:, None] + torch.arange(s, device=k.device)[None, :]  # [B, S]
+        zero_offsets = not bool(offsets.any())
+        idx = pos.clamp(max=self.capacity - 1)[:, None, :, None].expand(batch, k.shape[1], s, d)
+
+        def put(buffer: torch.Tensor, x: torch.Tensor) -> None:
+            if zero_offsets:
+                buffer[:, :, :s] = x
+            else:
+                buffer.scatter_(2, idx[:, :x.shape[1]], x)
+
+        put(self.values[layer][:batch], v)
+        for run in self.runs[layer]:
+            if run.own:
+                put(self.full_keys(layer, run.h0, run.h1, batch), k[:, run.h0:run.h1])
+        local = self.local_keys[layer]
+        if local is not None:
+            valid = pos < lens[:, None]
+            keep = valid & ((pos < self.sink) | (pos >= (lens[:, None] - self.recent)))
+            slots = self.ring_slots(pos)
+            for b in range(batch):
+                cols = keep[b].nonzero().squeeze(1)
+                local[b, :, slots[b, cols]] = k[b, :, cols]
+        if layer in self.page_max:
+            pmax, pmin = kernels.quest_page_minmax(self.keys[layer][:batch], lens, self.page_size)
+            self.page_max[layer][:batch] = pmax.to(self.dtype)
+            self.page_min[layer][:batch] = pmin.to(self.dtype)
+
+    def fill_random(self, lens: torch.Tensor, generator: torch.Generator | None = None) -> None:
+        """Benchmarks: put random keys/values in every buffer and set positions = lens (no model run)."""
+        batch = lens.shape[0]
+        for t in [*self.values, *[x for x in self.keys if x is not None], *[x for x in self.local_keys if x is not None]]:
+            t.normal_(generator=generator)
+        if self.key_pool is not None:
+            self.key_pool.normal_(generator=generator)
+        for layer in self.quest_layers:
+            pmax, pmin = kernels.quest_page_minmax(self.keys[layer][:batch], lens, self.page_size)
+            self.page_max[layer][:batch] = pmax.to(self.dtype)
+            self.page_min[layer][:batch] = pmin.to(self.dtype)
+        self.positions[:batch] = lens.to(self.device)
+
+    # ------------------------------------------------------------------------------------------
+    # Accounting
+    # ------------------------------------------------------------------------------------------
+
+    def kv_bytes(self) -> dict:
+        """Bytes really allocated for keys and values (+ Quest metadata) against a dense cache of the same size."""
+        def nbytes(ts):
+            return sum(t.numel() * t.element_size() for t in ts if t is not None)
+
+        keys = nbytes(self.keys) + nbytes([self.key_pool]) + nbytes(self.local_keys)
+        values = nbytes(self.values)
+        metadata = nbytes(self.page_max.values()) + nbytes(self.page_min.values())
+        elt = torch.empty((), dtype=self.dtype).element_size()
+        dense = 2 * self.num_layers * self.max_batch * self.num_kv_heads * self.capacity * self.head_dim * elt
+        return {"key_bytes": keys, "value_bytes": values, "metadata_bytes": metadata,
+                "total_bytes": keys + values + metadata, "dense_bytes": dense,
+                "ratio_to_dense": (keys + values + metadata) / dense}
