@@ -215,7 +215,7 @@ def plot_reselection(result: dict, path: str | Path) -> Path:
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="default", help="'default' (SmolLM2) or a checkpoint folder")
-    parser.add_argument("--text", default="emma", help="calibration book (eval.data.texts name)")
+    parser.add_argument("--text", default="persuasion", help="calibration book (eval.data.texts name; not Emma, the held-out text)")
     parser.add_argument("--length", type=int, default=4096)
     parser.add_argument("--samples", type=int, default=2)
     parser.add_argument("--budget", type=int, default=128, help="TidalDecode budget k (current token included)")

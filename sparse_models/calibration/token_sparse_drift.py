@@ -13,7 +13,7 @@ would make the last layer's drift meaningless.
 Writes a JSON (``sparse_layers`` is what ``TokenSparseConfig.calibration_file`` reads) and a PNG: a
 heatmap of drift per (position bucket, layer) above a bar chart of R^ with the threshold.
 
-    python -m sparse_models.calibration.token_sparse_drift --model default --text emma \\
+    python -m sparse_models.calibration.token_sparse_drift --model default --text persuasion \\
         --length 4096 --samples 2 --out outputs/calibration/token_sparse_drift
 
 Shapes: ``B`` batch, ``S`` tokens, ``C`` hidden size, ``L`` layers.
@@ -195,7 +195,7 @@ def plot_drift(result: dict, path: str | Path, title: str = "Token Sparse: inter
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="default", help="'default' (SmolLM2) or a checkpoint folder")
-    parser.add_argument("--text", default="emma", help="calibration book (eval.data.texts name)")
+    parser.add_argument("--text", default="persuasion", help="calibration book (eval.data.texts name; not Emma, the held-out text)")
     parser.add_argument("--length", type=int, default=4096, help="tokens per calibration sample")
     parser.add_argument("--samples", type=int, default=2)
     parser.add_argument("--delta", type=float, default=0.5)
