@@ -26,7 +26,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-STAGES = ("explore", "train", "export", "push", "eval")
+STAGES = ("explore", "train", "export", "eval", "push")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

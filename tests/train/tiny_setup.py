@@ -1,0 +1,70 @@
+"""Tiny local model + tokenizer + text + recipe for the pipeline tests (no hub, seconds on CPU)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def make_tiny_model(folder: Path, *, layers: int = 4, heads: int = 4, kv_heads: int = 2, seed: int = 0) -> Path:
+    """A random Llama (hidden 64) with a byte-level BPE tokenizer (vocab ~300) trained on Austen text."""
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    from eval.data.texts import load_text
+
+    folder.mkdir(parents=True, exist_ok=True)
+    corpus = load_text("persuasion")[:200_000]
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=320, special_tokens=["<pad>", "<s>", "</s>", "<unk>"])
+    tok.train_from_iterator([corpus[i:i + 2000] for i in range(0, len(corpus), 2000)], trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
+                                   unk_token="<unk>")
+    fast.save_pretrained(folder)
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=len(fast), hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+                         num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=512,
+                         bos_token_id=fast.bos_token_id, eos_token_id=fast.eos_token_id,
+                         pad_token_id=fast.pad_token_id, tie_word_embeddings=False)
+    LlamaForCausalLM(config).save_pretrained(folder)
+    return folder
+
+
+def make_texts(folder: Path) -> tuple[Path, Path]:
+    from eval.data.texts import load_text
+
+    folder.mkdir(parents=True, exist_ok=True)
+    train = folder / "train.txt"
+    train.write_text(load_text("northanger_abbey")[:60_000])
+    held = folder / "heldout.jsonl"
+    import json
+
+    held.write_text("\n".join(json.dumps({"text": load_text("emma")[i:i + 6000]}) for i in range(0, 24_000, 6000)))
+    return train, held
+
+
+def tiny_recipe(tmp: Path, model: Path, train_text: Path, held_out: Path, **sections) -> dict:
+    recipe = {
+        "model": {"name_or_path": str(model), "dtype": "float32"},
+        "pod": {"sink_tokens": 4, "recent_window": 12, "delta": 0.5, "calibration_samples": 2, "last_queries": 8},
+        "data": {"train": str(train_text), "eval": str(held_out), "context_length": 64, "max_train_tokens": 64 * 24},
+        "train": {"output_dir": str(tmp / "out"), "learning_rate": 1e-3, "lr_scheduler": "constant", "max_steps": 4,
+                  "per_device_batch_size": 2, "gradient_accumulation_steps": 1, "bf16": False,
+                  "gradient_checkpointing": True, "save_steps": 2, "save_total_limit": 3, "report_to": ["none"]},
+        "deepspeed": {"config": None},
+        "eval": {"max_tokens": 256},
+    }
+    for section, values in sections.items():
+        recipe.setdefault(section, {}).update(values)
+    return recipe
+
+
+def write_recipe(path: Path, recipe: dict) -> Path:
+    path.write_text(yaml.safe_dump(recipe, sort_keys=False))
+    return path

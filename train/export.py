@@ -1,0 +1,135 @@
+"""Export of the adapted model: save_pretrained (safetensors) + tokenizer + block map + model card.
+
+The export folder holds
+  * ``model.safetensors`` (or shards) and ``config.json`` -- the podkit config carries the scheme
+    defaults (prefill and decode ``pod``) and the block map inline (``sparse_attention.pod.
+    anchor_layers``), so ``from_pretrained`` needs nothing else;
+  * the tokenizer files; ``pod_blocks.json`` (the exploration's output, similarity included);
+  * ``recipe.yaml`` (the recipe as run, local paths reduced to their last component);
+  * ``README.md``: the model card (base model, recipe, block map, KV saving, eval results, loading
+    snippet);
+  * with ``train.remote_code``: ``modeling_podkit.py``, a self-contained POD model (plain PyTorch, no
+    podkit import) and ``auto_map`` in config.json, for ``trust_remote_code=True`` users.
+
+Nothing written here may carry a local path or a secret (train/hub.py checks again before a push).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import yaml
+
+from sparse_models.calibration.pod_similarity import blocks_per_head, kv_saving_fraction
+from train.recipe import Recipe
+
+REMOTE_CODE_TEMPLATE = Path(__file__).resolve().parent / "remote_code" / "modeling_podkit.py"
+REMOTE_AUTO_MAP = {"AutoConfig": "modeling_podkit.PodkitRemoteLlamaConfig",
+                   "AutoModelForCausalLM": "modeling_podkit.PodkitRemoteLlamaForCausalLM"}
+
+
+def sanitized_recipe(recipe: Recipe) -> dict:
+    """The recipe as plain data with absolute / home paths cut to ``<local>/<name>``."""
+
+    def clean(value):
+        if isinstance(value, dict):
+            return {k: clean(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [clean(v) for v in value]
+        if isinstance(value, str) and (value.startswith(("/", "~")) or "\\" in value):
+            return f"<local>/{Path(value).name}"
+        return value
+
+    return clean(recipe.to_dict())
+
+
+def export_model(model, tokenizer, recipe: Recipe, anchor_layers: list[list[int]], export_dir: str | Path, *,
+                 base_model: str, blocks_file: str | Path | None = None, results: dict | None = None) -> Path:
+    """Write the export folder (see module docstring); returns its path."""
+    export_dir = Path(export_dir)
+    if export_dir.exists():
+        shutil.rmtree(export_dir)
+    export_dir.mkdir(parents=True)
+    model.save_pretrained(export_dir)
+    tokenizer.save_pretrained(export_dir)
+    if blocks_file is not None:
+        shutil.copyfile(blocks_file, export_dir / "pod_blocks.json")
+    (export_dir / "recipe.yaml").write_text(yaml.safe_dump(sanitized_recipe(recipe), sort_keys=False))
+    _finish_config(export_dir, recipe)
+    write_model_card(export_dir, recipe, anchor_layers, base_model=base_model, results=results)
+    return export_dir
+
+
+def _finish_config(export_dir: Path, recipe: Recipe) -> None:
+    path = export_dir / "config.json"
+    config = json.loads(path.read_text())
+    config.pop("_name_or_path", None)
+    pod = config.get("sparse_attention", {}).get("pod", {})
+    pod["blocks_file"] = None  # the anchor map is inline; a path would be local
+    if recipe.train.remote_code and REMOTE_CODE_TEMPLATE.is_file():
+        shutil.copyfile(REMOTE_CODE_TEMPLATE, export_dir / "modeling_podkit.py")
+        config["auto_map"] = dict(REMOTE_AUTO_MAP)
+    path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
+def update_card_results(export_dir: str | Path, recipe: Recipe, anchor_layers, *, base_model: str, results: dict) -> None:
+    """Rewrite the card once evaluation results exist."""
+    write_model_card(Path(export_dir), recipe, anchor_layers, base_model=base_model, results=results)
+
+
+def write_model_card(export_dir: Path, recipe: Recipe, anchor_layers: list[list[int]], *, base_model: str,
+                     results: dict | None = None) -> Path:
+    p = recipe.pod
+    length = recipe.eval_context_length
+    saving = kv_saving_fraction(anchor_layers, length, p.sink_tokens, p.recent_window)
+    num_layers, num_kv = len(anchor_layers), len(anchor_layers[0])
+    shared = sum(a != layer for layer, row in enumerate(anchor_layers) for a in row)
+    blocks = blocks_per_head(anchor_layers)
+    front = {"library_name": "transformers", "tags": ["podkit", "pod", "long-context", "kv-cache-compression"],
+             "pipeline_tag": "text-generation"}
+    if "/" in base_model and " " not in base_model:
+        front["base_model"] = base_model
+    lines = ["---", yaml.safe_dump(front, sort_keys=False).strip(), "---", "",
+             f"# POD-adapted {base_model.split(' ')[0].split('/')[-1]}", "",
+             "This checkpoint was adapted with **POD** (Proximal tokens Over Distant tokens, arXiv 2412.02252) by "
+             "podkit: within each block of consecutive layers (per KV head), layers above the block's anchor attend "
+             "to distant tokens with the anchor layer's keys, so those keys are cached once per block. Proximal "
+             f"tokens ({p.sink_tokens} sink + {p.recent_window} recent) use each layer's own keys; both parts go "
+             "through one softmax (parameter-free gate).", "",
+             f"- **Base model:** {base_model}",
+             f"- **Training:** {recipe.train.method} fine-tuning, context {recipe.data.context_length}, "
+             f"lr {recipe.train.learning_rate:g} ({recipe.train.lr_scheduler}), "
+             f"{'max ' + str(recipe.train.max_steps) + ' steps' if recipe.train.max_steps > 0 else str(recipe.train.num_train_epochs) + ' epochs'}",
+             f"- **Blocks:** delta={p.delta} ({p.compare_with}); {num_layers * num_kv - shared} anchor and {shared} "
+             f"shared (layer, KV head) units of {num_layers * num_kv}",
+             f"- **KV saving** (closed form at {length} tokens): {100 * saving:.1f}% of the dense KV cache", ""]
+    if results:
+        lines += ["## Evaluation", "", "| model | held-out perplexity |", "|---|---|"]
+        for key, label in (("dense", "dense base"), ("pod_before", "POD before adaptation"),
+                           ("pod_after", "POD after adaptation (this model)")):
+            if key in results.get("perplexity", {}):
+                lines.append(f"| {label} | {results['perplexity'][key]['ppl']:.3f} |")
+        if "kv" in results:
+            kv = results["kv"]
+            lines += ["", f"Measured KV cache at {kv['tokens']} tokens: {kv['kv_bytes']:,} bytes vs "
+                      f"{kv['dense_kv_bytes']:,} dense ({100 * kv['saving']:.1f}% saved)."]
+        if results.get("data"):
+            lines += ["", f"Held-out text: {results['data']}."]
+        lines.append("")
+    lines += ["## Block map (per KV head: [first layer, last layer] of each block)", "", "```"]
+    lines += [f"kv head {h}: {b}" for h, b in enumerate(blocks)]
+    lines += ["```", "", "## Loading", "", "With podkit installed:", "", "```python",
+              "from sparse_models import PodkitLlamaForCausalLM",
+              "model = PodkitLlamaForCausalLM.from_pretrained(REPO)  # POD prefill + POD KV cache",
+              "```", ""]
+    if (export_dir / "modeling_podkit.py").is_file():
+        lines += ["Without podkit (self-contained modeling file, plain PyTorch attention):", "", "```python",
+                  "from transformers import AutoModelForCausalLM, AutoTokenizer",
+                  "model = AutoModelForCausalLM.from_pretrained(REPO, trust_remote_code=True)",
+                  "tokenizer = AutoTokenizer.from_pretrained(REPO)", "```", ""]
+    lines += ["## Recipe", "", "```yaml", yaml.safe_dump(sanitized_recipe(recipe), sort_keys=False).strip(), "```", ""]
+    path = export_dir / "README.md"
+    path.write_text("\n".join(lines))
+    return path

@@ -1,0 +1,257 @@
+"""The POD adaptation pipeline behind ``train/pod.py``: explore -> train -> export -> eval -> push.
+
+Process roles (``deepspeed`` launcher or one plain process):
+  * exploration runs on rank 0 and its anchor map is broadcast (ranks must agree exactly);
+  * training runs on every rank (transformers Trainer, DeepSpeed when ``deepspeed.config`` is set;
+    under ZeRO-3 the POD model is built on all ranks inside ``deepspeed.zero.Init``);
+  * export, evaluation and push run on rank 0 after the DeepSpeed config is unset (environment.md §3:
+    otherwise a rank-0-only ``from_pretrained`` would enter a collective ``zero.Init`` and hang).
+
+Outputs under ``train.output_dir``: ``exploration/{blocks.json,similarity.png}``, ``checkpoint-N/``,
+``losses.jsonl``, ``runs/`` (tensorboard), ``trained/``, ``export/`` (or ``train.export_dir``),
+``results.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+from pathlib import Path
+
+import torch
+
+from train.recipe import Recipe, resolve_input_path
+
+ORDER = ("explore", "train", "export", "eval", "push")
+
+
+def prepare_launch_environment(recipe: Recipe) -> None:
+    """Environment for DeepSpeed as one plain process and on CPU (environment.md §3)."""
+    if not recipe.deepspeed.config:
+        return
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / ".torch_extensions"))
+    if "RANK" not in os.environ:  # plain `python train/pod.py`: DeepSpeed would otherwise try MPI discovery
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    if not torch.cuda.is_available():
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+        if os.environ.get("PODKIT_DS_SHM") != "1":
+            import deepspeed.ops  # skip the ~60 s JIT build of the shm comm op; plain gloo is used instead
+
+            deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+
+
+def init_distributed(recipe: Recipe) -> None:
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    if world == 1 and not recipe.deepspeed.config:
+        return
+    if recipe.deepspeed.config:
+        import deepspeed
+
+        deepspeed.init_distributed()
+    elif not torch.distributed.is_initialized():
+        torch.distributed.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+
+
+def _broadcast(value, rank: int):
+    if torch.distributed.is_available() and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
+        box = [value if rank == 0 else None]
+        torch.distributed.broadcast_object_list(box, src=0)
+        return box[0]
+    return value
+
+
+def _barrier() -> None:
+    if torch.distributed.is_available() and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
+        torch.distributed.barrier()
+
+
+def run_pipeline(recipe: Recipe, stages: list[str], local_rank: int | None = None) -> int:
+    from train.models import load_model, load_tokenizer, model_source, public_model_name
+    from train.trainer import world_info
+
+    if local_rank is not None:
+        os.environ.setdefault("LOCAL_RANK", str(local_rank))
+    prepare_launch_environment(recipe)
+    rank, local, world = world_info()
+    log = print if rank == 0 else (lambda *a, **k: None)
+    init_distributed(recipe)
+    device = torch.device(f"cuda:{local}") if torch.cuda.is_available() else torch.device("cpu")
+    out = Path(recipe.train.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if rank == 0:  # rank 0 prepares a shared cache (e.g. the embedded model's conversion) first
+        source = model_source(recipe)
+    _barrier()
+    if rank != 0:
+        source = model_source(recipe)
+    tokenizer = load_tokenizer(recipe, source)
+    base_name = public_model_name(recipe)
+    log(f"[podkit] {recipe.source_path}: base {base_name}, stages {','.join(s for s in ORDER if s in stages)}, "
+        f"{world} process(es) on {device.type}")
+
+    # -- explore ----------------------------------------------------------------------------
+    anchors, blocks_path = _exploration(recipe, stages, source, tokenizer, rank, device, log)
+
+    # -- train ------------------------------------------------------------------------------
+    trained = out / "trained"
+    if "train" in stages:
+        from train.data import load_text_dataset, pack_dataset
+        from train.trainer import train_model, training_arguments
+
+        args = training_arguments(recipe)  # before the model: ZeRO-3 builds it inside zero.Init
+        with args.main_process_first(desc="tokenise + pack"):
+            dataset = load_text_dataset(recipe.data.train, config=recipe.data.train_config,
+                                        split=recipe.data.train_split, text_field=recipe.data.text_field)
+            packed = pack_dataset(dataset, tokenizer, recipe.data.context_length,
+                                  max_tokens=recipe.data.max_train_tokens, num_proc=recipe.data.num_proc)
+        log(f"[train] {len(packed)} packed sequences of {recipe.data.context_length} tokens from {recipe.data.train}")
+        dtype = _training_dtype(recipe)
+        model = load_model(recipe, source, anchor_layers=anchors, dtype=dtype)
+        train_model(model, packed, recipe, args, tokenizer=tokenizer, log=log)
+        del model
+        _barrier()
+        from transformers.integrations.deepspeed import unset_hf_deepspeed_config
+
+        unset_hf_deepspeed_config()
+    if rank != 0:
+        return 0
+
+    # -- export -----------------------------------------------------------------------------
+    export_dir = recipe.export_dir
+    if "export" in stages:
+        from train.export import export_model
+
+        adapted = _load_adapted(recipe, source, trained, anchors)
+        export_model(adapted, tokenizer, recipe, anchors, export_dir, base_model=base_name, blocks_file=blocks_path)
+        del adapted
+        log(f"[export] {export_dir}")
+
+    # -- eval -------------------------------------------------------------------------------
+    if "eval" in stages and recipe.eval.perplexity:
+        results = _evaluate(recipe, source, tokenizer, anchors, export_dir, device, log)
+        (out / "results.json").write_text(json.dumps(results, indent=1))
+        if (export_dir / "config.json").is_file():
+            from train.export import update_card_results
+
+            update_card_results(export_dir, recipe, anchors, base_model=base_name, results=results)
+
+    # -- push -------------------------------------------------------------------------------
+    if "push" in stages and recipe.hub.repo_id:
+        from train.hub import HubPushError, push_export
+
+        try:
+            url = push_export(export_dir, recipe.hub.repo_id, private=recipe.hub.private,
+                              commit_message=recipe.hub.commit_message)
+        except HubPushError as error:
+            print(f"[push] failed: {error}", file=sys.stderr)
+            return 3
+        log(f"[push] {recipe.hub.repo_id}: {url}")
+    return 0
+
+
+def _training_dtype(recipe: Recipe) -> torch.dtype:
+    from train.models import DTYPE
+
+    if not recipe.deepspeed.config and recipe.train.bf16:
+        return torch.float32  # plain Trainer: fp32 master weights + bf16 autocast
+    return DTYPE[recipe.model.dtype]
+
+
+def _exploration(recipe, stages, source, tokenizer, rank, device, log):
+    from sparse_models.calibration.pod_similarity import read_blocks_json
+
+    out_dir = Path(recipe.train.output_dir) / "exploration"
+    if recipe.pod.blocks_file:
+        path = resolve_input_path(recipe.pod.blocks_file)
+        log(f"[explore] reusing {recipe.pod.blocks_file}")
+        return read_blocks_json(path)["anchor_layers"], path
+    path = out_dir / "blocks.json"
+    if "explore" not in stages:
+        if not path.is_file():
+            raise SystemExit(f"no blocks file at {path}: run the explore stage or set pod.blocks_file")
+        return read_blocks_json(path)["anchor_layers"], path
+    anchors = None
+    if rank == 0:
+        from train.data import calibration_samples, load_text_dataset, pack_dataset
+        from train.explore import run_exploration
+        from train.models import load_model, public_model_name
+
+        dataset = load_text_dataset(recipe.data.train, config=recipe.data.train_config, split=recipe.data.train_split,
+                                    text_field=recipe.data.text_field)
+        packed = pack_dataset(dataset, tokenizer, recipe.calibration_length,
+                              max_tokens=max(recipe.pod.calibration_samples * 50, 1) * recipe.calibration_length)
+        samples = calibration_samples(packed, recipe.pod.calibration_samples)
+        dense = load_model(recipe, source).to(device)
+        result = run_exploration(dense, samples, last_queries=recipe.pod.last_queries, delta=recipe.pod.delta,
+                                 compare_with=recipe.pod.compare_with, out_dir=out_dir,
+                                 metadata={"model": public_model_name(recipe)},
+                                 log=log)
+        anchors = result["anchor_layers"]
+        del dense
+    anchors = _broadcast(anchors, rank)
+    return anchors, path
+
+
+def _load_adapted(recipe, source, trained: Path, anchors):
+    from train.models import load_model
+
+    if not trained.is_dir():
+        print(f"[export] no trained model at {trained}: exporting the base model with the POD structure")
+        return load_model(recipe, source, anchor_layers=anchors)
+    if recipe.train.method == "lora":
+        from peft import PeftModel
+
+        base = load_model(recipe, source, anchor_layers=anchors, dtype=torch.float32)
+        merged = PeftModel.from_pretrained(base, str(trained)).merge_and_unload()
+        return merged.to(getattr(torch, recipe.model.dtype))
+    return load_model(recipe, str(trained), anchor_layers=anchors, apply_recipe_config=False)
+
+
+def _evaluate(recipe, source, tokenizer, anchors, export_dir: Path, device, log) -> dict:
+    from sparse_models.calibration.pod_similarity import kv_saving_fraction
+    from train.data import token_windows
+    from train.evaluate import measured_kv_bytes, perplexity
+    from train.models import load_model
+
+    held_out = recipe.data.eval or recipe.data.train
+    length = recipe.eval_context_length
+    windows = token_windows(held_out, tokenizer, length, recipe.eval.max_tokens, config=recipe.data.eval_config,
+                            split=recipe.data.eval_split, text_field=recipe.data.text_field)
+    log(f"[eval] held-out perplexity on {held_out}: {windows.shape[0]} windows x {length} tokens")
+    results = {"data": f"{held_out}, {windows.shape[0]} x {length} tokens", "perplexity": {}}
+    candidates = [("dense", lambda: load_model(recipe, source)),
+                  ("pod_before", lambda: load_model(recipe, source, anchor_layers=anchors))]
+    if (export_dir / "config.json").is_file():
+        candidates.append(("pod_after", lambda: load_model(recipe, str(export_dir), anchor_layers=anchors,
+                                                           apply_recipe_config=False)))
+    for name, build in candidates:
+        model = build().to(device)
+        results["perplexity"][name] = perplexity(model, windows, recipe.eval.batch_size)
+        log(f"[eval] {name:<10} ppl {results['perplexity'][name]['ppl']:.3f} "
+            f"({results['perplexity'][name]['seconds']:.1f}s)")
+        if name == "pod_before":
+            results["kv"] = measured_kv_bytes(model, windows[0])
+        del model
+    p = recipe.pod
+    results["kv"]["closed_form_saving"] = kv_saving_fraction(anchors, length, p.sink_tokens, p.recent_window)
+    ppl = results["perplexity"]
+    lines = [f"held-out perplexity ({results['data']}):",
+             f"  dense                  {ppl['dense']['ppl']:.3f}",
+             f"  POD before adaptation  {ppl['pod_before']['ppl']:.3f}"]
+    if "pod_after" in ppl:
+        gap = ppl["pod_before"]["ppl"] - ppl["dense"]["ppl"]
+        closed = (ppl["pod_before"]["ppl"] - ppl["pod_after"]["ppl"]) / gap if gap > 0 else float("nan")
+        lines.append(f"  POD after adaptation   {ppl['pod_after']['ppl']:.3f}  "
+                     f"({100 * (ppl['pod_after']['ppl'] / ppl['dense']['ppl'] - 1):+.1f}% vs dense, "
+                     f"{100 * closed:.0f}% of the zero-shot gap closed)")
+        results["gap_closed"] = closed
+    kv = results["kv"]
+    lines.append(f"KV cache at {kv['tokens']} tokens: {kv['kv_bytes']:,} bytes with POD vs {kv['dense_kv_bytes']:,} "
+                 f"dense -> {kv['dense_kv_bytes'] - kv['kv_bytes']:,} bytes saved ({100 * kv['saving']:.1f}%; "
+                 f"closed form {100 * kv['closed_form_saving']:.1f}%)")
+    print("\n".join("[result] " + line for line in lines))
+    return results

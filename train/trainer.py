@@ -1,0 +1,155 @@
+"""The training stage: transformers Trainer (+ DeepSpeed ZeRO-2/3) on the POD model.
+
+What the recipe's ``train`` section becomes (:func:`training_arguments`), LoRA wrapping (peft),
+per-step loss records (``<output_dir>/losses.jsonl``: the raw micro-batch losses of this rank,
+averaged per optimizer step -- the resume test compares these), and the run itself
+(:func:`train_model`): ``resume_from_checkpoint`` = null / "auto" (latest ``checkpoint-N`` in
+output_dir) / a path. The trained weights (or the LoRA adapter) go to ``<output_dir>/trained`` via
+``trainer.save_model`` (under ZeRO-3 that gathers the 16-bit weights: the DeepSpeed configs set
+``stage3_gather_16bit_weights_on_model_save``).
+
+Gradient checkpointing is non-reentrant: POD layers receive their anchor's keys as an explicit
+argument of the decoder loop, so a recomputed layer sees the same inputs (DESIGN.md pitfall).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from train.recipe import Recipe
+
+
+def training_arguments(recipe: Recipe):
+    """``transformers.TrainingArguments`` for the recipe (works on transformers 5.17 and 5.24)."""
+    import inspect
+
+    from transformers import TrainingArguments
+
+    t = recipe.train
+    kwargs = dict(
+        output_dir=t.output_dir,
+        per_device_train_batch_size=t.per_device_batch_size,
+        gradient_accumulation_steps=t.gradient_accumulation_steps,
+        learning_rate=t.learning_rate,
+        lr_scheduler_type=t.lr_scheduler,
+        weight_decay=t.weight_decay,
+        max_grad_norm=t.max_grad_norm,
+        max_steps=t.max_steps,
+        num_train_epochs=t.num_train_epochs,
+        bf16=t.bf16,
+        gradient_checkpointing=t.gradient_checkpointing,
+        gradient_checkpointing_kwargs={"use_reentrant": False} if t.gradient_checkpointing else None,
+        logging_steps=t.logging_steps,
+        logging_first_step=True,
+        save_strategy="steps",
+        save_steps=t.save_steps,
+        save_total_limit=t.save_total_limit,
+        seed=t.seed,
+        data_seed=t.seed,
+        report_to=[r for r in t.report_to if r != "none"] or "none",
+        deepspeed=str(recipe.deepspeed_config_path) if recipe.deepspeed_config_path else None,
+        remove_unused_columns=False,
+        dataloader_num_workers=0,
+        disable_tqdm=False,
+        use_cpu=not torch.cuda.is_available(),
+    )
+    parameters = inspect.signature(TrainingArguments.__init__).parameters
+    if "activation_checkpointing" in parameters:  # transformers >= 5.2x renamed gradient_checkpointing
+        kwargs["activation_checkpointing"] = kwargs.pop("gradient_checkpointing")
+        kwargs["activation_checkpointing_kwargs"] = kwargs.pop("gradient_checkpointing_kwargs")
+    if t.warmup_steps:
+        kwargs["warmup_steps"] = t.warmup_steps
+    elif t.warmup_ratio:
+        # transformers 5.x: a float warmup_steps < 1 is a ratio; older versions have warmup_ratio
+        kwargs["warmup_ratio" if "warmup_ratio" in parameters else "warmup_steps"] = t.warmup_ratio
+    return TrainingArguments(**{k: v for k, v in kwargs.items() if k in parameters})
+
+
+def wrap_lora(model, recipe: Recipe):
+    """peft LoRA on ``train.lora_target_modules``; only the adapters train."""
+    from peft import LoraConfig, get_peft_model
+
+    t = recipe.train
+    config = LoraConfig(r=t.lora_r, lora_alpha=t.lora_alpha, lora_dropout=t.lora_dropout,
+                        target_modules=list(t.lora_target_modules), task_type="CAUSAL_LM")
+    return get_peft_model(model, config)
+
+
+def _loss_trainer_class():
+    from transformers import Trainer, TrainerCallback
+
+    class LossRecorder(TrainerCallback):
+        """Writes {"step", "loss", "lr"} per optimizer step to losses.jsonl (rank-local micro-batch mean)."""
+
+        def __init__(self, path: Path, buffer: list):
+            self.path, self.buffer = path, buffer
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if self.buffer:
+                loss = sum(self.buffer) / len(self.buffer)
+                self.buffer.clear()
+                if args.process_index == 0:
+                    with self.path.open("a") as f:
+                        f.write(json.dumps({"step": state.global_step, "loss": loss}) + "\n")
+
+    class PodTrainer(Trainer):
+        """Trainer that records each micro-batch's unscaled loss for the per-step record."""
+
+        def __init__(self, *args, loss_log: Path, **kwargs):
+            super().__init__(*args, **kwargs)
+            self._micro_losses: list[float] = []
+            self.add_callback(LossRecorder(loss_log, self._micro_losses))
+
+        def compute_loss(self, model, inputs, return_outputs=False, **kwargs):
+            result = super().compute_loss(model, inputs, return_outputs=return_outputs, **kwargs)
+            loss = result[0] if return_outputs else result
+            if model.training:
+                self._micro_losses.append(float(loss.detach().float()))
+            return result
+
+    return PodTrainer
+
+
+def resolve_resume(recipe: Recipe) -> str | None:
+    resume = recipe.train.resume_from_checkpoint
+    if resume == "auto":
+        from transformers.trainer_utils import get_last_checkpoint
+
+        folder = Path(recipe.train.output_dir)
+        return get_last_checkpoint(str(folder)) if folder.is_dir() else None
+    return resume
+
+
+def train_model(model, train_dataset, recipe: Recipe, args, *, tokenizer=None, log=print) -> Path:
+    """Train; returns ``<output_dir>/trained`` (weights, or the adapter for LoRA)."""
+    from transformers import default_data_collator
+
+    if recipe.train.method == "lora":
+        model = wrap_lora(model, recipe)
+        if args.process_index == 0:
+            model.print_trainable_parameters()
+    if recipe.train.gradient_checkpointing:
+        model.config.use_cache = False
+    out = Path(recipe.train.output_dir)
+    trainer = _loss_trainer_class()(model=model, args=args, train_dataset=train_dataset,
+                                    data_collator=default_data_collator, processing_class=tokenizer,
+                                    loss_log=out / "losses.jsonl")
+    resume = resolve_resume(recipe)
+    if resume and args.process_index == 0:
+        log(f"[train] resuming from {resume}")
+    result = trainer.train(resume_from_checkpoint=resume)
+    trained = out / "trained"
+    trainer.save_model(str(trained))  # collective under ZeRO-3; rank 0 writes
+    if args.process_index == 0:
+        (trained / "train_metrics.json").write_text(json.dumps(result.metrics, indent=1))
+        log(f"[train] {result.global_step} steps, final train loss {result.training_loss:.4f} -> {trained}")
+    return trained
+
+
+def world_info() -> tuple[int, int, int]:
+    """(rank, local_rank, world_size) from the launcher's environment (1 process when absent)."""
+    return (int(os.environ.get("RANK", 0)), int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)))
