@@ -219,6 +219,17 @@ def bench_pod(seq, args, rate, rows, checks):
     ]
 
 
+def _tuned_configs():
+    """The config each autotuned podkit kernel picked (last tuned key), for the record."""
+    from kernels import _prefill_pod_bwd, _prefill_pod_fwd, prefill_attention, sparse_prefill_attention
+
+    kernels = dict(prefill=prefill_attention._prefill_attention_kernel,
+                   sparse_prefill=sparse_prefill_attention._sparse_prefill_kernel,
+                   pod_forward=_prefill_pod_fwd.pod_forward_kernel, pod_dkdv=_prefill_pod_bwd.pod_dkdv_kernel,
+                   pod_dq=_prefill_pod_bwd.pod_dq_kernel)
+    return {name: str(getattr(k, "best_config", None)) for name, k in kernels.items()}
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default="bench_prefill.json")
@@ -255,12 +266,15 @@ def main(argv=None):
               f"{r.get('target', '')}")
     for name, value in checks.items():
         print(f"check {name}: {value:.4g}")
+    tuned = _tuned_configs()
+    for name, config in tuned.items():
+        print(f"autotuned {name}: {config}")
     result = dict(
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         device=torch.cuda.get_device_name(), torch=torch.__version__, matmul_tflops=rate,
         config=dict(q_heads=args.q_heads, kv_heads=args.kv_heads, head_dim=args.head_dim, dtype=str(args.dtype),
                     batch=1),
-        rows=rows, checks={k: (v if math.isfinite(v) else str(v)) for k, v in checks.items()},
+        rows=rows, autotuned=tuned, checks={k: (v if math.isfinite(v) else str(v)) for k, v in checks.items()},
     )
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
