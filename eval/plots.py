@@ -1,0 +1,156 @@
+"""Figures and markdown tables of a fidelity sweep (records from eval.quality / eval.fidelity).
+
+* :func:`plot_passkey_grid`: one panel per setting, needle depth (y) x context length (x), colour =
+  accuracy (the usual needle-in-a-haystack picture);
+* :func:`plot_perplexity`: decode-phase and prefill-phase perplexity against context length, one line
+  per setting, dense dashed;
+* :func:`markdown_tables`: the tables that go to BENCHMARKS.md.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from pathlib import Path
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _order(labels) -> list[str]:
+    """dense first, then by method and numeric budget/coverage."""
+    def key(label: str):
+        method, _, value = label.partition("@")
+        rank = {"dense": 0, "tidal": 1, "quest": 2, "streaming": 3, "token_sparse": 4, "pod_zero_shot": 5}
+        try:
+            number = float(value)
+        except ValueError:
+            number = 0.0
+        return rank.get(method, 9), method, number
+    return sorted(set(labels), key=key)
+
+
+def plot_passkey_grid(records: list[dict], path: str | Path, task: str = "passkey") -> Path | None:
+    rows = [r for r in records if r["task"] == task]
+    if not rows:
+        return None
+    plt = _plt()
+    settings = _order(r["setting"] for r in rows)
+    lengths = sorted({r["length"] for r in rows})
+    depths = sorted({r["depth"] for r in rows})
+    cols = min(5, len(settings))
+    nrows = math.ceil(len(settings) / cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(2.3 * cols + 1, 2.5 * nrows + 0.6), squeeze=False)
+    image = None
+    for index in range(nrows * cols):
+        ax = axes[index // cols][index % cols]
+        if index >= len(settings):
+            ax.axis("off")
+            continue
+        cells = defaultdict(list)
+        for r in rows:
+            if r["setting"] == settings[index]:
+                cells[(depths.index(r["depth"]), lengths.index(r["length"]))].append(float(r["correct"]))
+        grid = [[(sum(cells[(d, n)]) / len(cells[(d, n)]) if cells[(d, n)] else float("nan"))
+                 for n in range(len(lengths))] for d in range(len(depths))]
+        image = ax.imshow(grid, vmin=0.0, vmax=1.0, cmap="RdYlGn", aspect="auto", origin="upper")
+        done = [v for row in grid for v in row if not math.isnan(v)]
+        ax.set_title(f"{settings[index]}  ({100 * sum(done) / max(len(done), 1):.0f}%)", fontsize=8)
+        ax.set_xticks(range(len(lengths)), [f"{n // 1024}K" if n % 1024 == 0 else str(n) for n in lengths], fontsize=7)
+        ax.set_yticks(range(len(depths)), [f"{d:.0%}" for d in depths], fontsize=6)
+        if index % cols == 0:
+            ax.set_ylabel("needle depth", fontsize=7)
+    if image is not None:
+        fig.colorbar(image, ax=axes.ravel().tolist(), shrink=0.6, label="accuracy")
+    fig.suptitle(f"{task}: accuracy by context length and needle depth", fontsize=10)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_perplexity(summary: dict, path: str | Path) -> Path | None:
+    table = summary.get("ppl")
+    if not table:
+        return None
+    plt = _plt()
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for ax, field, title in ((axes[0], "decode_ppl", "decode phase (last tokens, one decode step each)"),
+                             (axes[1], "prefill_ppl", "prefill phase (teacher-forced prefill logits)")):
+        for setting in _order(table):
+            points = sorted((int(n), v[field]) for n, v in table[setting].items() if v.get(field) is not None)
+            if not points:
+                continue
+            style = {"linestyle": "--", "color": "black", "linewidth": 2} if setting == "dense" else {"marker": "o",
+                                                                                                      "markersize": 3}
+            ax.plot([p[0] for p in points], [p[1] for p in points], label=setting, **style)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("context length (tokens)")
+        ax.set_ylabel("perplexity")
+        ax.set_title(title, fontsize=9)
+    axes[1].legend(fontsize=6, ncol=2)
+    fig.suptitle("Perplexity on held-out text (Emma)", fontsize=10)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _fmt(value, digits=2) -> str:
+    return "–" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}f}"
+
+
+def markdown_tables(summary: dict) -> str:
+    """Retrieval accuracy (%) and perplexity tables, relative change against dense in brackets."""
+    out: list[str] = []
+    for task in ("passkey", "passkey_text", "needle"):
+        table = summary.get(task)
+        if not table:
+            continue
+        lengths = sorted({int(n) for setting in table.values() for n in setting})
+        out.append(f"**{task}** accuracy (%), by context length (mean over depths):\n")
+        out.append("| setting | " + " | ".join(f"{n}" for n in lengths) + " | all | token sparsity |")
+        out.append("|---|" + "---:|" * (len(lengths) + 2))
+        for setting in _order(table):
+            cells = [table[setting].get(str(n)) for n in lengths]
+            total_n = sum(c["n"] for c in cells if c)
+            total = sum(c["accuracy"] * c["n"] for c in cells if c) / total_n if total_n else None
+            sparsity = [c["token_sparsity"] for c in cells if c and "token_sparsity" in c]
+            out.append(f"| {setting} | " + " | ".join(_fmt(100 * c["accuracy"], 0) if c else "–" for c in cells)
+                       + f" | {_fmt(100 * total, 0) if total is not None else '–'} | "
+                       + (f"{100 * sum(sparsity) / len(sparsity):.1f}%" if sparsity else "") + " |")
+        out.append("")
+    table = summary.get("ppl")
+    if table:
+        lengths = sorted({int(n) for setting in table.values() for n in setting})
+        dense = table.get("dense", {})
+        for field, name in (("decode_ppl", "decode-phase"), ("prefill_ppl", "prefill-phase")):
+            out.append(f"**{name} perplexity** on held-out Emma (relative to dense):\n")
+            out.append("| setting | " + " | ".join(str(n) for n in lengths) + " | token sparsity |")
+            out.append("|---|" + "---:|" * (len(lengths) + 1))
+            for setting in _order(table):
+                cells = []
+                for n in lengths:
+                    value = table[setting].get(str(n), {}).get(field)
+                    base = dense.get(str(n), {}).get(field)
+                    if value is None:
+                        cells.append("–")
+                    elif base and setting != "dense":
+                        cells.append(f"{value:.2f} ({100 * (value / base - 1):+.1f}%)")
+                    else:
+                        cells.append(f"{value:.2f}")
+                sparsity = [v["token_sparsity"] for v in table[setting].values() if "token_sparsity" in v]
+                out.append(f"| {setting} | " + " | ".join(cells) + " | "
+                           + (f"{100 * sum(sparsity) / len(sparsity):.1f}%" if sparsity else "") + " |")
+            out.append("")
+    return "\n".join(out)
