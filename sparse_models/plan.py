@@ -112,6 +112,10 @@ def build_plan(config: SparseAttentionConfig, num_layers: int, num_kv_heads: int
     if config.pod.sharing == "scores" and uses_pod:
         raise ConfigError("pod.sharing='scores' is invalid here: podkit implements POD's key sharing (paper v2); "
                           "the v1 score-sharing reading is not implemented, use pod.sharing='keys'")
+    if config.decode_scheme == "pod+tidal" and config.tidal.correction_period is not None:
+        raise ConfigError(f"tidal.correction_period={config.tidal.correction_period} is invalid with "
+                          f"decode_scheme='pod+tidal': re-running past tokens needs their proximal keys, which POD's "
+                          f"ring has already overwritten; use null (no correction) or decode_scheme='tidal'")
     sparse_prefill = set(token_sparse_layers(config, num_layers)) if config.prefill_scheme == "token_sparse" else set()
     tidal_like = config.decode_scheme in ("tidal", "pod+tidal")
     if tidal_like:

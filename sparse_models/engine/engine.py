@@ -97,6 +97,11 @@ class GenerationEngine:
             raise EngineError(f"token_sparse_keep_ratio={token_sparse_keep_ratio!r} is invalid: expected a number "
                               f"in (0, 1]")
         self.token_sparse_keep_ratio = token_sparse_keep_ratio
+        pod = self.config.pod
+        if pod.gate_tau is not None and pod.gate_estimate != "exact" and self.config.decode_scheme in ("pod", "pod+tidal"):
+            raise EngineError(f"pod.gate_estimate={pod.gate_estimate!r} with pod.gate_tau={pod.gate_tau} is not "
+                              f"supported by the engine: it skips distant attention by the exact gate inside the "
+                              f"decode kernel; use pod_gate_estimate='exact' (or pod_gate_tau=None)")
         if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int) or max_batch_size < 1:
             raise EngineError(f"max_batch_size={max_batch_size!r} is invalid: expected an integer >= 1")
         capacity = max_seq_len or getattr(model.config, "max_position_embeddings", None)

@@ -25,7 +25,8 @@ from ..config import SparseAttentionConfig
 from .errors import EngineError
 from .model_parts import ModelParts, finish_layer, project_qkv
 from .static_cache import StaticCache
-from .token_sparse_select import token_sparse_indices
+from ..schemes.token_sparse import TokenSparseStats
+from .token_sparse_select import token_sparse_attention
 
 
 @torch.no_grad()
@@ -39,7 +40,7 @@ def forward_chunk(parts: ModelParts, plan, cache: StaticCache, config: SparseAtt
         offsets: [B] first position of the chunk per row (0 for a fresh prompt).
         lens: [B] length of each sequence after the chunk.
         mode: "scheme" (the plan's prefill roles) or "full" (dense attention in every layer).
-        stats: if given, receives ``token_sparse_kept`` {layer: kept fraction per row}.
+        stats: if given, receives ``token_sparse``: a TokenSparseStats (kept tokens per layer and row).
     Returns:
         logits [B, V] fp32 of each row's last valid token (position lens[b] - 1).
     """
@@ -60,12 +61,10 @@ def forward_chunk(parts: ModelParts, plan, cache: StaticCache, config: SparseAtt
         q, k, v = project_qkv(parts, layer, x, position_ids)
         cache.write_chunk(layer_idx, k, v, offsets, lens)
         if role == "token-sparse" and fresh:
-            indices, kept = token_sparse_indices(q, k, lens, window=ts.window, min_tokens=ts.min_tokens,
-                                                 pool_kernel=ts.pool_kernel, coverage=ts.coverage,
-                                                 keep_ratio=token_sparse_keep_ratio)
-            if stats is not None:
-                stats.setdefault("token_sparse_kept", {})[layer_idx] = kept.tolist()
-            out = kernels.sparse_prefill_attention(q, k, v, indices, scale=parts.scale)
+            if stats is not None and "token_sparse" not in stats:
+                stats["token_sparse"] = TokenSparseStats()
+            out = token_sparse_attention(q, k, v, lens, ts, layer_idx, stats.get("token_sparse") if stats is not None
+                                         else None, keep_ratio=token_sparse_keep_ratio, scale=parts.scale)
         elif role == "pod-shared" and mode != "full":
             k_anchor = torch.cat([k[:, r.h0:r.h1] if r.own else cache.full_keys(r.anchor, r.h0, r.h1, batch)[:, :, :s]
                                   for r in cache.runs[layer_idx]], dim=1) if _has_shared(cache, layer_idx) else \

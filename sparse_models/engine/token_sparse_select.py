@@ -1,12 +1,10 @@
-"""Token Sparse Attention's per-head token selection for one prefill layer (Jo et al., arXiv 2602.03216).
+"""Token Sparse Attention in the engine's prefill (Jo et al., arXiv 2602.03216; methods.md C.1).
 
-methods.md C.1 steps 2-5: window scores (``kernels.token_sparse_scores``: mean softmax probability of
-each prefix key over the last ``window`` queries), average-pool smoothing, Dynamic Token Coverage (the
-layer keeps the smallest prefix set whose dropped tail mass stays below ``coverage``, at least
-``min_tokens``; one count per sequence, shared by its heads), per-head top-k + the window.
-
-``keep_ratio`` replaces Dynamic Token Coverage by a fixed fraction of the prefix (benchmarks sweep
-0.5 / 0.25 this way). Sequences with length <= min_tokens + window are left dense (all positions kept).
+The paper's selection (window scores, pooling, Dynamic Token Coverage, per-head top-k + window) is
+``sparse_models.schemes.token_sparse`` — the same code the model class runs, so both paths keep the
+same tokens. The engine adds one benchmark knob: ``keep_ratio`` replaces Dynamic Token Coverage by a
+fixed fraction of each sequence's prefix (the e2e benchmark sweeps 0.5 / 0.25 this way); sequences
+with length <= min_tokens + window stay dense, as in the paper's skip rule.
 """
 
 from __future__ import annotations
@@ -18,46 +16,49 @@ import torch.nn.functional as F
 
 import kernels
 
+from ..config import TokenSparseConfig
+from ..schemes.token_sparse import LayerSparsity, TokenSparseStats, token_sparse_prefill
 
-def token_sparse_indices(q: torch.Tensor, k: torch.Tensor, lens: torch.Tensor, *, window: int, min_tokens: int,
-                         pool_kernel: int, coverage: float, keep_ratio: float | None = None):
-    """Kept positions per query head.
 
-    Args:
-        q: [B, Hq, S, D]; k: [B, Hkv, S, D] (post-RoPE, positions 0..S-1); lens: [B] valid lengths.
-    Returns:
-        (indices [B, Hq, K] int64 ascending, -1 padded; kept_fraction [B] float, kept / valid tokens).
-    """
+def fixed_ratio_indices(q: torch.Tensor, k: torch.Tensor, lens: torch.Tensor, cfg: TokenSparseConfig,
+                        keep_ratio: float):
+    """Kept positions [B, Hq, K] (ascending, -1 padded) and kept counts [B]: per head the top
+    ceil(keep_ratio * prefix) prefix tokens by pooled window score, plus the window."""
     batch, num_heads, s, _ = q.shape
-    scores = kernels.token_sparse_scores(q, k, lens, window).float()  # [B, Hq, S]
-    if pool_kernel > 1:
-        scores = F.avg_pool1d(scores.reshape(batch * num_heads, 1, s), pool_kernel, stride=1,
-                              padding=pool_kernel // 2).reshape(batch, num_heads, s)
-    rows, kept = [], []
-    lens_host = lens.tolist()
-    for b, n in enumerate(lens_host):
+    window = cfg.window
+    scores = kernels.token_sparse_scores(q, k, lens, window).float()
+    if cfg.pool_kernel > 1:
+        scores = F.avg_pool1d(scores.reshape(batch * num_heads, 1, s), cfg.pool_kernel, stride=1,
+                              padding=cfg.pool_kernel // 2).reshape(batch, num_heads, s)
+    rows, kept, sparse = [], [], []
+    for b, n in enumerate(lens.tolist()):
         prefix = max(n - window, 0)
-        positions = torch.arange(n, device=q.device)
-        if n <= min_tokens + window or prefix == 0:
-            rows.append(positions[None, :].expand(num_heads, n))
-            kept.append(1.0)
+        if n <= cfg.min_tokens + window or prefix == 0:
+            rows.append(torch.arange(n, device=q.device)[None, :].expand(num_heads, n))
+            kept.append(n)
+            sparse.append(False)
             continue
-        s_b = scores[b, :, :prefix]
-        if keep_ratio is not None:
-            k_keep = max(1, min(prefix, math.ceil(keep_ratio * prefix)))
-        else:
-            mean = s_b.mean(0)
-            mean = mean / mean.sum().clamp(min=1e-30)
-            cum = torch.cumsum(torch.sort(mean).values, 0)
-            k_sparse = int((cum < coverage).sum()) + 1
-            k_keep = max(min_tokens, prefix - k_sparse)
-            k_keep = min(k_keep, prefix)
-        top = torch.topk(s_b, k_keep, dim=-1).indices
+        k_keep = max(1, min(prefix, math.ceil(keep_ratio * prefix)))
+        top = torch.topk(scores[b, :, :prefix], k_keep, dim=-1).indices
         win = torch.arange(prefix, n, device=q.device)[None, :].expand(num_heads, -1)
         rows.append(torch.sort(torch.cat([top, win], dim=-1), dim=-1).values)
-        kept.append((k_keep + (n - prefix)) / n)
+        kept.append(k_keep + n - prefix)
+        sparse.append(k_keep < prefix)
     width = max(r.shape[1] for r in rows)
     indices = torch.full((batch, num_heads, width), -1, dtype=torch.long, device=q.device)
     for b, r in enumerate(rows):
         indices[b, :, :r.shape[1]] = r
-    return indices, torch.tensor(kept)
+    return indices, kept, sparse
+
+
+def token_sparse_attention(q, k, v, lens, cfg: TokenSparseConfig, layer: int, stats: TokenSparseStats | None,
+                           keep_ratio: float | None = None, scale: float | None = None) -> torch.Tensor:
+    """One Token Sparse prefill layer: q [B, Hq, S, D], k/v [B, Hkv, S, D] -> [B, Hq, S, D]."""
+    if keep_ratio is None:
+        return token_sparse_prefill(q, k, v, lens, cfg, layer, stats)
+    indices, kept, sparse = fixed_ratio_indices(q, k, lens, cfg, keep_ratio)
+    if stats is not None:
+        stats.layers[layer] = LayerSparsity(layer, lens.tolist(), kept, sparse)
+    if not any(sparse):
+        return kernels.prefill_attention(q, k, v, torch.zeros_like(lens), lens, scale=scale)
+    return kernels.sparse_prefill_attention(q, k, v, indices, scale=scale)

@@ -75,20 +75,26 @@ def pod_decode(layer: int, anchors: tuple[int, ...], q: torch.Tensor, cache: Spa
     common = dict(sink=cfg.sink_tokens, recent=cfg.recent_window)
     if tau is None:
         return kernels.pod_decode_attention(q, k_local, k_anchor, v, seq_lens, **common)
-    if own_only or cfg.gate_estimate == "exact":
-        # anchor layers never skip: their distant keys are their own (exact attention)
-        out, gate = kernels.pod_decode_attention(q, k_local, k_anchor, v, seq_lens,
-                                                 gate_tau=None if own_only else tau, return_gate=True, **common)
+    group = q.shape[1] // len(anchors)
+    shared_q = torch.tensor([anchors[qh // group] != layer for qh in range(q.shape[1])], device=q.device)
+    if cfg.gate_estimate == "exact" and bool(shared_q.all()):
+        # the kernel's own skip: every head of this layer reads distant keys from an anchor
+        out, gate = kernels.pod_decode_attention(q, k_local, k_anchor, v, seq_lens, gate_tau=tau, return_gate=True,
+                                                 **common)
         if gates is not None:
             gates[layer] = gate
         return out
     out, gate = kernels.pod_decode_attention(q, k_local, k_anchor, v, seq_lens, return_gate=True, **common)
     if gates is not None:
         gates[layer] = gate
-    group = q.shape[1] // len(anchors)
-    estimate = torch.stack([gates[anchors[qh // group]][:, qh] if anchors[qh // group] != layer else gate[:, qh]
-                            for qh in range(q.shape[1])], dim=1)  # [B, Hq]
-    skip = estimate >= tau
+    if own_only:
+        return out  # anchor heads never skip: their distant keys are their own (exact attention)
+    if cfg.gate_estimate == "exact":
+        estimate = gate
+    else:
+        estimate = torch.stack([gates[anchors[qh // group]][:, qh] if anchors[qh // group] != layer else gate[:, qh]
+                                for qh in range(q.shape[1])], dim=1)  # [B, Hq]
+    skip = (estimate >= tau) & shared_q[None, :]
     if not bool(skip.any()):
         return out
     prox = proximal_only_decode(q, k_local, v, seq_lens, cfg)

@@ -1,0 +1,262 @@
+"""The generation engine (sparse_models.engine) against transformers' generate() and podkit's model class.
+
+Greedy tokens through the engine must equal greedy tokens through ``PodkitLlamaForCausalLM.generate()``
+for every decode scheme (and the sparse prefill schemes), on tiny random models with GQA groups 1, 3, 4
+and a ragged batch, with budgets small enough that every sparse scheme really drops tokens.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from sparse_models import PodkitLlamaConfig, PodkitLlamaForCausalLM
+from sparse_models.engine import EngineError, GenerationEngine, SamplingConfig
+
+VOCAB = 128
+NEW_TOKENS = 7
+# 4 layers, 2 KV heads; POD blocks: head 0 = {0, 1, 2} + {3}, head 1 = {0} + {1, 2, 3}
+POD_ANCHORS_2 = [[0, 0], [0, 1], [0, 1], [3, 1]]
+TIDAL = dict(tidal_budget=8, tidal_full_layers=[0, 1], tidal_selection_layers=[2])
+
+SCHEMES = {
+    "dense": dict(decode_scheme="dense"),
+    "tidal": dict(decode_scheme="tidal", **TIDAL),
+    "tidal-kv-group": dict(decode_scheme="tidal", tidal_selection="kv_group", **TIDAL),
+    "tidal-correction": dict(decode_scheme="tidal", tidal_correction_period=3, **TIDAL),
+    "quest": dict(decode_scheme="quest", quest_budget=8, quest_page_size=4, quest_dense_layers=[0]),
+    "streaming": dict(decode_scheme="streaming", streaming_sink_tokens=2, streaming_recent_window=6),
+    "pod": dict(decode_scheme="pod", pod_sink_tokens=2, pod_recent_window=6),
+    "pod+tidal": dict(decode_scheme="pod+tidal", pod_sink_tokens=2, pod_recent_window=6, tidal_budget=8,
+                      tidal_full_layers=[0], tidal_selection_layers=[2]),
+    "token_sparse-prefill": dict(prefill_scheme="token_sparse", token_sparse_window=4, token_sparse_min_tokens=4,
+                                 token_sparse_coverage=0.3, token_sparse_sparse_layers=[2, 3]),
+    "pod-prefill+pod": dict(prefill_scheme="pod", decode_scheme="pod", pod_sink_tokens=2, pod_recent_window=6),
+}
+
+
+def tiny_config(num_heads: int, num_kv_heads: int, **kw) -> dict:
+    return dict(vocab_size=VOCAB, hidden_size=16 * num_heads, intermediate_size=96, num_hidden_layers=4,
+                num_attention_heads=num_heads, num_key_value_heads=num_kv_heads, max_position_embeddings=256,
+                initializer_range=0.2, eos_token_id=None, bos_token_id=None, pad_token_id=None, **kw)
+
+
+def pod_anchors(num_kv_heads: int) -> list[list[int]]:
+    """A valid block map with shared heads in every layer above 0, for any Hkv."""
+    return [[0 if (h % 2 == 0 or layer == 0) and layer < 3 else (3 if h % 2 == 0 else max(1, 0) if layer >= 1 else 0)
+             for h in range(num_kv_heads)] for layer in range(4)] if num_kv_heads != 2 else POD_ANCHORS_2
+
+
+def _valid_anchor_map(num_kv_heads: int) -> list[list[int]]:
+    # head h even: block {0,1,2} then {3}; odd: {0} then {1,2,3}
+    rows = []
+    for layer in range(4):
+        row = []
+        for h in range(num_kv_heads):
+            if h % 2 == 0:
+                row.append(0 if layer < 3 else 3)
+            else:
+                row.append(0 if layer == 0 else 1)
+        rows.append(row)
+    return rows
+
+
+def podkit_model(num_heads: int, num_kv_heads: int, seed: int) -> PodkitLlamaForCausalLM:
+    torch.manual_seed(seed)
+    return PodkitLlamaForCausalLM(PodkitLlamaConfig(**tiny_config(num_heads, num_kv_heads))).eval()
+
+
+def scheme_overrides(name: str, num_kv_heads: int) -> dict:
+    overrides = dict(SCHEMES[name])
+    if "pod" in name:
+        overrides["pod_anchor_layers"] = _valid_anchor_map(num_kv_heads)
+    return overrides
+
+
+def random_prompts(lengths, seed):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, VOCAB, (n,), generator=g).tolist() for n in lengths]
+
+
+def reference_generate(model, prompts, overrides, new_tokens=NEW_TOKENS):
+    """podkit's transformers path, one prompt at a time (no padding involved)."""
+    model.set_sparse_attention(model.sparse_config.__class__(), **overrides)
+    out = []
+    for p in prompts:
+        ids = model.generate(torch.tensor([p]), max_new_tokens=new_tokens, do_sample=False)
+        out.append(ids[0, len(p):].tolist())
+    return out
+
+
+@pytest.mark.parametrize("heads", [(4, 4), (6, 2), (8, 2)], ids=["G1", "G3", "G4"])
+@pytest.mark.parametrize("scheme", list(SCHEMES))
+def test_engine_greedy_matches_podkit_generate(scheme, heads):
+    num_heads, num_kv = heads
+    model = podkit_model(num_heads, num_kv, seed=hash((scheme, heads)) % 1000)
+    prompts = random_prompts([23, 14, 19], seed=len(scheme) + num_heads)
+    overrides = scheme_overrides(scheme, num_kv)
+    expected = reference_generate(model, prompts, overrides)
+    engine = GenerationEngine(model, sparse_config=model.sparse_config.__class__(), max_batch_size=3,
+                              max_seq_len=40, **overrides)
+    result = engine.generate(prompts, max_new_tokens=NEW_TOKENS)
+    assert result.tokens == expected
+    assert result.finish_reasons == ["length"] * 3
+
+
+@pytest.mark.parametrize("scheme", ["tidal", "quest", "streaming", "pod+tidal", "token_sparse-prefill"])
+def test_sparse_schemes_differ_from_dense_with_small_budgets(scheme):
+    """Guards the test above: with these budgets the schemes really drop tokens."""
+    model = podkit_model(6, 2, seed=3)
+    prompts = random_prompts([23, 14, 19], seed=11)
+    dense = GenerationEngine(model, max_batch_size=3, max_seq_len=40, decode_scheme="dense").generate(
+        prompts, max_new_tokens=NEW_TOKENS)
+    sparse = GenerationEngine(model, max_batch_size=3, max_seq_len=40, **scheme_overrides(scheme, 2)).generate(
+        prompts, max_new_tokens=NEW_TOKENS)
+    assert sparse.tokens != dense.tokens
+
+
+@pytest.mark.parametrize("scheme, covering", [
+    ("tidal", dict(decode_scheme="tidal", tidal_budget=64)),
+    ("quest", dict(decode_scheme="quest", quest_budget=64, quest_page_size=4)),
+    ("streaming", dict(decode_scheme="streaming", streaming_sink_tokens=2, streaming_recent_window=64)),
+    ("pod", dict(decode_scheme="pod", pod_sink_tokens=2, pod_recent_window=64)),
+    ("token_sparse", dict(prefill_scheme="token_sparse", token_sparse_coverage=0.0, token_sparse_min_tokens=0,
+                          token_sparse_window=4)),
+])
+def test_covering_budgets_equal_dense(scheme, covering):
+    model = podkit_model(8, 2, seed=5)
+    prompts = random_prompts([21, 9], seed=4)
+    if scheme == "pod":
+        covering = dict(covering, pod_anchor_layers=_valid_anchor_map(2))
+    dense = GenerationEngine(model, max_batch_size=2, max_seq_len=40).generate(prompts, max_new_tokens=NEW_TOKENS)
+    other = GenerationEngine(model, max_batch_size=2, max_seq_len=40, **covering).generate(
+        prompts, max_new_tokens=NEW_TOKENS)
+    assert other.tokens == dense.tokens
+
+
+def test_dense_engine_matches_plain_transformers_generate():
+    torch.manual_seed(7)
+    model = LlamaForCausalLM(LlamaConfig(**tiny_config(6, 2))).eval()
+    prompts = random_prompts([17, 6, 12], seed=8)
+    expected = [model.generate(torch.tensor([p]), max_new_tokens=NEW_TOKENS, do_sample=False)[0, len(p):].tolist()
+                for p in prompts]
+    engine = GenerationEngine(model, max_batch_size=3, max_seq_len=32)
+    assert engine.generate(prompts, max_new_tokens=NEW_TOKENS).tokens == expected
+
+
+@pytest.mark.parametrize("period", [3, 4])
+def test_tidal_correction_restores_full_attention_kv(period):
+    """After a correction, the K/V of every corrected slot equal those of a dense prefill of the same tokens."""
+    model = podkit_model(6, 2, seed=9)
+    prompt = random_prompts([20], seed=10)[0]
+    new = 2 * period + 1  # 2 * period decode steps -> two corrections, the last right at the end
+    engine = GenerationEngine(model, max_seq_len=40, decode_scheme="tidal", tidal_correction_period=period, **{
+        k: v for k, v in TIDAL.items()})
+    tokens = engine.generate([prompt], max_new_tokens=new).tokens[0]
+    full = prompt + tokens[:-1]  # the last token was sampled but never fed
+    dense = GenerationEngine(model, max_seq_len=40)
+    dense.prefill([full])
+    no_fix = GenerationEngine(model, max_seq_len=40, decode_scheme="tidal", **TIDAL)
+    assert no_fix.generate([prompt], max_new_tokens=new).tokens[0][:period + 1] == tokens[:period + 1]
+    n = len(full)
+    for layer in range(4):
+        torch.testing.assert_close(engine.cache.keys[layer][0, :, :n], dense.cache.keys[layer][0, :, :n],
+                                   atol=2e-5, rtol=1e-4)
+        torch.testing.assert_close(engine.cache.values[layer][0, :, :n], dense.cache.values[layer][0, :, :n],
+                                   atol=2e-5, rtol=1e-4)
+    # without the correction the sparse-decoded slots of the upper layers differ
+    assert not torch.allclose(no_fix.cache.values[3][0, :, :n], dense.cache.values[3][0, :, :n], atol=1e-4)
+
+
+def test_pod_cache_bytes_match_block_map():
+    model = podkit_model(6, 2, seed=1)
+    sink, recent, n, batch = 2, 6, 40, 3
+    engine = GenerationEngine(model, max_batch_size=batch, max_seq_len=n, decode_scheme="pod", pod_sink_tokens=sink,
+                              pod_recent_window=recent, pod_anchor_layers=POD_ANCHORS_2)
+    d, elt = 16, 4
+    anchor_units = 3  # (0,0), (0,1), (1,1), (3,0) -> 4 anchor units? see below
+    anchor_units = sum(1 for layer, row in enumerate(POD_ANCHORS_2) for a in row if a == layer)
+    layers_with_shared = sum(1 for layer, row in enumerate(POD_ANCHORS_2) if any(a != layer for a in row))
+    expected_keys = (anchor_units * n + layers_with_shared * 2 * (sink + recent)) * batch * d * elt
+    expected_values = 4 * 2 * n * batch * d * elt
+    report = engine.kv_bytes()
+    assert report["key_bytes"] == expected_keys
+    assert report["value_bytes"] == expected_values
+    assert report["dense_bytes"] == 2 * expected_values
+    assert report["ratio_to_dense"] < 0.75
+
+
+def test_stop_tokens_and_streaming_callback():
+    model = podkit_model(6, 2, seed=2)
+    prompts = random_prompts([15, 9], seed=3)
+    engine = GenerationEngine(model, max_batch_size=2, max_seq_len=40)
+    free = engine.generate(prompts, max_new_tokens=6).tokens
+    stop = free[0][2]  # row 0 stops after its 3rd token
+    seen = []
+    out = engine.generate(prompts, max_new_tokens=6, stop_token_ids=[stop], on_tokens=lambda i, new: seen.append(new))
+    cut = free[0].index(stop) + 1
+    assert out.tokens[0] == free[0][:cut]
+    assert out.finish_reasons[0] == "stop"
+    row1_cut = free[1].index(stop) + 1 if stop in free[1] else len(free[1])
+    assert out.tokens[1] == free[1][:row1_cut]
+    assert [s[0] for s in seen[:cut]] == free[0][:cut]
+    assert all(s[0] is None for s in seen[cut:])
+
+
+def test_sampling_top_p_and_seed():
+    model = podkit_model(6, 2, seed=4)
+    prompts = random_prompts([12, 7], seed=5)
+    engine = GenerationEngine(model, max_batch_size=2, max_seq_len=40)
+    greedy = engine.generate(prompts, max_new_tokens=6).tokens
+    nucleus = engine.generate(prompts, max_new_tokens=6, sampling=SamplingConfig(temperature=1.0, top_p=1e-6, seed=1))
+    assert nucleus.tokens == greedy  # the top-p set is the argmax alone
+    a = engine.generate(prompts, max_new_tokens=6, sampling=SamplingConfig(temperature=1.5, seed=123)).tokens
+    b = engine.generate(prompts, max_new_tokens=6, sampling=SamplingConfig(temperature=1.5, seed=123)).tokens
+    c = engine.generate(prompts, max_new_tokens=6, sampling=SamplingConfig(temperature=1.5, seed=124)).tokens
+    assert a == b
+    assert a != c
+
+
+def test_clear_errors():
+    model = podkit_model(6, 2, seed=6)
+    engine = GenerationEngine(model, max_batch_size=2, max_seq_len=16)
+    with pytest.raises(EngineError, match="cache capacity max_seq_len=16"):
+        engine.generate([list(range(12))], max_new_tokens=5)
+    with pytest.raises(EngineError, match="max_batch_size=2"):
+        engine.generate([[1], [2], [3]], max_new_tokens=2)
+    with pytest.raises(EngineError, match="prompt 1 is empty"):
+        engine.generate([[1], []], max_new_tokens=2)
+    with pytest.raises(EngineError, match="decode_scheme='sparse'.*expected one of"):
+        GenerationEngine(model, decode_scheme="sparse")
+    with pytest.raises(EngineError, match="temperature"):
+        SamplingConfig(temperature=-1)
+    with pytest.raises(EngineError, match="tidal.budget"):
+        GenerationEngine(model, decode_scheme="tidal", tidal_budget=1)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU fallback")
+def test_cuda_graphs_requested_on_cpu_warns_and_runs_eagerly():
+    model = podkit_model(6, 2, seed=6)
+    with pytest.warns(RuntimeWarning, match="CUDA graphs"):
+        engine = GenerationEngine(model, max_seq_len=16, use_cuda_graphs=True)
+    assert engine.use_cuda_graphs is False
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert len(engine.generate([[1, 2, 3]], max_new_tokens=3).tokens[0]) == 3
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("scheme", list(SCHEMES))
+def test_cuda_graph_decode_matches_eager_on_gpu(scheme):
+    model = podkit_model(8, 2, seed=12).cuda()
+    prompts = random_prompts([70, 33, 51], seed=13)
+    overrides = scheme_overrides(scheme, 2)
+    overrides = {k: (v * 4 if k in ("tidal_budget", "quest_budget") else v) for k, v in overrides.items()}
+    eager = GenerationEngine(model, max_batch_size=3, max_seq_len=128, use_cuda_graphs=False, **overrides)
+    graphed = GenerationEngine(model, max_batch_size=3, max_seq_len=128, use_cuda_graphs=True, **overrides)
+    a = eager.generate(prompts, max_new_tokens=12).tokens
+    b = graphed.generate(prompts, max_new_tokens=12).tokens
+    assert a == b
