@@ -153,13 +153,14 @@ def test_tidal_correction_restores_full_attention_kv(period):
     model = podkit_model(6, 2, seed=9)
     prompt = random_prompts([20], seed=10)[0]
     new = 2 * period + 1  # 2 * period decode steps -> two corrections, the last right at the end
-    engine = GenerationEngine(model, max_seq_len=40, decode_scheme="tidal", tidal_correction_period=period, **{
-        k: v for k, v in TIDAL.items()})
+    # selection at layer 1 so that layers 2 and 3 decode sparsely and layer 3's K/V get polluted
+    tidal = dict(tidal_budget=8, tidal_full_layers=[0], tidal_selection_layers=[1])
+    engine = GenerationEngine(model, max_seq_len=40, decode_scheme="tidal", tidal_correction_period=period, **tidal)
     tokens = engine.generate([prompt], max_new_tokens=new).tokens[0]
     full = prompt + tokens[:-1]  # the last token was sampled but never fed
     dense = GenerationEngine(model, max_seq_len=40)
     dense.prefill([full])
-    no_fix = GenerationEngine(model, max_seq_len=40, decode_scheme="tidal", **TIDAL)
+    no_fix = GenerationEngine(model, max_seq_len=40, decode_scheme="tidal", **tidal)
     assert no_fix.generate([prompt], max_new_tokens=new).tokens[0][:period + 1] == tokens[:period + 1]
     n = len(full)
     for layer in range(4):

@@ -1,0 +1,76 @@
+"""Every scheme equals dense when its budget covers every token; podkit's loop equals transformers'
+own Llama / Mistral / Qwen2 (incl. Llama-3.1 rope scaling) on plain checkpoints."""
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+from sparse_models import (PodkitLlamaConfig, PodkitLlamaForCausalLM, PodkitMistralConfig, PodkitMistralForCausalLM, PodkitQwen2Config,
+                           PodkitQwen2ForCausalLM, SparseAttentionConfig)
+from sm_tiny import GQA_SHAPES, left_padded, random_prompts, run_model, tiny_model
+
+COVERING = {
+    "tidal": {"decode_scheme": "tidal", "tidal": {"budget": 64, "full_layers": [0], "selection_layers": [1]}},
+    "tidal_kv_group": {"decode_scheme": "tidal", "tidal": {"budget": 64, "full_layers": [], "selection": "kv_group"}},
+    "token_sparse": {"prefill_scheme": "token_sparse", "token_sparse": {"coverage": 0.0, "window": 2, "min_tokens": 0}},
+    "token_sparse_short": {"prefill_scheme": "token_sparse",
+                           "token_sparse": {"coverage": 0.5, "window": 4, "min_tokens": 16}},  # too short to sparsify
+    "pod_own_anchors": {"prefill_scheme": "pod", "decode_scheme": "pod", "pod": {"sink_tokens": 1, "recent_window": 2}},
+    "pod_tidal_own": {"prefill_scheme": "pod", "decode_scheme": "pod+tidal",
+                      "pod": {"sink_tokens": 1, "recent_window": 2}, "tidal": {"budget": 64}},
+    "pod_big_window": {"prefill_scheme": "pod", "decode_scheme": "pod",
+                       "pod": {"sink_tokens": 0, "recent_window": 64,
+                               "anchor_layers": [[0, 0], [0, 1], [2, 1], [2, 3]]}},
+    "quest": {"decode_scheme": "quest", "quest": {"page_size": 4, "budget": 64, "dense_layers": []}},
+    "streaming": {"decode_scheme": "streaming", "streaming": {"sink_tokens": 2, "recent_window": 64}},
+}
+
+
+@pytest.mark.parametrize("group", [3, 4])
+@pytest.mark.parametrize("scheme", sorted(COVERING))
+def test_covering_budget_equals_dense(scheme, group):
+    if scheme == "pod_big_window" and GQA_SHAPES[group][1] != 2:
+        pytest.skip("anchor map written for 2 KV heads")
+    prompts, conts = random_prompts([12, 7]), random_prompts([4, 4])
+    dense = run_model(tiny_model(group, 4, None, seed=7), prompts, conts)
+    other = run_model(tiny_model(group, 4, SparseAttentionConfig.from_dict(COVERING[scheme]), seed=7), prompts, conts)
+    for a, b in zip(dense[0], other[0]):
+        torch.testing.assert_close(a, b, atol=2e-5, rtol=1e-5)
+    for a, b in zip(dense[1], other[1]):
+        torch.testing.assert_close(a, b, atol=2e-5, rtol=1e-5)
+
+
+def _reference_pair(family):
+    common = dict(vocab_size=53, hidden_size=48, intermediate_size=80, num_hidden_layers=3, num_attention_heads=6,
+                  num_key_value_heads=2, max_position_embeddings=256)
+    if family == "llama31":
+        rope = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0, "original_max_position_embeddings": 16}
+        ref = LlamaForCausalLM(LlamaConfig(**common, rope_parameters=rope))
+        ours = PodkitLlamaForCausalLM(PodkitLlamaConfig(**common, rope_parameters=rope))
+    elif family == "mistral":
+        ref = MistralForCausalLM(MistralConfig(**common, sliding_window=None))
+        ours = PodkitMistralForCausalLM(PodkitMistralConfig(**common, sliding_window=None))
+    else:
+        ref = Qwen2ForCausalLM(Qwen2Config(**common))
+        ours = PodkitQwen2ForCausalLM(PodkitQwen2Config(**common))
+    missing, unexpected = ours.load_state_dict(ref.state_dict(), strict=True)
+    return ref.eval(), ours.eval()
+
+
+@pytest.mark.parametrize("family", ["llama31", "mistral", "qwen2"])
+def test_matches_transformers_reference(family):
+    torch.manual_seed(1)
+    ref, ours = _reference_pair(family)
+    if family == "qwen2":
+        assert ours.model.layers[0].self_attn.q_proj.bias is not None
+    prompts = random_prompts([40, 25])  # past original_max_position_embeddings: rope scaling matters
+    ids, mask = left_padded([[t % 53 for t in p] for p in prompts])
+    with torch.no_grad():
+        got = ours(ids, attention_mask=mask).logits
+        for b, p in enumerate(prompts):
+            want = ref(ids[b:b + 1, ids.shape[1] - len(p):]).logits[0]
+            torch.testing.assert_close(got[b, ids.shape[1] - len(p):], want, atol=2e-5, rtol=1e-5)
+        g_ours = ours.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0)
+        g_ref = ref.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0)
+    assert torch.equal(g_ours, g_ref)

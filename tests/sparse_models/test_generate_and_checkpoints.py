@@ -1,0 +1,109 @@
+"""generate() for every scheme (batch 2, left padding) against the oracle's greedy continuation;
+beam search; save_pretrained -> from_pretrained keeps the schemes and load-time overrides win."""
+
+import json
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+
+from sparse_models import PodkitLlamaForCausalLM, SparseAttentionConfig, SparseKVCache
+from sm_oracle import Oracle
+from sm_tiny import left_padded, random_prompts, tiny_model
+from test_schemes_vs_oracle import SCHEMES
+
+NEW_TOKENS = 4
+
+
+@torch.no_grad()
+def oracle_greedy(model, sparse, prompt):
+    oracle = Oracle(model, sparse)
+    oracle._gates = {}
+    logits = oracle.prefill(prompt)[-1]
+    tokens = []
+    for i in range(NEW_TOKENS):
+        token = int(logits.argmax())
+        tokens.append(token)
+        if i + 1 < NEW_TOKENS:
+            if oracle._correction_due(i):
+                oracle._correct(prompt, tokens[:-1])
+            logits = oracle.decode(token)[0]
+    return tokens
+
+
+@pytest.mark.parametrize("scheme", sorted(SCHEMES))
+def test_generate_matches_oracle_greedy(scheme):
+    sparse = SparseAttentionConfig.from_dict(SCHEMES[scheme](2))
+    model = tiny_model(4, 4, sparse, seed=11)
+    prompts = random_prompts([12, 8])
+    ids, mask = left_padded(prompts)
+    out = model.generate(ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0)
+    got = out[:, ids.shape[1]:].tolist()
+    want = [oracle_greedy(model, sparse, p) for p in prompts]
+    assert got == want, f"{scheme}: generate {got} vs oracle {want}"
+
+
+def test_generate_with_beams_and_user_cache():
+    model = tiny_model(3, 3, {"decode_scheme": "tidal", "tidal": {"budget": 4, "full_layers": [0]}}, seed=2)
+    prompts = random_prompts([9, 6])
+    ids, mask = left_padded(prompts)
+    beams = model.generate(ids, attention_mask=mask, max_new_tokens=3, num_beams=2, do_sample=False, pad_token_id=0)
+    assert beams.shape == (2, ids.shape[1] + 3)
+    cache = model.new_cache()
+    out = model.generate(ids, attention_mask=mask, max_new_tokens=3, do_sample=False, pad_token_id=0,
+                         **{"past_key_values": cache})
+    assert isinstance(cache, SparseKVCache) and cache.seq_lens.tolist() == [9 + 2, 6 + 2]
+    assert out.shape[1] == ids.shape[1] + 3
+
+
+def test_dense_beam_search_matches_transformers():
+    model = tiny_model(3, 3, None, seed=4)
+    ref = LlamaForCausalLM(LlamaConfig(**{k: v for k, v in model.config.to_dict().items()
+                                          if k not in ("sparse_attention", "model_type", "transformers_version")}))
+    ref.load_state_dict(model.state_dict())
+    ref.eval()
+    ids, mask = left_padded(random_prompts([9, 6]))
+    kw = dict(attention_mask=mask, max_new_tokens=4, num_beams=3, do_sample=False, pad_token_id=0)
+    assert torch.equal(model.generate(ids, **kw), ref.generate(ids, **kw))
+
+
+def test_save_load_keeps_schemes_and_overrides_win(tmp_path):
+    sparse = {"decode_scheme": "tidal", "tidal": {"budget": 7, "full_layers": [0], "selection_layers": [1]},
+              "prefill_scheme": "token_sparse", "token_sparse": {"coverage": 0.01, "sparse_layers": [2]}}
+    model = tiny_model(3, 4, sparse, seed=5)
+    model.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert saved["model_type"] == "podkit_llama"
+    assert saved["sparse_attention"]["tidal"]["budget"] == 7
+    again = PodkitLlamaForCausalLM.from_pretrained(tmp_path)
+    assert again.sparse_config == model.sparse_config
+    auto = AutoModelForCausalLM.from_pretrained(tmp_path)
+    assert isinstance(auto, PodkitLlamaForCausalLM) and auto.sparse_config.tidal.budget == 7
+    over = PodkitLlamaForCausalLM.from_pretrained(tmp_path, decode_scheme="quest", tidal_budget=9, quest_budget=32)
+    assert over.sparse_config.decode_scheme == "quest"
+    assert over.sparse_config.tidal.budget == 9 and over.sparse_config.quest.budget == 32
+    assert over.sparse_config.token_sparse.sparse_layers == [2]  # untouched fields survive
+    assert [p.decode for p in over.plan] == ["dense", "dense", "quest", "quest"]
+    for a, b in zip(model.state_dict().values(), over.state_dict().values()):
+        assert torch.equal(a, b)
+
+
+def test_plain_llama_checkpoint_loads_with_schemes(tmp_path):
+    plain = LlamaForCausalLM(LlamaConfig(vocab_size=61, hidden_size=48, intermediate_size=64, num_hidden_layers=3,
+                                         num_attention_heads=6, num_key_value_heads=2)).eval()
+    plain.save_pretrained(tmp_path)
+    model = PodkitLlamaForCausalLM.from_pretrained(tmp_path, decode_scheme="tidal", tidal_budget=256)
+    assert model.sparse_config.decode_scheme == "tidal" and model.sparse_config.tidal.budget == 256
+    ids = torch.randint(0, 61, (1, 10))
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, plain(ids).logits, atol=2e-5, rtol=1e-5)
+
+
+def test_blocks_file_is_resolved_relative_to_checkpoint(tmp_path):
+    model = tiny_model(3, 4, None, seed=6)
+    model.save_pretrained(tmp_path)
+    anchors = [[0, 0], [0, 1], [2, 1], [2, 3]]
+    (tmp_path / "pod_blocks.json").write_text(json.dumps({"anchor_layers": anchors}))
+    loaded = PodkitLlamaForCausalLM.from_pretrained(tmp_path, decode_scheme="pod", pod_blocks_file="pod_blocks.json")
+    assert [list(p.anchors) for p in loaded.plan] == anchors
+    assert [p.decode for p in loaded.plan] == ["pod-anchor", "pod-shared", "pod-shared", "pod-shared"]
