@@ -71,7 +71,8 @@ def push_export(export_dir: str | Path, repo_id: str, *, private: bool = True, c
         info = api.upload_folder(folder_path=str(export_dir), repo_id=repo_id, repo_type="model",
                                  commit_message=commit_message)
     except OfflineModeIsEnabled:
-        raise HubPushError("HF_HUB_OFFLINE is set: unset it to push (the local export is intact)") from None
+        raise HubPushError("offline mode is on (HF_HUB_OFFLINE or TRANSFORMERS_OFFLINE): unset it to push; "
+                           "the local export is intact") from None
     except HfHubHTTPError as error:
         status = getattr(error.response, "status_code", None)
         if status in (401, 403):
