@@ -1,10 +1,11 @@
 """Triton token_sparse_scores (window stats + prefix mean probability) against kernels.reference."""
 
+import importlib
+
 import pytest
 import torch
 
 from kernels import reference
-import importlib
 from kernels.token_sparse_scores import token_sparse_scores_triton
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
