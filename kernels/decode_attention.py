@@ -11,13 +11,14 @@ shared/reference/methods.md): full attention (exact output) plus, per query head
 GQA group (Hs = Hkv, summing the group's softmax probabilities), the top-(budget-1) slots among
 slots < seq_lens-1 plus the current slot, returned ascending and -1 padded.
 
-Top-k choice: the split kernel writes the selection logits itself (with the current slot already
-excluded, -inf), so no separate pass over the keys happens in Python; the k-largest search is
-then `torch.topk(sorted=False)` on those fp32 logits followed by a sort of the k winners' slot
-numbers (ascending order is part of the contract). torch.topk is a multi-block radix select on
-CUDA; this is the simple choice kept while it meets the 1.4x-of-full-decode target measured in
-eval/bench/kernels_decode.py. Per-KV-group mode adds one small Triton pass that turns the G
-heads' logits into summed probabilities with the merged LSE.
+Top-k choice: the split kernel writes the selection logits itself (the current slot already
+set to -inf), so no separate pass over the keys happens in Python; the k-largest search is then one
+Triton radix-select launch (kernels/_decode_topk.py) that re-reads those fp32 logits (from L2 at
+batch 1) and writes the winners' slots already ascending, the current slot and the -1 padding.
+torch.topk + sort was the first version: it measured ~200 us for k = 2047 over 32 x 128K logits on
+an H200, more than the attention itself, which broke the 1.4x-of-full-decode target.
+Per-KV-group mode adds one small Triton pass that turns the G heads' logits into summed
+probabilities with the merged LSE.
 """
 
 from __future__ import annotations
@@ -27,12 +28,14 @@ import triton
 import triton.language as tl
 
 from kernels import _decode_common as C
+from kernels._decode_topk import topk_slots_with_current
 
-# Tile of keys per loop iteration and launch shape. BLOCK_N=64 keeps a K and a V tile of
-# 64 x 128 bf16 (16 KiB each) in flight per stage; measured on H200 in eval/bench/kernels_decode.py.
+# Tile of keys per loop iteration and launch shape. BLOCK_N=64, 4 warps, 2 stages: the best of the
+# variants timed on an H200 by `eval/bench/kernels_decode.py --tune` (2026-11-29; 3 or 4 stages and
+# 8 warps were 3-20% slower at 128K).
 _BLOCK_N = 64
 _NUM_WARPS = 4
-_NUM_STAGES = 3
+_NUM_STAGES = 2
 
 
 @triton.jit
@@ -56,7 +59,7 @@ def _decode_split_kernel(
     current slot seq_len-1, which TidalDecode appends to the selection unconditionally)."""
     split = tl.program_id(0)
     bh = tl.program_id(1)
-    b = bh // Hkv
+    b = (bh // Hkv).to(tl.int64)  # int64: batch offsets of a large cache overflow int32
     kvh = bh % Hkv
     seq_len = tl.load(SeqLens + b).to(tl.int32)
     start = split * chunk
@@ -190,7 +193,7 @@ def _group_probability_kernel(
     slots stay unselectable)."""
     nb = tl.program_id(0)
     bh = tl.program_id(1)
-    b = bh // Hkv
+    b = (bh // Hkv).to(tl.int64)
     kvh = bh % Hkv
     offs_g = tl.arange(0, BLOCK_G)
     offs_n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -205,28 +208,6 @@ def _group_probability_kernel(
     any_valid = tl.max(s, axis=0) > float("-inf")
     total = tl.where(any_valid, total, float("-inf"))
     tl.store(Out + b * stride_ob + kvh * stride_oh + offs_n, total, mask=n_mask)
-
-
-def _topk_with_current(sel_scores: torch.Tensor, seq_lens: torch.Tensor, budget: int) -> torch.Tensor:
-    """sel_scores[B,Hs,N] fp32 with -inf at unselectable slots (past seq_len and the current slot)
-    -> indices[B,Hs,budget] int64: top-(budget-1) slots + the current slot, ascending, -1 padded."""
-    B, Hs, N = sel_scores.shape
-    k_top = min(budget - 1, N)
-    current = (seq_lens.to(torch.int64) - 1).view(B, 1, 1).expand(B, Hs, 1)
-    if k_top > 0:
-        values, idx = torch.topk(sel_scores, k_top, dim=-1, sorted=False)
-        # -inf winners are slots that do not exist (sequence shorter than the budget): push them
-        # past every real slot so that the sort leaves them at the end, then mark them -1.
-        idx = torch.where(values == float("-inf"), torch.full_like(idx, N), idx)
-        chosen = torch.cat([idx, current], dim=-1)
-    else:
-        chosen = current.clone()
-    chosen = torch.sort(chosen, dim=-1).values
-    chosen = torch.where(chosen >= N, torch.full_like(chosen, -1), chosen)
-    if chosen.shape[-1] < budget:
-        pad = torch.full((B, Hs, budget - chosen.shape[-1]), -1, device=chosen.device, dtype=chosen.dtype)
-        chosen = torch.cat([chosen, pad], dim=-1)
-    return chosen
 
 
 def selection_decode_attention_triton(q, k_cache, v_cache, seq_lens, budget, *, scale=None,
@@ -256,4 +237,4 @@ def selection_decode_attention_triton(q, k_cache, v_cache, seq_lens, budget, *, 
             Hkv, G=G, BLOCK_G=triton.next_power_of_2(G), BLOCK_N=block_n, num_warps=4,
         )
         scores = group_scores
-    return out, _topk_with_current(scores, seq_lens, budget)
+    return out, topk_slots_with_current(scores, seq_lens, budget)
