@@ -29,7 +29,7 @@ from kernels import _decode_common as C
 
 _BLOCK_N = 64
 _NUM_WARPS = 4
-_NUM_STAGES = 3
+_NUM_STAGES = 2
 
 
 @triton.jit
@@ -55,13 +55,6 @@ def _pod_decode_split_kernel(
     b = (bh // Hkv).to(tl.int64)
     kvh = bh % Hkv
     seq_len = tl.load(SeqLens + b).to(tl.int32)
-    is_prox = split >= num_distant_splits
-    dist_end = tl.maximum(sink, seq_len - recent)  # distant positions: [sink, dist_end)
-    d_lo = sink + split * chunk_d
-    p_lo = (split - num_distant_splits) * chunk_p
-    lo = tl.where(is_prox, p_lo, d_lo)
-    hi = tl.where(is_prox, tl.minimum(p_lo + chunk_p, sink + recent), tl.minimum(d_lo + chunk_d, dist_end))
-
     offs_g = tl.arange(0, BLOCK_G)
     offs_d = tl.arange(0, BLOCK_D)
     g_mask = offs_g < G
@@ -69,33 +62,45 @@ def _pod_decode_split_kernel(
     heads = kvh * G + offs_g
     q = tl.load(Q + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
                 mask=g_mask[:, None] & d_mask[None, :], other=0.0)
-    kl_base = KLocal + b * stride_lb + kvh * stride_lh
-    ka_base = KAnchor + b * stride_ab + kvh * stride_ah
     v_base = V + b * stride_vb + kvh * stride_vh
 
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-    for n0 in range(lo, hi, BLOCK_N):
-        offs = n0 + tl.arange(0, BLOCK_N)
-        in_range = offs < hi
-        # proximal virtual slot -> position and k_local slot (ignored by distant programs)
-        is_sink = offs < sink
-        ring_pos = seq_len - recent + (offs - sink)
-        prox_pos = tl.where(is_sink, offs, ring_pos)
-        prox_ok = tl.where(is_sink, offs < seq_len, ring_pos >= sink)
-        pos = tl.where(is_prox, prox_pos, offs)
-        valid = in_range & tl.where(is_prox, prox_ok, True)
-        pos = tl.where(valid, pos, 0).to(tl.int64)
-        local_slot = tl.where(is_sink, offs, sink + pos % recent).to(tl.int64)
-        k_ptrs = tl.where(is_prox, kl_base + local_slot[:, None] * stride_ln,
-                          ka_base + pos[:, None] * stride_an) + offs_d[None, :]
-        kv_mask = valid[:, None] & d_mask[None, :]
-        k = tl.load(k_ptrs, mask=kv_mask, other=0.0)
-        v = tl.load(v_base + pos[:, None] * stride_vn + offs_d[None, :], mask=kv_mask, other=0.0)
-        s = C.tile_logits(q, k, sm_scale, True, IEEE)
-        s = tl.where(valid[None, :], s, float("-inf"))
-        m_i, l_i, acc = C.online_softmax_update(s, v, m_i, l_i, acc, True, IEEE)
+    if split < num_distant_splits:
+        # distant: contiguous positions, keys from the anchor (same access pattern as full decode,
+        # kept in its own loop so that the loads stay vectorised)
+        ka_base = KAnchor + b * stride_ab + kvh * stride_ah
+        dist_end = tl.maximum(sink, seq_len - recent)  # distant positions: [sink, dist_end)
+        lo = sink + split * chunk_d
+        hi = tl.minimum(lo + chunk_d, dist_end)
+        for n0 in range(lo, hi, BLOCK_N):
+            offs = n0 + tl.arange(0, BLOCK_N)
+            valid = offs < hi
+            kv_mask = valid[:, None] & d_mask[None, :]
+            k = tl.load(ka_base + offs[:, None] * stride_an + offs_d[None, :], mask=kv_mask, other=0.0)
+            v = tl.load(v_base + offs[:, None] * stride_vn + offs_d[None, :], mask=kv_mask, other=0.0)
+            s = C.tile_logits(q, k, sm_scale, True, IEEE)
+            s = tl.where(valid[None, :], s, float("-inf"))
+            m_i, l_i, acc = C.online_softmax_update(s, v, m_i, l_i, acc, True, IEEE)
+    else:
+        # proximal: virtual slots t (sinks, then the ring in position order), keys from k_local
+        kl_base = KLocal + b * stride_lb + kvh * stride_lh
+        lo = (split - num_distant_splits) * chunk_p
+        hi = tl.minimum(lo + chunk_p, sink + recent)
+        for n0 in range(lo, hi, BLOCK_N):
+            offs = n0 + tl.arange(0, BLOCK_N)
+            is_sink = offs < sink
+            ring_pos = seq_len - recent + (offs - sink)
+            valid = (offs < hi) & tl.where(is_sink, offs < seq_len, ring_pos >= sink)
+            pos = tl.where(valid, tl.where(is_sink, offs, ring_pos), 0).to(tl.int64)
+            local_slot = tl.where(is_sink, offs, sink + pos % recent).to(tl.int64)
+            kv_mask = valid[:, None] & d_mask[None, :]
+            k = tl.load(kl_base + local_slot[:, None] * stride_ln + offs_d[None, :], mask=kv_mask, other=0.0)
+            v = tl.load(v_base + pos[:, None] * stride_vn + offs_d[None, :], mask=kv_mask, other=0.0)
+            s = C.tile_logits(q, k, sm_scale, True, IEEE)
+            s = tl.where(valid[None, :], s, float("-inf"))
+            m_i, l_i, acc = C.online_softmax_update(s, v, m_i, l_i, acc, True, IEEE)
 
     C.store_partial(OPart, LSEPart, m_i, l_i, acc,
                     b * stride_opb + heads * stride_oph + split * stride_ops,

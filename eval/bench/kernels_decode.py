@@ -18,6 +18,10 @@ Each row times, in the same run, podkit's kernel, torch's closest composition an
 - pod decode (sink 4, recent 2048): vs podkit full decode at equal context.
 - quest (page 16, budget 2048): page scores + page selection + sparse decode over the pages.
 
+Eager timings include Python and launch overheads, which dominate the small rows (first H200 run:
+podkit sparse decode at k=256, two Triton launches, took ~55 us eager against a 1 us floor); `graph_*` columns time one CUDA-graph replay
+(L2 flushed before each), as the engine runs decode.
+
 Data-dependent input checks (one host sync each) are switched off for the timings
 (PODKIT_SKIP_VALUE_CHECKS=1), as under CUDA-graph capture; `checks_cost_us` reports their cost.
 `--check` also compares every op in bf16 against kernels/reference.py (fp32 math) and an fp64
@@ -42,6 +46,40 @@ DTYPE = torch.bfloat16
 def _bench(fn, rep=100):
     import triton.testing
     return triton.testing.do_bench(fn, warmup=25, rep=rep, return_mode="median") * 1e3  # us
+
+
+_FLUSH = {}
+
+
+def _bench_graph(fn, iters=50):
+    """Median device time (us) of one CUDA-graph replay of `fn`, L2 flushed before each replay.
+
+    This is how the engine runs decode (CUDA-graph capture, the gpt-fast pattern): Python and
+    launch overheads vanish, which eager timings of small problems are dominated by."""
+    dev = torch.cuda.current_device()
+    if dev not in _FLUSH:
+        _FLUSH[dev] = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
+    flush = _FLUSH[dev]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    times = []
+    for _ in range(iters):
+        flush.zero_()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)
+    del graph
+    return float(torch.tensor(times).median())
 
 
 def copy_bandwidth(device) -> float:
@@ -123,8 +161,11 @@ def run_bench(contexts, batches, device, bw, tune=False):
             sdpa = _bench(lambda: F.scaled_dot_product_attention(q[:, :, None], k, v, enable_gqa=True))
             full = _bench(lambda: DA.decode_attention_triton(q, k, v, seq_lens))
             full_scores = _bench(lambda: DA.decode_attention_triton(q, k, v, seq_lens, return_scores=True))
+            sdpa_g = _bench_graph(lambda: F.scaled_dot_product_attention(q[:, :, None], k, v, enable_gqa=True))
+            full_g = _bench_graph(lambda: DA.decode_attention_triton(q, k, v, seq_lens))
             _row(rows, "decode", N, B, floor_us=floor, sdpa_us=sdpa, podkit_us=full,
-                 podkit_scores_us=full_scores, podkit_over_sdpa=full / sdpa, podkit_over_floor=full / floor)
+                 podkit_scores_us=full_scores, podkit_over_sdpa=full / sdpa, podkit_over_floor=full / floor,
+                 graph_sdpa_us=sdpa_g, graph_podkit_us=full_g, graph_podkit_over_sdpa=full_g / sdpa_g)
             if tune:
                 for bn, nw, ns in [(32, 4, 3), (64, 4, 2), (64, 4, 4), (64, 8, 3), (128, 8, 3), (128, 4, 2)]:
                     t = _bench(lambda: DA._launch_decode(q, k, v, seq_lens, D ** -0.5, None, False,
@@ -134,26 +175,35 @@ def run_bench(contexts, batches, device, bw, tune=False):
             budget = 2048
             for per_group in (False, True):
                 naive = _bench(lambda: torch_selection(q, k, v, budget, per_group))
-                sel = _bench(lambda: DA.selection_decode_attention_triton(q, k, v, seq_lens, budget,
-                                                                         per_kv_group=per_group))
+                sel_fn = lambda: DA.selection_decode_attention_triton(q, k, v, seq_lens, budget,  # noqa: E731
+                                                                      per_kv_group=per_group)
+                sel = _bench(sel_fn)
+                sel_g = _bench_graph(sel_fn)
                 _row(rows, "selection_group" if per_group else "selection_head", N, B, budget=budget,
                      floor_us=floor, torch_us=naive, podkit_us=sel, podkit_full_us=full,
-                     over_podkit_full=sel / full, torch_over_podkit=naive / sel)
+                     over_podkit_full=sel / full, torch_over_podkit=naive / sel,
+                     graph_podkit_us=sel_g, graph_over_podkit_full=sel_g / full_g)
             for K in (256, 2048, 4096):
                 for Hs, name in ((HQ, "sparse_head"), (HKV, "sparse_group")):
                     idx = _random_lists(B, Hs, N, K, device, gen)
                     sp_floor = (2 * B * Hs * K * D * 2 + idx.numel() * 4) / bw * 1e6
                     ts = _bench(lambda: torch_sparse(q, k, v, idx))
                     ps = _bench(lambda: sparse_decode_attention_triton(q, k, v, idx))
+                    ts_g = _bench_graph(lambda: torch_sparse(q, k, v, idx))
+                    ps_g = _bench_graph(lambda: sparse_decode_attention_triton(q, k, v, idx))
                     _row(rows, name, N, B, k=K, floor_us=sp_floor, torch_us=ts, podkit_us=ps,
-                         torch_over_podkit=ts / ps, podkit_over_floor=ps / sp_floor)
+                         torch_over_podkit=ts / ps, podkit_over_floor=ps / sp_floor,
+                         graph_torch_us=ts_g, graph_podkit_us=ps_g, graph_torch_over_podkit=ts_g / ps_g)
             sink, recent = 4, 2048
             k_local = torch.randn(B, HKV, sink + recent, D, device=device, dtype=DTYPE, generator=gen)
             pod = _bench(lambda: pod_decode_attention_triton(q, k_local, k, v, seq_lens, sink=sink, recent=recent))
             pod_tau = _bench(lambda: pod_decode_attention_triton(q, k_local, k, v, seq_lens, sink=sink,
                                                                  recent=recent, gate_tau=0.7, return_gate=True))
+            pod_g = _bench_graph(lambda: pod_decode_attention_triton(q, k_local, k, v, seq_lens, sink=sink,
+                                                                     recent=recent))
             _row(rows, "pod_decode", N, B, sink=sink, recent=recent, floor_us=floor, podkit_us=pod,
-                 podkit_tau_us=pod_tau, podkit_full_us=full, over_podkit_full=pod / full)
+                 podkit_tau_us=pod_tau, podkit_full_us=full, over_podkit_full=pod / full,
+                 graph_podkit_us=pod_g, graph_over_podkit_full=pod_g / full_g)
             ps_, qbudget = 16, 2048
             pmax, pmin = quest_page_minmax(k, seq_lens, ps_)
             pmax, pmin = pmax.to(DTYPE), pmin.to(DTYPE)
