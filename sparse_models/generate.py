@@ -1,0 +1,222 @@
+"""Generate text with podkit's fast engine (static caches, CUDA-graph decode).
+
+    python -m sparse_models.generate --model default --prompt "The capital of France is" --max-new-tokens 16
+    python -m sparse_models.generate --model PATH --prompt-file F --decode-scheme tidal --budget 2048
+
+``--model default`` is the embedded SmolLM2-135M-Instruct. ``--prompt-file``: a text file (one prompt),
+or a ``.jsonl`` file with one ``{"prompt": ...}`` per line (a ragged batch). ``--budget`` is the token
+budget of the chosen sparse decode scheme (TidalDecode, Quest; StreamingLLM's window). Any other scheme
+field goes through ``--set key=value`` (flat override names: ``tidal_selection=kv_group``,
+``pod_recent_window=4080``, ``tidal_correction_period=128``...). Errors (prompt longer than the cache,
+unknown scheme, bad values) are printed on one line with exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import warnings
+from pathlib import Path
+
+from .config import DECODE_SCHEMES, PREFILL_SCHEMES, ConfigError
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m sparse_models.generate", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="default", help="checkpoint folder, or 'default' (embedded SmolLM2-135M)")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", action="append", help="a prompt (repeat for a batch)")
+    src.add_argument("--prompt-file", type=Path, help="text file (one prompt) or .jsonl with {'prompt': ...} lines")
+    p.add_argument("--decode-scheme", default=None, help=f"one of {', '.join(DECODE_SCHEMES)} (default: the checkpoint's)")
+    p.add_argument("--prefill-scheme", default=None, help=f"one of {', '.join(PREFILL_SCHEMES)} (default: the checkpoint's)")
+    p.add_argument("--budget", type=int, default=None, help="token budget of the sparse decode scheme")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="flat scheme override, e.g. tidal_selection=kv_group (value parsed as JSON if possible)")
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--max-seq-len", type=int, default=None,
+                   help="cache slots per sequence (default: longest prompt + max-new-tokens)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--stop", action="append", default=[], help="stop string (a single token) or token id; "
+                   "default: the tokenizer's EOS")
+    p.add_argument("--no-eos-stop", action="store_true", help="do not stop at the tokenizer's EOS")
+    p.add_argument("--chat", action="store_true", help="wrap each prompt in the tokenizer's chat template")
+    p.add_argument("--device", default=None, help="cuda / cpu (default: cuda if available)")
+    p.add_argument("--dtype", default=None, choices=["bfloat16", "float16", "float32"],
+                   help="default: bfloat16 on CUDA, float32 on CPU")
+    graphs = p.add_mutually_exclusive_group()
+    graphs.add_argument("--cuda-graphs", dest="cuda_graphs", action="store_true", default=None,
+                        help="capture the decode step in a CUDA graph (default on CUDA)")
+    graphs.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false")
+    p.add_argument("--stream", action="store_true", help="print tokens as they are generated (batch of one)")
+    p.add_argument("--json", type=Path, default=None, help="also write prompts, outputs and timings here")
+    return p.parse_args(argv)
+
+
+def _value(text: str):
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def scheme_overrides(args) -> dict:
+    """Flat SparseAttentionConfig overrides from the CLI options."""
+    overrides = {}
+    if args.decode_scheme is not None:
+        if args.decode_scheme not in DECODE_SCHEMES:
+            raise ConfigError(f"--decode-scheme={args.decode_scheme!r} is not a known scheme: expected one of "
+                              f"{', '.join(DECODE_SCHEMES)}")
+        overrides["decode_scheme"] = args.decode_scheme
+    if args.prefill_scheme is not None:
+        if args.prefill_scheme not in PREFILL_SCHEMES:
+            raise ConfigError(f"--prefill-scheme={args.prefill_scheme!r} is not a known scheme: expected one of "
+                              f"{', '.join(PREFILL_SCHEMES)}")
+        overrides["prefill_scheme"] = args.prefill_scheme
+    for item in args.set:
+        if "=" not in item:
+            raise ConfigError(f"--set {item!r} is invalid: expected KEY=VALUE, e.g. tidal_selection=kv_group")
+        key, value = item.split("=", 1)
+        overrides[key.strip()] = _value(value.strip())
+    if args.budget is not None:
+        scheme = overrides.get("decode_scheme", args.decode_scheme)
+        key = {"tidal": "tidal_budget", "pod+tidal": "tidal_budget", "quest": "quest_budget",
+               "streaming": "streaming_recent_window"}.get(scheme)
+        if key is None:
+            raise ConfigError(f"--budget={args.budget} needs a sparse decode scheme (tidal, pod+tidal, quest, "
+                              f"streaming); the decode scheme is {scheme!r}")
+        overrides[key] = args.budget
+    return overrides
+
+
+def read_prompts(args) -> list[str]:
+    if args.prompt:
+        return list(args.prompt)
+    path = args.prompt_file
+    if not path.is_file():
+        raise FileNotFoundError(f"--prompt-file {str(path)!r} does not exist")
+    if path.suffix == ".jsonl":
+        prompts = []
+        for i, line in enumerate(path.read_text().splitlines()):
+            if not line.strip():
+                continue
+            row = json.loads(line)
+            if not isinstance(row, dict) or not isinstance(row.get("prompt"), str):
+                raise ValueError(f"--prompt-file line {i + 1}: expected an object with a string 'prompt'")
+            prompts.append(row["prompt"])
+        if not prompts:
+            raise ValueError(f"--prompt-file {str(path)!r} holds no prompts")
+        return prompts
+    text = path.read_text()
+    if not text.strip():
+        raise ValueError(f"--prompt-file {str(path)!r} is empty")
+    return [text]
+
+
+def load_model_and_tokenizer(name: str, device: str, dtype):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import sparse_models  # registers podkit_* with the Auto classes
+
+    if name == "default":
+        model = sparse_models.load_default_model()
+        tokenizer = sparse_models.load_default_tokenizer()
+    else:
+        if not Path(name).exists():
+            raise FileNotFoundError(f"--model {name!r}: no such checkpoint folder (or use --model default)")
+        model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype)
+        tokenizer = AutoTokenizer.from_pretrained(name)
+    model = model.to(device=device, dtype=dtype).eval()
+    torch.set_grad_enabled(False)
+    return model, tokenizer
+
+
+def stop_ids(args, tokenizer) -> list[int]:
+    ids = []
+    for s in args.stop:
+        if s.isdigit():
+            ids.append(int(s))
+            continue
+        enc = tokenizer.encode(s, add_special_tokens=False)
+        if len(enc) != 1:
+            raise ValueError(f"--stop {s!r} is {len(enc)} tokens; stop strings must be single tokens (or pass an id)")
+        ids.append(enc[0])
+    if not args.no_eos_stop and tokenizer.eos_token_id is not None:
+        ids.append(int(tokenizer.eos_token_id))
+    return ids
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    try:
+        import torch
+
+        from .engine import EngineError, GenerationEngine, SamplingConfig
+
+        overrides = scheme_overrides(args)
+        prompts = read_prompts(args)
+        device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        if device.startswith("cuda") and not torch.cuda.is_available():
+            raise EngineError(f"--device {device!r} but no CUDA GPU is visible")
+        dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if device.startswith("cuda")
+                                                                else torch.float32)
+        model, tokenizer = load_model_and_tokenizer(args.model, device, dtype)
+        if args.chat:
+            texts = [tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
+                                                   add_generation_prompt=True) for p in prompts]
+        else:
+            texts = prompts
+        ids = [tokenizer.encode(t, add_special_tokens=not args.chat) for t in texts]
+        capacity = args.max_seq_len or max(len(i) for i in ids) + args.max_new_tokens
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", RuntimeWarning)
+            engine = GenerationEngine(model, max_batch_size=len(ids), max_seq_len=capacity,
+                                      use_cuda_graphs=args.cuda_graphs, **overrides)
+        for w in caught:
+            print(f"warning: {w.message}", file=sys.stderr)
+        sampling = SamplingConfig(temperature=args.temperature, top_p=args.top_p, seed=args.seed)
+        stream = None
+        if args.stream:
+            if len(ids) != 1:
+                raise EngineError(f"--stream prints one sequence; got {len(ids)} prompts")
+            emitted: list[int] = []
+
+            def stream(step, new):
+                if new[0] is None:
+                    return
+                previous = tokenizer.decode(emitted)
+                emitted.append(new[0])
+                sys.stdout.write(tokenizer.decode(emitted)[len(previous):])
+                sys.stdout.flush()
+
+        result = engine.generate(ids, max_new_tokens=args.max_new_tokens, sampling=sampling,
+                                 stop_token_ids=stop_ids(args, tokenizer), on_tokens=stream)
+    except (EngineError, ConfigError, FileNotFoundError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    outputs = [tokenizer.decode(t, skip_special_tokens=True) for t in result.tokens]
+    if args.stream:
+        print()
+    else:
+        for i, (prompt, out) in enumerate(zip(prompts, outputs)):
+            if len(prompts) > 1:
+                print(f"--- [{i}] ({result.finish_reasons[i]})")
+            print(prompt + out)
+    t = result.timings
+    ms = f"{t['ms_per_step']:.2f} ms/step" if t["ms_per_step"] else "no decode steps"
+    print(f"[podkit engine: decode={engine.config.decode_scheme} prefill={engine.config.prefill_scheme} "
+          f"graphs={engine.use_cuda_graphs} device={device} | prefill {t['prefill_s']:.3f} s, "
+          f"{t['decode_steps']} steps, {ms}]", file=sys.stderr)
+    if args.json:
+        args.json.write_text(json.dumps({"prompts": prompts, "outputs": outputs, "tokens": result.tokens,
+                                         "finish_reasons": result.finish_reasons, "timings": t,
+                                         "sparse_attention": engine.config.to_dict()}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
