@@ -20,6 +20,8 @@ import triton
 import triton.language as tl
 
 _BLOCK = 1024
+# Radix digit width: 32 / _BITS histogram passes of 2**_BITS bins (8 and 4 timed on the H200).
+_BITS = 4
 
 
 @triton.jit
@@ -30,9 +32,9 @@ def _order_key(x):
 
 
 @triton.jit
-def _pick_digit(hist, k):
+def _pick_digit(hist, k, NUM_BINS: tl.constexpr):
     """Among the counted keys, the digit t of the k-th largest (k >= 1) and k's rank within t."""
-    bins = tl.arange(0, 256)
+    bins = tl.arange(0, NUM_BINS)
     cum = tl.cumsum(hist, axis=0)
     total = tl.sum(hist, axis=0)
     at_or_above = total - cum + hist
@@ -46,7 +48,7 @@ def _topk_rows_kernel(
     Scores, SeqLens, Out,
     N, K, budget, rows_per_seq,
     stride_sr, stride_or,
-    BLOCK: tl.constexpr,
+    BLOCK: tl.constexpr, BITS: tl.constexpr,
 ):
     """Row r: out[r] = ascending slots of the K largest finite scores, then seq_len-1 (the current
     slot, whose score the caller set to -inf), then -1 up to `budget` entries."""
@@ -57,8 +59,10 @@ def _topk_rows_kernel(
     out_row = Out + r.to(tl.int64) * stride_or
     neg_inf_key = _order_key(tl.full([BLOCK], float("-inf"), tl.float32))
 
+    NUM_BINS: tl.constexpr = 1 << BITS
+    LEVELS: tl.constexpr = 32 // BITS
     # pass 0: valid count and histogram of the top digit
-    hist = tl.zeros([256], tl.int32)
+    hist = tl.zeros([NUM_BINS], tl.int32)
     n_valid = 0
     for n0 in range(0, N, BLOCK):
         offs = n0 + tl.arange(0, BLOCK)
@@ -66,23 +70,24 @@ def _topk_rows_kernel(
         key = _order_key(x)
         valid = key > neg_inf_key
         n_valid += tl.sum(valid.to(tl.int32), axis=0)
-        hist += tl.histogram((key >> 24).to(tl.int32), 256, mask=valid)
+        hist += tl.histogram((key >> (32 - BITS)).to(tl.int32), NUM_BINS, mask=valid)
 
     threshold = tl.full((), 0x007FFFFF, tl.uint32)  # key of -inf: with n_valid <= K all valid keys are above
     ties = 0
     if n_valid > K:
-        digit, k_rem = _pick_digit(hist, K)
+        digit, k_rem = _pick_digit(hist, K, NUM_BINS)
         prefix = digit.to(tl.uint32)
-        for level in tl.static_range(1, 4):
-            hist = tl.zeros([256], tl.int32)
+        for level in tl.static_range(1, LEVELS):
+            hist = tl.zeros([NUM_BINS], tl.int32)
             for n0 in range(0, N, BLOCK):
                 offs = n0 + tl.arange(0, BLOCK)
                 x = tl.load(row + offs, mask=offs < N, other=float("-inf"))
                 key = _order_key(x)
-                match = (key > neg_inf_key) & ((key >> (32 - 8 * level)) == prefix)
-                hist += tl.histogram(((key >> (24 - 8 * level)) & 255).to(tl.int32), 256, mask=match)
-            digit, k_rem = _pick_digit(hist, k_rem)
-            prefix = (prefix << 8) | digit.to(tl.uint32)
+                match = (key > neg_inf_key) & ((key >> (32 - BITS * level)) == prefix)
+                hist += tl.histogram(((key >> (32 - BITS * (level + 1))) & (NUM_BINS - 1)).to(tl.int32),
+                                     NUM_BINS, mask=match)
+            digit, k_rem = _pick_digit(hist, k_rem, NUM_BINS)
+            prefix = (prefix << BITS) | digit.to(tl.uint32)
         threshold = prefix
         ties = k_rem
 
@@ -110,7 +115,8 @@ def _topk_rows_kernel(
         tl.store(out_row + offs, tl.full([BLOCK], -1, tl.int64), mask=offs < budget)
 
 
-def topk_slots_with_current(scores: torch.Tensor, seq_lens: torch.Tensor, budget: int) -> torch.Tensor:
+def topk_slots_with_current(scores: torch.Tensor, seq_lens: torch.Tensor, budget: int,
+                            _bits: int = _BITS) -> torch.Tensor:
     """scores[B,Hs,N] fp32 (contiguous rows; -inf = not selectable, including the current slot)
     -> indices[B,Hs,budget] int64: the top-(budget-1) slots ascending, then seq_lens[b]-1, then -1."""
     B, Hs, N = scores.shape
@@ -120,6 +126,28 @@ def topk_slots_with_current(scores: torch.Tensor, seq_lens: torch.Tensor, budget
         rows, seq_lens, out,
         N, budget - 1, budget, Hs,
         rows.stride(0), budget,
-        BLOCK=_BLOCK, num_warps=8,
+        BLOCK=_BLOCK, BITS=_bits, num_warps=8,
     )
     return out
+
+
+def topk_slots_torch(scores: torch.Tensor, seq_lens: torch.Tensor, budget: int) -> torch.Tensor:
+    """Same contract as topk_slots_with_current, with torch.topk(sorted=False) + a sort of the
+    winners' slots (the first version; kept for the sizes where it measured faster)."""
+    B, Hs, N = scores.shape
+    k_top = min(budget - 1, N)
+    current = (seq_lens.to(torch.int64) - 1).view(B, 1, 1).expand(B, Hs, 1)
+    if k_top > 0:
+        values, idx = torch.topk(scores, k_top, dim=-1, sorted=False)
+        # -inf winners are slots that do not exist: push them past every real slot so that the
+        # sort leaves them at the end, then mark them -1
+        idx = torch.where(values == float("-inf"), torch.full_like(idx, N), idx)
+        chosen = torch.cat([idx, current], dim=-1)
+    else:
+        chosen = current.clone()
+    chosen = torch.sort(chosen, dim=-1).values
+    chosen = torch.where(chosen >= N, torch.full_like(chosen, -1), chosen)
+    if chosen.shape[-1] < budget:
+        pad = torch.full((B, Hs, budget - chosen.shape[-1]), -1, device=chosen.device, dtype=chosen.dtype)
+        chosen = torch.cat([chosen, pad], dim=-1)
+    return chosen

@@ -143,7 +143,7 @@ def _row(rows, op, ctx, batch, **cols):
     print(json.dumps(row), flush=True)
 
 
-def run_bench(contexts, batches, device, bw, tune=False):
+def run_bench(contexts, batches, device, bw, tune=False, topk_variants=False):
     from kernels import decode_attention as DA
     from kernels.sparse_decode_attention import sparse_decode_attention_triton
     from kernels.pod_decode_attention import pod_decode_attention_triton
@@ -183,6 +183,17 @@ def run_bench(contexts, batches, device, bw, tune=False):
                      floor_us=floor, torch_us=naive, podkit_us=sel, podkit_full_us=full,
                      over_podkit_full=sel / full, torch_over_podkit=naive / sel,
                      graph_podkit_us=sel_g, graph_over_podkit_full=sel_g / full_g)
+            if topk_variants:
+                from kernels import _decode_topk as TK
+                _, sc = DA.decode_attention_triton(q, k, v, seq_lens, return_scores=True)
+                sc[torch.arange(B), :, seq_lens.long() - 1] = float("-inf")
+                variants = {"torch": lambda: TK.topk_slots_torch(sc, seq_lens, budget)}
+                for bits in (2, 4, 8):
+                    variants[f"radix{bits}"] = (lambda bits=bits: TK.topk_slots_with_current(sc, seq_lens, budget, _bits=bits))
+                ref_sel = variants["torch"]()
+                for name, fn in variants.items():
+                    _row(rows, "topk_variant", N, B, impl=name, rows_=B * HQ, graph_us=_bench_graph(fn),
+                         agrees_with_torch=bool(torch.equal(fn(), ref_sel)))
             for K in (256, 2048, 4096):
                 for Hs, name in ((HQ, "sparse_head"), (HKV, "sparse_group")):
                     idx = _random_lists(B, Hs, N, K, device, gen)
@@ -288,6 +299,7 @@ def main(argv=None):
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8])
     ap.add_argument("--check", action="store_true", help="also check bf16 accuracy against the reference")
     ap.add_argument("--tune", action="store_true", help="also time decode launch-config variants")
+    ap.add_argument("--topk-variants", action="store_true", help="also time the selection top-k variants alone")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("kernels_decode: needs a CUDA GPU", file=sys.stderr)
@@ -305,7 +317,7 @@ def main(argv=None):
     print(f"copy bandwidth {bw / 1e12:.3f} TB/s", flush=True)
     result["checks_cost_us"] = round(checks_cost(device), 2)
     os.environ["PODKIT_SKIP_VALUE_CHECKS"] = "1"
-    result["rows"] = run_bench(args.contexts, args.batches, device, bw, tune=args.tune)
+    result["rows"] = run_bench(args.contexts, args.batches, device, bw, tune=args.tune, topk_variants=args.topk_variants)
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
     print(f"wrote {args.out}")
