@@ -31,6 +31,7 @@ reference, and records the errors in the JSON.
 from __future__ import annotations
 
 import argparse
+import importlib
 import datetime
 import json
 import os
@@ -144,7 +145,7 @@ def _row(rows, op, ctx, batch, **cols):
 
 
 def run_bench(contexts, batches, device, bw, tune=False, topk_variants=False):
-    from kernels import decode_attention as DA
+    DA = importlib.import_module("kernels.decode_attention")  # the module (kernels.decode_attention is also an op name)
     from kernels.sparse_decode_attention import sparse_decode_attention_triton
     from kernels.pod_decode_attention import pod_decode_attention_triton
     from kernels.quest_pages import quest_page_scores_triton, quest_select_pages_triton
@@ -233,7 +234,7 @@ def run_bench(contexts, batches, device, bw, tune=False, topk_variants=False):
 
 
 def checks_cost(device):
-    from kernels import decode_attention as DA
+    DA = importlib.import_module("kernels.decode_attention")  # the module (kernels.decode_attention is also an op name)
     q, k, v, seq_lens = _inputs(1, 8192, device, None)
     os.environ["PODKIT_SKIP_VALUE_CHECKS"] = "0"
     on = _bench(lambda: DA.decode_attention_triton(q, k, v, seq_lens))
