@@ -1,0 +1,521 @@
+"""End-to-end benchmark of podkit's generation engine (issue 5): decode latency, prefill time, KV memory.
+
+    python -m eval.bench e2e --out outputs/bench/e2e.json            # the full H200 run (< 10 min)
+    python -m eval.bench e2e --plot-only outputs/bench/e2e.json      # PNG from a JSON (needs matplotlib)
+    python -m eval.bench e2e --tiny --out /tmp/e2e.json              # CPU smoke test of the code path
+
+Model: a random-init Llama-3-8B shape (32 layers, hidden 4096, 32 query / 8 KV heads, D 128, FFN 14336,
+vocab 128256) in bf16 on one GPU; random weights do not change the time of a step. Rows:
+
+* decode ms/token (one decode step of the whole batch; median of CUDA-event timings of single steps)
+  at (context, batch) in ``--rows`` (default 32Kx1, 128Kx1, 32Kx8, 128Kx4) for: transformers as users
+  run it (``generate()``, sdpa, DynamicCache; only ``--hf-rows``), podkit dense, TidalDecode (budget
+  2048, full layers 0-1, selection at 2 and 13), POD (a layer-uniform block map with 71.9% non-anchor
+  units: 9 anchor layers of 32) and POD + TidalDecode; and the floor = (weight bytes + KV bytes a
+  dense step reads) / copy bandwidth measured in this run. The engine's cache is filled with random
+  K/V (no prefill needed: the step reads the same bytes whatever they hold).
+* prefill seconds at ``--prefill-contexts`` (default 32K, 128K), batch 1: dense, Token Sparse at fixed
+  keep ratios 0.5 / 0.25 (second half of the layers sparse, the paper's fallback), POD.
+* KV bytes per sequence at 32K (really allocated by the engine's static cache) and the largest batch
+  whose KV fits in 120 GB minus the weights, for dense and POD (``--check-fit`` allocates it).
+
+Targets (issue 5) are evaluated in ``targets``. The JSON is rewritten after every row, so a run cut
+short by the 10-minute limit still leaves its measurements; OOM in a row is recorded, not fatal.
+Runs on the GPU image (torch + transformers + triton only); the PNG needs matplotlib (else use
+``--plot-only`` on a machine that has it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+LLAMA3_8B = dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                 num_attention_heads=32, num_key_value_heads=8, rope_theta=500000.0, max_position_embeddings=139264,
+                 tie_word_embeddings=False)
+TINY = dict(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=4096, tie_word_embeddings=False)
+GIB = 1 << 30
+
+
+def pod_anchor_layers(num_layers: int, num_kv_heads: int, anchor_layers: int | None = None) -> list[list[int]]:
+    """A layer-uniform POD block map: ``anchor_layers`` blocks of consecutive layers, sizes as even as
+    possible (Llama-3-8B: 9 blocks -> 23 of 32 layers non-anchor = 71.9% of (layer, KV head) units)."""
+    blocks = anchor_layers or max(1, math.floor(num_layers * 0.28))
+    sizes = [num_layers // blocks + (1 if i < num_layers % blocks else 0) for i in range(blocks)]
+    rows, start = [], 0
+    for size in sizes:
+        rows += [[start] * num_kv_heads for _ in range(size)]
+        start += size
+    return rows
+
+
+def scheme_overrides(name: str, num_layers: int, num_kv_heads: int, budget: int, tiny: bool) -> dict:
+    pod = dict(pod_anchor_layers=pod_anchor_layers(num_layers, num_kv_heads, 2 if tiny else 9),
+               pod_sink_tokens=4 if tiny else 16, pod_recent_window=28 if tiny else 4080)
+    tidal = dict(tidal_budget=budget, tidal_full_layers=[0, 1], tidal_selection_layers=[2] if tiny else [2, 13])
+    return {"podkit-dense": dict(decode_scheme="dense"),
+            "tidal": dict(decode_scheme="tidal", **tidal),
+            "pod": dict(decode_scheme="pod", **pod),
+            "pod+tidal": dict(decode_scheme="pod+tidal", **pod, **tidal),
+            "quest": dict(decode_scheme="quest", quest_budget=budget),
+            "streaming": dict(decode_scheme="streaming", streaming_recent_window=budget - 4)}[name]
+
+
+def build_model(shape: dict, device: str, dtype: torch.dtype):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(**shape, attn_implementation="sdpa")
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            model = LlamaForCausalLM(config)
+    finally:
+        torch.set_default_dtype(previous)
+    return model.eval().requires_grad_(False)
+
+
+def weight_bytes(model) -> int:
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def decode_weight_bytes(model) -> int:
+    """Bytes of weights one decode step reads: all but the embedding table (it reads B rows of it)."""
+    emb = model.get_input_embeddings().weight
+    return weight_bytes(model) - emb.numel() * emb.element_size()
+
+
+def dense_kv_bytes(shape: dict, context: int, batch: int, elt: int) -> int:
+    d = shape["hidden_size"] // shape["num_attention_heads"]
+    return 2 * shape["num_hidden_layers"] * batch * shape["num_key_value_heads"] * context * d * elt
+
+
+def synchronize(device):
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def free_memory():
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def is_oom(err: BaseException) -> bool:
+    return isinstance(err, torch.OutOfMemoryError) or "out of memory" in str(err).lower()
+
+
+# ----------------------------------------------------------------------------------------------
+# Decode
+# ----------------------------------------------------------------------------------------------
+
+def time_engine_decode(model, context: int, batch: int, overrides: dict, steps: int, use_graphs: bool) -> dict:
+    """ms per decode step of the engine with a full random cache of ``context`` tokens per sequence."""
+    from sparse_models.engine import GenerationEngine
+
+    device = next(model.parameters()).device
+    engine = GenerationEngine(model, max_batch_size=batch, max_seq_len=context + steps + 8,
+                              use_cuda_graphs=use_graphs, **overrides)
+    try:
+        lens = torch.full((batch,), context, dtype=torch.long, device=device)
+        engine.cache.fill_random(lens)
+        token = torch.zeros(batch, dtype=torch.long, device=device)
+        synchronize(device)
+        t0 = time.perf_counter()
+        logits = engine.step(batch, token)  # graph capture (Triton compiles) + first step
+        synchronize(device)
+        capture_s = time.perf_counter() - t0
+        for _ in range(2):
+            logits = engine.step(batch, logits.argmax(-1))
+        times = []
+        for _ in range(steps):
+            if device.type == "cuda":
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                logits = engine.step(batch, logits.argmax(-1))
+                end.record()
+                end.synchronize()
+                times.append(start.elapsed_time(end))
+            else:
+                t = time.perf_counter()
+                logits = engine.step(batch, logits.argmax(-1))
+                times.append(1000 * (time.perf_counter() - t))
+        kv = engine.kv_bytes()
+        times.sort()
+        return {"ms_per_token": times[len(times) // 2], "ms_min": times[0], "ms_max": times[-1], "steps": steps,
+                "capture_s": round(capture_s, 3), "graphs": engine.use_cuda_graphs,
+                "kv_bytes_allocated": kv["total_bytes"], "kv_ratio_to_dense": kv["ratio_to_dense"]}
+    finally:
+        del engine
+        free_memory()
+
+
+def time_transformers_decode(model, context: int, batch: int, steps: int) -> dict:
+    """ms per token of transformers' generate() continuing from a random DynamicCache of ``context``
+    tokens (sdpa, greedy): (time of generate(n2) - time of generate(n1)) / (n2 - n1)."""
+    from transformers import DynamicCache
+
+    device = next(model.parameters()).device
+    cfg = model.config
+    d = cfg.hidden_size // cfg.num_attention_heads
+    dtype = next(model.parameters()).dtype
+    cache = DynamicCache()
+    for layer in range(cfg.num_hidden_layers):
+        k = torch.randn(batch, cfg.num_key_value_heads, context, d, device=device, dtype=dtype)
+        cache.update(k, torch.randn_like(k), layer)
+    del k
+
+    def run(new_tokens: int) -> float:
+        length = cache.get_seq_length()
+        ids = torch.zeros(batch, length + 1, dtype=torch.long, device=device)
+        synchronize(device)
+        t = time.perf_counter()
+        model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), past_key_values=cache,
+                       max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+        synchronize(device)
+        return time.perf_counter() - t
+
+    import warnings
+    warnings.filterwarnings("ignore", message=".*past_key_values.*deprecated", category=FutureWarning)
+    try:
+        run(2)  # warm-up
+        short, long_ = 2, 2 + steps
+        t_short, t_long = run(short), run(long_)
+        return {"ms_per_token": 1000 * (t_long - t_short) / (long_ - short), "method": "generate() difference",
+                "steps": steps}
+    finally:
+        del cache
+        free_memory()
+
+
+# ----------------------------------------------------------------------------------------------
+# Prefill
+# ----------------------------------------------------------------------------------------------
+
+def time_prefill(model, context: int, overrides: dict, keep_ratio: float | None, repeats: int) -> dict:
+    from sparse_models.engine import GenerationEngine
+
+    device = next(model.parameters()).device
+    engine = GenerationEngine(model, max_batch_size=1, max_seq_len=context + 1, use_cuda_graphs=False,
+                              token_sparse_keep_ratio=keep_ratio, **overrides)
+    try:
+        g = torch.Generator().manual_seed(0)
+        prompt = torch.randint(0, model.config.vocab_size, (context,), generator=g).tolist()
+        times = []
+        stats: dict = {}
+        for _ in range(repeats + 1):  # the first run compiles the Triton kernels
+            synchronize(device)
+            t = time.perf_counter()
+            engine.prefill([prompt], stats=stats)
+            synchronize(device)
+            times.append(time.perf_counter() - t)
+        row = {"seconds": min(times[1:]), "first_run_s": times[0]}
+        if "token_sparse" in stats:
+            row["mean_token_sparsity"] = stats["token_sparse"].mean_token_sparsity
+        return row
+    finally:
+        del engine
+        free_memory()
+
+
+# ----------------------------------------------------------------------------------------------
+# Memory
+# ----------------------------------------------------------------------------------------------
+
+def kv_per_sequence(model, context: int, overrides: dict) -> dict:
+    from sparse_models.engine import GenerationEngine
+
+    engine = GenerationEngine(model, max_batch_size=1, max_seq_len=context, use_cuda_graphs=False, **overrides)
+    try:
+        return engine.kv_bytes()
+    finally:
+        del engine
+        free_memory()
+
+
+def check_fit(model, context: int, batch: int, overrides: dict) -> bool:
+    from sparse_models.engine import GenerationEngine
+
+    try:
+        engine = GenerationEngine(model, max_batch_size=batch, max_seq_len=context, use_cuda_graphs=False, **overrides)
+        del engine
+        return True
+    except Exception as err:  # noqa: BLE001 - OOM is the answer we are looking for
+        if is_oom(err):
+            return False
+        raise
+    finally:
+        free_memory()
+
+
+# ----------------------------------------------------------------------------------------------
+
+def parse_rows(items: list[str]) -> list[tuple[int, int]]:
+    rows = []
+    for item in items:
+        try:
+            context, batch = item.lower().split("x")
+            rows.append((int(context), int(batch)))
+        except ValueError:
+            raise SystemExit(f"--rows {item!r} is invalid: expected CONTEXTxBATCH, e.g. 32768x1") from None
+    return rows
+
+
+def evaluate_targets(result: dict) -> dict:
+    decode = result.get("decode", {})
+    targets = {}
+
+    def ms(scheme, ctx, b):
+        row = decode.get(f"{ctx}x{b}", {}).get(scheme)
+        return row.get("ms_per_token") if isinstance(row, dict) else None
+
+    for key, row in decode.items():
+        dense = row.get("podkit-dense", {}).get("ms_per_token")
+        floor = row.get("floor_ms")
+        if dense and floor:
+            targets[f"dense_over_floor@{key} (<= 1.25)"] = round(dense / floor, 3)
+    ctx_long = max((int(k.split("x")[0]) for k in decode), default=None)
+    for b, goal in ((1, 1.6), (4, 2.5)):
+        dense, tidal = ms("podkit-dense", ctx_long, b), ms("tidal", ctx_long, b)
+        if dense and tidal:
+            targets[f"tidal_speedup@{ctx_long}x{b} (>= {goal})"] = round(dense / tidal, 3)
+    ctx_short = min((int(k.split("x")[0]) for k in decode), default=None)
+    hf = ms("transformers", ctx_short, 1)
+    if hf:
+        for scheme in ("podkit-dense", "tidal", "pod", "pod+tidal"):
+            t = ms(scheme, ctx_short, 1)
+            if t:
+                targets[f"{scheme}_speedup_vs_transformers@{ctx_short}x1 (>= 8)"] = round(hf / t, 2)
+    mem = result.get("memory", {})
+    if "dense" in mem and "pod" in mem:
+        targets["pod_kv_bytes_over_dense (<= 0.70)"] = round(mem["pod"]["kv_bytes_per_seq"]
+                                                             / mem["dense"]["kv_bytes_per_seq"], 4)
+        if mem["dense"].get("max_batch"):
+            targets["pod_max_batch_over_dense (>= 1.3)"] = round(mem["pod"]["max_batch"] / mem["dense"]["max_batch"], 3)
+    prefill = result.get("prefill", {})
+    long_ctx = max((int(k) for k in prefill), default=None)
+    if long_ctx:
+        row = prefill[str(long_ctx)]
+        if row.get("dense", {}).get("seconds") and row.get("token_sparse@0.5", {}).get("seconds"):
+            targets[f"token_sparse@0.5_prefill_speedup@{long_ctx} (>= 1.5)"] = round(
+                row["dense"]["seconds"] / row["token_sparse@0.5"]["seconds"], 3)
+    return targets
+
+
+def plot(result: dict, path: Path) -> str | None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib is not installed: rerun with --plot-only JSON where it is"
+    decode = result.get("decode", {})
+    series: dict[tuple[str, int], list[tuple[int, float]]] = {}
+    for key, row in decode.items():
+        ctx, batch = (int(x) for x in key.split("x"))
+        for scheme, cell in row.items():
+            if isinstance(cell, dict) and cell.get("ms_per_token"):
+                series.setdefault((scheme, batch), []).append((ctx, cell["ms_per_token"]))
+        if row.get("floor_ms"):
+            series.setdefault(("floor (dense)", batch), []).append((ctx, row["floor_ms"]))
+    batches = sorted({b for _, b in series})
+    fig, axes = plt.subplots(1, len(batches), figsize=(5.5 * len(batches), 4.2), squeeze=False)
+    for ax, batch in zip(axes[0], batches):
+        for (scheme, b), points in sorted(series.items()):
+            if b != batch:
+                continue
+            points.sort()
+            style = "--" if scheme.startswith("floor") else "-"
+            ax.plot([p[0] / 1024 for p in points], [p[1] for p in points], style, marker="o", label=scheme)
+        ax.set_xlabel("context (K tokens)")
+        ax.set_ylabel("decode ms / token (step)")
+        ax.set_yscale("log")
+        ax.set_title(f"batch {batch}")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"podkit engine, {result.get('model', '')}, {result.get('device', '')}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    return None
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m eval.bench e2e", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default="outputs/bench/e2e.json")
+    ap.add_argument("--png", default=None, help="default: the JSON path with .png")
+    ap.add_argument("--plot-only", default=None, metavar="JSON", help="only draw the PNG of an existing JSON")
+    ap.add_argument("--rows", nargs="+", default=["32768x1", "131072x1", "32768x8", "131072x4"])
+    ap.add_argument("--hf-rows", nargs="*", default=["32768x1", "131072x1"],
+                    help="rows where transformers' generate() is also timed (it is slow and memory hungry)")
+    ap.add_argument("--schemes", nargs="+", default=["podkit-dense", "tidal", "pod", "pod+tidal"],
+                    help="podkit decode schemes (also: quest, streaming)")
+    ap.add_argument("--budget", type=int, default=2048)
+    ap.add_argument("--steps", type=int, default=20, help="timed decode steps per row")
+    ap.add_argument("--hf-steps", type=int, default=6)
+    ap.add_argument("--prefill-contexts", nargs="*", type=int, default=[32768, 131072])
+    ap.add_argument("--prefill-repeats", type=int, default=1)
+    ap.add_argument("--memory-context", type=int, default=32768)
+    ap.add_argument("--memory-budget-gb", type=float, default=120.0)
+    ap.add_argument("--check-fit", action="store_true", help="allocate the largest batch to prove it fits")
+    ap.add_argument("--num-layers", type=int, default=None, help="fewer layers (quick checks; not the benchmark)")
+    ap.add_argument("--tiny", action="store_true", help="a tiny model and contexts: exercises the code on CPU")
+    ap.add_argument("--no-graphs", action="store_true", help="eager decode (for comparison)")
+    args = ap.parse_args(argv)
+
+    if args.plot_only:
+        result = json.loads(Path(args.plot_only).read_text())
+        png = Path(args.png or Path(args.plot_only).with_suffix(".png"))
+        err = plot(result, png)
+        print(err or f"wrote {png}")
+        return 1 if err else 0
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu" and not args.tiny:
+        raise SystemExit("eval.bench e2e measures the H200 engine: no CUDA GPU here (use --tiny for a CPU smoke test)")
+    shape = dict(TINY if args.tiny else LLAMA3_8B)
+    if args.num_layers:
+        shape["num_hidden_layers"] = args.num_layers
+    if args.tiny:
+        args.rows = ["256x1", "512x2"]
+        args.hf_rows = ["256x1"]
+        args.prefill_contexts = [384]
+        args.memory_context = 512
+        args.budget = 32
+        args.steps = min(args.steps, 4)
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    png = Path(args.png or out.with_suffix(".png"))
+
+    import os
+    os.environ.setdefault("PODKIT_SKIP_VALUE_CHECKS", "1")  # no host syncs inside timed steps
+    result = {"benchmark": "e2e", "date": datetime.datetime.now().isoformat(timespec="seconds"),
+              "command": "python -m eval.bench e2e " + " ".join(argv if argv is not None else sys.argv[1:]),
+              "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+              "torch": torch.__version__, "model": "random-init " + ("tiny Llama" if args.tiny else "Llama-3-8B shape"),
+              "shape": shape, "dtype": str(dtype).replace("torch.", ""), "budget": args.budget,
+              "pod_anchor_layers": pod_anchor_layers(shape["num_hidden_layers"], shape["num_key_value_heads"],
+                                                     2 if args.tiny else 9),
+              "decode": {}, "prefill": {}, "memory": {}, "errors": []}
+    try:
+        import transformers
+        result["transformers"] = transformers.__version__
+    except ImportError:
+        pass
+
+    def save():
+        result["targets"] = evaluate_targets(result)
+        out.write_text(json.dumps(result, indent=2))
+
+    print(f"building {result['model']} on {device}...", flush=True)
+    model = build_model(shape, device, dtype)
+    wbytes, wread = weight_bytes(model), decode_weight_bytes(model)
+    result["weight_bytes"] = wbytes
+    if device == "cuda":
+        from eval.bench.kernels_decode import copy_bandwidth
+        bw = copy_bandwidth(torch.device(device))
+    else:
+        bw = None
+    result["copy_bandwidth_TBps"] = round(bw / 1e12, 3) if bw else None
+    print(f"weights {wbytes / GIB:.2f} GiB, copy bandwidth {result['copy_bandwidth_TBps']} TB/s", flush=True)
+    save()
+    elt = torch.empty((), dtype=dtype).element_size()
+
+    # memory first: cheap and independent of timing
+    for name, scheme in (("dense", "podkit-dense"), ("pod", "pod")):
+        try:
+            kv = kv_per_sequence(model, args.memory_context, scheme_overrides(scheme, shape["num_hidden_layers"],
+                                                                               shape["num_key_value_heads"],
+                                                                               args.budget, args.tiny))
+            budget = args.memory_budget_gb * 1e9 - wbytes
+            row = {"context": args.memory_context, "kv_bytes_per_seq": kv["total_bytes"],
+                   "kv_gib_per_seq": round(kv["total_bytes"] / GIB, 3),
+                   "max_batch": int(budget // kv["total_bytes"]),
+                   "budget_note": f"{args.memory_budget_gb} GB minus the weights ({wbytes / 1e9:.2f} GB)"}
+            if args.check_fit and device == "cuda":
+                row["max_batch_allocates"] = check_fit(model, args.memory_context, row["max_batch"],
+                                                       scheme_overrides(scheme, shape["num_hidden_layers"],
+                                                                        shape["num_key_value_heads"], args.budget,
+                                                                        args.tiny))
+            result["memory"][name] = row
+            print(f"memory {name}: {row['kv_gib_per_seq']} GiB/seq at {args.memory_context}, max batch "
+                  f"{row['max_batch']}", flush=True)
+        except Exception as err:  # noqa: BLE001
+            result["errors"].append(f"memory {name}: {type(err).__name__}: {err}")
+        save()
+
+    for context, batch in parse_rows(args.rows):
+        key = f"{context}x{batch}"
+        row = result["decode"].setdefault(key, {})
+        kv = dense_kv_bytes(shape, context, batch, elt)
+        if bw:
+            row["floor_ms"] = 1000 * (wread + kv) / bw
+            row["floor_bytes"] = wread + kv
+        for scheme in args.schemes:
+            try:
+                overrides = scheme_overrides(scheme, shape["num_hidden_layers"], shape["num_key_value_heads"],
+                                             args.budget, args.tiny)
+                row[scheme] = time_engine_decode(model, context, batch, overrides, args.steps,
+                                                 use_graphs=not args.no_graphs and device == "cuda")
+                print(f"decode {key} {scheme}: {row[scheme]['ms_per_token']:.3f} ms/token "
+                      f"(floor {row.get('floor_ms', float('nan')):.3f})", flush=True)
+            except Exception as err:  # noqa: BLE001 - record and go on
+                row[scheme] = {"error": f"{type(err).__name__}: {str(err)[:300]}"}
+                print(f"decode {key} {scheme}: {row[scheme]['error']}", flush=True)
+                free_memory()
+            save()
+        if key in args.hf_rows:
+            try:
+                row["transformers"] = time_transformers_decode(model, context, batch, args.hf_steps)
+                print(f"decode {key} transformers: {row['transformers']['ms_per_token']:.2f} ms/token", flush=True)
+            except Exception as err:  # noqa: BLE001
+                row["transformers"] = {"error": f"{type(err).__name__}: {str(err)[:300]}"}
+                print(f"decode {key} transformers: {row['transformers']['error']}", flush=True)
+                free_memory()
+            save()
+
+    nl, nkv = shape["num_hidden_layers"], shape["num_key_value_heads"]
+    sparse_layers = list(range(nl // 2, nl))
+    prefill_cases = {
+        "dense": (dict(prefill_scheme="dense"), None),
+        "token_sparse@0.5": (dict(prefill_scheme="token_sparse", token_sparse_sparse_layers=sparse_layers,
+                                  **({"token_sparse_min_tokens": 16, "token_sparse_window": 16} if args.tiny else {})),
+                             0.5),
+        "token_sparse@0.25": (dict(prefill_scheme="token_sparse", token_sparse_sparse_layers=sparse_layers,
+                                   **({"token_sparse_min_tokens": 16, "token_sparse_window": 16} if args.tiny else {})),
+                              0.25),
+        "pod": (dict(prefill_scheme="pod", **{k: v for k, v in scheme_overrides("pod", nl, nkv, args.budget,
+                                                                                   args.tiny).items()}), None),
+    }
+    for context in args.prefill_contexts:
+        row = result["prefill"].setdefault(str(context), {})
+        for name, (overrides, ratio) in prefill_cases.items():
+            try:
+                row[name] = time_prefill(model, context, overrides, ratio, args.prefill_repeats)
+                print(f"prefill {context} {name}: {row[name]['seconds']:.3f} s", flush=True)
+            except Exception as err:  # noqa: BLE001
+                row[name] = {"error": f"{type(err).__name__}: {str(err)[:300]}"}
+                print(f"prefill {context} {name}: {row[name]['error']}", flush=True)
+                free_memory()
+            save()
+
+    save()
+    err = plot(result, png)
+    print(err or f"wrote {png}")
+    print(json.dumps(result["targets"], indent=2))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
