@@ -116,7 +116,7 @@ def _decode(layer, q, k, v, state):
         elif role == "sparse-over-selected":
             out = tidal_sparse_decode(q1, keys, values, state.selected[p.selection_source])
         elif role == "quest":
-            out, _ = quest_decode(q1, keys, values, lens, cache.page_max[layer], cache.page_min[layer], cfg.quest)
+            out, _ = quest_decode(q1, keys, values, lens, *cache.quest_pages(layer), cfg.quest)
         elif role == "streaming":
             out = streaming_decode(q1, keys, values, lens, cfg.streaming)
         else:

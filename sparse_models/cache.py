@@ -93,6 +93,7 @@ class SparseKVCache(Cache):
         self.initial_capacity = capacity
         self.correction_period = correction_period
         self.capacity = 0
+        self.view_limit: int | None = None  # slots readers see (set per forward: the longest sequence, rounded up)
         self.seq_lens: torch.Tensor | None = None
         self.columns_seen = 0
         self.keys: list[torch.Tensor | None] = [None] * self.num_layers
@@ -247,28 +248,35 @@ class SparseKVCache(Cache):
             buf = self.local_keys[layer]
             self.local_keys[layer] = torch.where(take[:, None, :, None], src.to(buf.dtype), buf)
 
+    def set_view_limit(self, longest: int) -> None:
+        """Readers see slots [0, N') with N' = ``longest`` rounded up to 64 (not the whole capacity)."""
+        self.view_limit = min(self.capacity, -(-max(longest, 1) // 64) * 64)
+
+    def _view(self, t: torch.Tensor) -> torch.Tensor:
+        return t if self.view_limit is None or self.view_limit >= t.shape[2] else t[:, :, : self.view_limit]
+
     def layer_values(self, layer: int) -> torch.Tensor:
-        """[B, Hkv, N, D] values of ``layer``."""
-        return self.values[layer]
+        """[B, Hkv, N', D] values of ``layer`` (N' = the view limit)."""
+        return self._view(self.values[layer])
 
     def layer_keys(self, layer: int) -> torch.Tensor:
         """[B, Hkv, N, D] keys of a layer that keeps every head's keys (not POD-shared)."""
         if self.local_keys[layer] is not None:
             raise RuntimeError(f"layer {layer} keeps POD-shared heads' keys for sinks + ring only; "
                                f"use anchor_keys / local_key_view")
-        return self.keys[layer]
+        return self._view(self.keys[layer])
 
     def _full_head(self, layer: int, head: int) -> torch.Tensor:
         kind, i = self.key_slot[layer][head]
         if kind != "full":
             raise RuntimeError(f"layer {layer} KV head {head} is not an anchor: its distant keys are not stored")
-        return self.keys[layer][:, i]
+        return self._view(self.keys[layer])[:, i]
 
     def anchor_keys(self, layer: int) -> torch.Tensor:
         """[B, Hkv, N, D]: per KV head, the full keys of its anchor layer (its own for anchor heads)."""
         anchors = self.plan[layer].anchors
         if all(a == layer for a in anchors):
-            return self.keys[layer]
+            return self._view(self.keys[layer])
         return torch.stack([self._full_head(a, h) for h, a in enumerate(anchors)], dim=1)
 
     def local_key_view(self, layer: int, lens: torch.Tensor) -> torch.Tensor:
@@ -280,7 +288,7 @@ class SparseKVCache(Cache):
             if kind == "local":
                 heads.append(self.local_keys[layer][:, i])
             else:
-                k = self.keys[layer][:, i]  # [B, N, D]
+                k = self._view(self.keys[layer])[:, i]  # [B, N', D]
                 heads.append(torch.gather(k, 1, pos[:, :, None].expand(-1, -1, self.head_dim)))
         return torch.stack(heads, dim=1)
 
@@ -309,6 +317,11 @@ class SparseKVCache(Cache):
             if self.plan[layer].decode == "quest":
                 self.page_max[layer], self.page_min[layer] = kernels.quest_page_minmax(
                     self.keys[layer], self.seq_lens, self.quest_page_size)
+
+    def quest_pages(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(page_max, page_min) [B, Hkv, P', D] of ``layer``, P' covering the view limit."""
+        pages = self.page_max[layer].shape[2] if self.view_limit is None else -(-self.view_limit // self.quest_page_size)
+        return self.page_max[layer][:, :, :pages], self.page_min[layer][:, :, :pages]
 
     def update_quest_pages(self, layer: int, old_lens: torch.Tensor, new_lens: torch.Tensor) -> None:
         """Refresh the page max/min of ``layer`` after an append (only the touched page on decode)."""

@@ -141,6 +141,7 @@ class PodkitModelMixin:
         new_lens = old_lens + num_new
         if cache is not None:
             cache.reserve(batch, int(old_lens.max()) + width, hidden.dtype, hidden.device)
+            cache.set_view_limit(int(new_lens.max()))
         positions = old_lens[:, None] + torch.arange(width, device=hidden.device)[None, :]
         cos, sin = self.rotary_emb(hidden, positions)
         stats = TokenSparseStats() if phase == "prefill" and self.sparse_config.prefill_scheme == "token_sparse" else None
@@ -287,6 +288,8 @@ class PodkitCausalLMMixin:
         such as ``decode_scheme="tidal", tidal_budget=256`` are applied on top.
         """
         overrides = {k: kwargs.pop(k) for k in list(kwargs) if is_override_key(k)}
+        if overrides:
+            SparseAttentionConfig().with_overrides(**overrides)  # fail on bad values before loading weights
         loaded = super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
         model = loaded[0] if isinstance(loaded, tuple) else loaded
         base = model.model.sparse_config

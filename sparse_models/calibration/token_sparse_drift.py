@@ -6,7 +6,8 @@ computed in fp32. R_l is its mean over all tokens (and calibration samples), R^_
 the sparse layers are the low-drift ones: {l : R^_l <= quantile(R^, delta)}, delta = 0.5 (methods.md
 C.2). Low-drift layers change the residual stream little, so dropping tokens there costs little.
 
-The hidden states are taken with forward hooks on the decoder layers, not from
+The hidden states are the residual stream before the final norm (``sparse_models.
+capture_residual_stream`` for podkit models, forward hooks on the decoder layers otherwise), not
 ``output_hidden_states``: transformers applies the final norm to the last entry of that tuple, which
 would make the last layer's drift meaningless.
 
@@ -96,16 +97,25 @@ def decoder_layers(model) -> list[torch.nn.Module]:
 
 
 @torch.no_grad()
-def layer_drifts(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> list[torch.Tensor]:
-    """One forward of ``model`` on ``input_ids[B,S]``; the drift ``[B,S]`` of every decoder layer."""
+def residual_stream(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> list[torch.Tensor]:
+    """L + 1 tensors ``[B,S,C]``: entry l is layer l's input, entry l + 1 its output (no final norm).
+
+    podkit models run their own decoder loop (layer modules are not called), so they go through
+    ``sparse_models.capture_residual_stream``; other transformers models through forward hooks.
+    """
+    if hasattr(model, "sparse_config"):
+        from sparse_models.capture import capture_residual_stream
+
+        return capture_residual_stream(model, input_ids, attention_mask)
     layers = decoder_layers(model)
-    drifts: list[torch.Tensor | None] = [None] * len(layers)
+    inputs: list[torch.Tensor | None] = [None] * len(layers)
+    last_output: list[torch.Tensor] = []
 
     def hook(index):
         def record(module, args, kwargs, output):
-            h_in = args[0] if args else kwargs["hidden_states"]
-            h_out = output[0] if isinstance(output, (tuple, list)) else output
-            drifts[index] = token_drift(h_in, h_out).cpu()
+            inputs[index] = args[0] if args else kwargs["hidden_states"]
+            if index == len(layers) - 1:
+                last_output.append(output[0] if isinstance(output, (tuple, list)) else output)
         return record
 
     handles = [layer.register_forward_hook(hook(i), with_kwargs=True) for i, layer in enumerate(layers)]
@@ -114,14 +124,21 @@ def layer_drifts(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | 
     finally:
         for handle in handles:
             handle.remove()
-    if any(d is None for d in drifts):
-        raise RuntimeError("a decoder layer did not run its forward hook")
-    return drifts  # type: ignore[return-value]
+    if any(h is None for h in inputs) or not last_output:
+        raise RuntimeError(f"{type(model).__name__}: a decoder layer did not run its forward hook")
+    return list(inputs) + last_output[-1:]  # type: ignore[operator]
+
+
+@torch.no_grad()
+def layer_drifts(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> list[torch.Tensor]:
+    """One forward of ``model`` on ``input_ids[B,S]``; the drift ``[B,S]`` of every decoder layer."""
+    stream = residual_stream(model, input_ids, attention_mask)
+    return [token_drift(stream[layer], stream[layer + 1]).cpu() for layer in range(len(stream) - 1)]
 
 
 def calibrate(model, samples: Iterable[torch.Tensor], *, delta: float = 0.5, num_buckets: int = 16) -> dict:
     """Drift over ``samples`` (token id batches ``[B,S]``), then the sparse-layer choice."""
-    acc = DriftAccumulator(len(decoder_layers(model)), num_buckets)
+    acc = DriftAccumulator(model.config.num_hidden_layers, num_buckets)
     device = next(model.parameters()).device
     for ids in samples:
         acc.add(layer_drifts(model, ids.to(device)))

@@ -86,3 +86,18 @@ def test_json_and_png(tmp_path):
     (tmp_path / "other.json").write_text(json.dumps({"format": "x"}))
     with pytest.raises(ValueError, match="not a Token Sparse drift file"):
         read_sparse_layers(tmp_path / "other.json")
+
+
+def test_podkit_model_matches_plain_llama_drift():
+    """podkit's decoder loop (capture_residual_stream) and hooks on plain transformers agree."""
+    pytest.importorskip("sparse_models")
+    from sparse_models import PodkitLlamaConfig, PodkitLlamaForCausalLM
+
+    plain = tiny_llama(num_layers=3)
+    config = PodkitLlamaConfig(**{k: v for k, v in plain.config.to_dict().items()
+                                  if k not in ("model_type", "architectures", "transformers_version")})
+    podkit = PodkitLlamaForCausalLM(config).eval()
+    podkit.load_state_dict(plain.state_dict())
+    ids = torch.randint(0, 97, (1, 29))
+    for a, b in zip(layer_drifts(plain, ids), layer_drifts(podkit, ids)):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
