@@ -1,16 +1,29 @@
-"""Exact top-k slot selection per row in one Triton launch (radix select on the fp32 bits).
+"""Exact top-k slot selection per row for the TidalDecode selection layer.
 
-Used by the TidalDecode selection layer (kernels/decode_attention.py) instead of torch.topk, which
-measured ~200 us for k = 2047 over 32 x 128K logits on an H200 (more than the attention itself).
+`topk_slots_with_current`: one Triton launch, one program per row (sequence x selection head).
+The fp32 scores are mapped to order-preserving uint32 keys; 32 / BITS passes over the row build
+2**BITS-bin histograms of successive digits of the keys that still tie with the prefix found so far
+(radix select, as in RAFT's select_k, which the TidalDecode and Quest CUDA kernels use), giving the
+exact k-th largest key T and how many keys equal to T to keep. A final pass writes the slots with
+key > T, plus the first such ties in slot order, compacted with a prefix sum: the output is
+ascending without a sort. Rows with at most k valid (finite) entries skip the radix passes and keep
+every valid slot. -inf entries are never selected.
 
-One program per row (sequence x selection head). The fp32 scores are mapped to order-preserving
-uint32 keys; four passes over the row build 256-bin histograms of successive 8-bit digits of the
-keys that still tie with the prefix found so far (radix select, as in RAFT's select_k, which the
-TidalDecode and Quest CUDA kernels use), giving the exact k-th largest key T and how many keys equal
-to T to keep. A final pass writes the slots with key > T, plus the first such ties in slot order,
-compacted with a prefix sum: the output is ascending without a sort. Rows with at most k valid
-(finite) entries skip the radix passes and keep every valid slot. -inf entries are never selected.
-The rows are read 5 times, mostly from L2 (16 MiB of logits at batch 1, 128K context).
+`topk_slots_torch`: torch.topk(sorted=False) + a sort of the winners' slots.
+
+`select_slots` picks between them by row length, from H200 measurements (2026-11-29, k = 2047,
+32 query heads, CUDA-graph replay, L2 flushed; `eval/bench/kernels_decode.py --topk-variants`):
+
+    N      rows   torch.topk+sort  radix 2-bit  radix 4-bit  radix 8-bit
+    8K       32        103 us         49 us        41 us        48 us
+    8K      256        144 us         72 us        61 us        70 us
+    32K      32        118 us        180 us       147 us       175 us
+    32K     256        234 us        304 us       251 us       265 us
+    128K     32        155 us        992 us       715 us       743 us
+    128K    256        531 us       1650 us      1128 us      1077 us
+
+One program per row leaves most of the GPU idle at batch 1 and runs the histogram passes at a few
+GB/s, so the radix kernel only wins for short rows. Every variant returned the same indices.
 """
 
 from __future__ import annotations
@@ -151,3 +164,14 @@ def topk_slots_torch(scores: torch.Tensor, seq_lens: torch.Tensor, budget: int) 
         pad = torch.full((B, Hs, budget - chosen.shape[-1]), -1, device=chosen.device, dtype=chosen.dtype)
         chosen = torch.cat([chosen, pad], dim=-1)
     return chosen
+
+
+# Rows up to this length use the radix kernel, longer ones torch.topk (table above).
+RADIX_MAX_ROW = 16384
+
+
+def select_slots(scores: torch.Tensor, seq_lens: torch.Tensor, budget: int) -> torch.Tensor:
+    """top-(budget-1) slots ascending + the current slot + -1 padding, by the faster measured path."""
+    if scores.shape[-1] <= RADIX_MAX_ROW:
+        return topk_slots_with_current(scores, seq_lens, budget)
+    return topk_slots_torch(scores, seq_lens, budget)

@@ -12,11 +12,12 @@ GQA group (Hs = Hkv, summing the group's softmax probabilities), the top-(budget
 slots < seq_lens-1 plus the current slot, returned ascending and -1 padded.
 
 Top-k choice: the split kernel writes the selection logits itself (the current slot already
-set to -inf), so no separate pass over the keys happens in Python; the k-largest search is then one
-Triton radix-select launch (kernels/_decode_topk.py) that re-reads those fp32 logits (from L2 at
-batch 1) and writes the winners' slots already ascending, the current slot and the -1 padding.
-torch.topk + sort was the first version: it measured ~200 us for k = 2047 over 32 x 128K logits on
-an H200, more than the attention itself, which broke the 1.4x-of-full-decode target.
+set to -inf), so no separate pass over the keys happens in Python. The k-largest search then runs
+on those fp32 logits (16 MiB at batch 1, 128K, mostly L2-resident): for rows up to 16K slots a
+one-launch Triton radix select (kernels/_decode_topk.py) that writes the winners ascending with
+the current slot and the -1 padding; for longer rows torch.topk(sorted=False) + a sort of the k
+winners, which measured faster there (table in kernels/_decode_topk.py). Neither meets the
+1.4x-of-full-decode target on an H200 (see the report in eval/bench/kernels_decode.py's rows).
 Per-KV-group mode adds one small Triton pass that turns the G heads' logits into summed
 probabilities with the merged LSE.
 """
@@ -28,7 +29,7 @@ import triton
 import triton.language as tl
 
 from kernels import _decode_common as C
-from kernels._decode_topk import topk_slots_with_current
+from kernels._decode_topk import select_slots
 
 # Tile of keys per loop iteration and launch shape. BLOCK_N=64, 4 warps, 2 stages: the best of the
 # variants timed on an H200 by `eval/bench/kernels_decode.py --tune` (2026-11-29; 3 or 4 stages and
@@ -237,4 +238,4 @@ def selection_decode_attention_triton(q, k_cache, v_cache, seq_lens, budget, *, 
             Hkv, G=G, BLOCK_G=triton.next_power_of_2(G), BLOCK_N=block_n, num_warps=4,
         )
         scores = group_scores
-    return out, topk_slots_with_current(scores, seq_lens, budget)
+    return out, select_slots(scores, seq_lens, budget)

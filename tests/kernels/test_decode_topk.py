@@ -48,3 +48,15 @@ def test_ties_keep_exactly_k_and_the_lowest_slots():
         ties = chosen[values == threshold]
         all_ties = (s[0, h] == threshold).nonzero().flatten()
         assert torch.equal(ties, all_ties[: ties.numel()]), "ties resolved by lowest slot"
+
+
+@pytest.mark.parametrize("bits", [2, 8])
+def test_other_digit_widths_and_torch_path_agree(bits):
+    from kernels._decode_topk import topk_slots_torch
+    gen = torch.Generator().manual_seed(bits)
+    seq_lens = torch.tensor([1300, 40])
+    s = selection_scores(2, 2, 1300, seq_lens, gen)
+    want = reference.select_topk_positions(s, seq_lens, 300)
+    got = topk_slots_with_current(s.to(DEVICE), seq_lens.to(DEVICE), 300, _bits=bits).cpu()
+    assert torch.equal(got, want)
+    assert torch.equal(topk_slots_torch(s, seq_lens, 300), want)
