@@ -32,6 +32,7 @@ default (a fidelity measurement: bf16 rounding would blur sub-percent perplexity
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import platform
 import time
@@ -185,17 +186,23 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--lengths", nargs="*", type=int, default=None, help="override passkey and ppl lengths")
     parser.add_argument("--depths", type=int, default=None)
     parser.add_argument("--decode-tokens", type=int, default=None)
+    parser.add_argument("--calibration-length", type=int, default=None)
+    parser.add_argument("--calibration-samples", type=int, default=None)
     parser.add_argument("--no-calibrate", action="store_true", help="use config defaults instead of calibrating")
     parser.add_argument("--pod-blocks", default=None, help="POD blocks JSON (skips the POD calibration's use)")
     args = parser.parse_args(argv)
 
-    plan = REDUCED if args.reduced else FULL
+    plan = copy.deepcopy(REDUCED if args.reduced else FULL)
     if args.lengths:
         plan.passkey_lengths = plan.ppl_lengths = list(args.lengths)
     if args.depths:
         plan.depths = args.depths
     if args.decode_tokens is not None:
         plan.decode_tokens = args.decode_tokens
+    if args.calibration_length:
+        plan.calibration_length = args.calibration_length
+    if args.calibration_samples:
+        plan.calibration_samples = args.calibration_samples
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 

@@ -36,9 +36,13 @@ def _step(model, ids: torch.Tensor, cache) -> tuple[torch.Tensor, Any]:
     """One forward of ``ids[1,S]`` on ``cache``: (logits ``[1,S,V]``, the cache to pass next).
 
     The phase follows from the cache: empty -> prefill, one token after a past -> decode.
-    ``past_key_values`` is accepted by transformers 5.17 and 5.24 (where ``cache`` is the new name).
+    podkit models take ``cache=``; plain transformers models get ``past_key_values=``, the name both
+    5.17 and 5.24 accept (5.24 renamed it ``cache`` and warns on the old name).
     """
-    out = model(input_ids=ids, past_key_values=cache, use_cache=True)
+    if hasattr(model, "new_cache"):
+        out = model(input_ids=ids, cache=cache, use_cache=True)
+    else:
+        out = model(input_ids=ids, past_key_values=cache, use_cache=True)
     returned = getattr(out, "past_key_values", None)
     if returned is None:
         returned = getattr(out, "cache", None)

@@ -1,0 +1,48 @@
+"""eval.fidelity end to end on a tiny random podkit Llama: calibration, settings, records, resume, outputs."""
+
+import json
+
+import pytest
+import torch
+
+pytest.importorskip("sparse_models")
+
+
+@pytest.fixture(scope="module")
+def tiny_podkit_dir(tmp_path_factory, tiny_tokenizer):
+    from sparse_models import PodkitLlamaConfig, PodkitLlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = PodkitLlamaConfig(vocab_size=len(tiny_tokenizer), hidden_size=48, intermediate_size=64,
+                               num_hidden_layers=6, num_attention_heads=6, num_key_value_heads=2,
+                               max_position_embeddings=1024)
+    folder = tmp_path_factory.mktemp("tiny_podkit")
+    PodkitLlamaForCausalLM(config).save_pretrained(folder)
+    tiny_tokenizer.save_pretrained(folder)
+    return folder
+
+
+def test_reduced_sweep_runs_and_resumes(tiny_podkit_dir, tmp_path, fake_text_cache):
+    from eval.fidelity import main
+
+    out = tmp_path / "fidelity"
+    argv = ["--reduced", "--model", str(tiny_podkit_dir), "--device", "cpu", "--out", str(out), "--lengths", "160",
+            "--depths", "2", "--decode-tokens", "6", "--calibration-length", "96"]
+    result = main(argv)
+    records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
+    settings = {"dense", "tidal@64", "quest@64", "streaming@64", "token_sparse@0.005", "pod_zero_shot"}
+    assert {r["setting"] for r in records} == settings
+    assert len([r for r in records if r["task"] == "passkey"]) == 2 * len(settings)
+    assert len([r for r in records if r["task"] == "ppl"]) == len(settings)
+    calibration = result["calibration"]
+    assert len(calibration["tidal_selection_layers"]) == 2 and calibration["token_sparse_layers"]
+    assert result["settings"]["tidal@64"]["tidal_selection_layers"] == calibration["tidal_selection_layers"]
+    for name in ("fidelity.json", "fidelity.md", "passkey_grid.png", "perplexity.png", "calibration/pod_blocks.json",
+                 "calibration/token_sparse_drift.png", "calibration/tidal_reselection.json"):
+        assert (out / name).exists(), name
+    dense_ppl = result["summary"]["ppl"]["dense"]["160"]
+    assert dense_ppl["decode_tokens"] == 5 and 50 < dense_ppl["prefill_ppl"] < 2000
+    assert "| dense |" in (out / "fidelity.md").read_text()
+    # A rerun with the same --out finds every record done and adds none.
+    main(argv)
+    assert len((out / "records.jsonl").read_text().splitlines()) == len(records)
