@@ -55,6 +55,7 @@ class PodkitModelMixin:
     def set_sparse_attention(self, sparse_config: SparseAttentionConfig) -> None:
         """Switch schemes (validated against this model's shape); stored in ``config.sparse_attention``."""
         cfg = self.config
+        sparse_config = resolve_calibration_files(sparse_config)
         plan = build_plan(sparse_config, cfg.num_hidden_layers, cfg.num_key_value_heads, model_family(cfg))
         self.sparse_config = sparse_config
         self.plan = plan
@@ -298,29 +299,43 @@ class PodkitCausalLMMixin:
                     else SparseAttentionConfig.from_dict(sparse_attention))
         if overrides:
             base = base.with_overrides(**overrides)
-        base = resolve_blocks_file(base, pretrained_model_name_or_path)
+        base = resolve_calibration_files(base, pretrained_model_name_or_path)
         model.model.set_sparse_attention(base)
         return loaded
 
 
-def resolve_blocks_file(sparse_config: SparseAttentionConfig, checkpoint_dir) -> SparseAttentionConfig:
-    """Fill ``pod.anchor_layers`` from ``pod.blocks_file`` (absolute, or relative to the checkpoint folder).
-
-    The file is JSON with an ``anchor_layers`` key ([layer][kv_head] -> anchor layer), as written by
-    the POD exploration. An explicit ``pod.anchor_layers`` wins over the file.
-    """
-    pod = sparse_config.pod
-    if pod.blocks_file is None or pod.anchor_layers is not None:
-        return sparse_config
-    path = Path(pod.blocks_file)
-    if not path.is_absolute() and checkpoint_dir is not None and Path(str(checkpoint_dir)).is_dir():
+def _resolve_path(name: str, field: str, checkpoint_dir) -> Path:
+    path = Path(name)
+    if not path.is_absolute() and checkpoint_dir is not None and (Path(str(checkpoint_dir)) / path).is_file():
         path = Path(str(checkpoint_dir)) / path
     if not path.is_file():
-        raise ConfigError(f"pod.blocks_file={pod.blocks_file!r} is invalid: no such file ({path})")
-    data = json.loads(path.read_text())
-    anchors = data.get("anchor_layers") if isinstance(data, dict) else None
-    if anchors is None:
-        raise ConfigError(f"pod.blocks_file={pod.blocks_file!r} is invalid: expected a JSON object with an "
-                          f"'anchor_layers' list ([layer][kv_head] -> anchor layer)")
-    validate_anchor_layers(anchors)
-    return dataclasses.replace(sparse_config, pod=dataclasses.replace(pod, anchor_layers=anchors))
+        raise ConfigError(f"{field}={name!r} is invalid: no such file ({path})")
+    return path
+
+
+def resolve_calibration_files(sparse_config: SparseAttentionConfig, checkpoint_dir=None) -> SparseAttentionConfig:
+    """Fill list fields from the calibration files a config points to (absolute paths, paths relative to
+    the checkpoint folder, or to the working directory). Explicit lists win over files.
+
+    - ``pod.blocks_file``: JSON with ``anchor_layers`` ([layer][kv_head] -> anchor layer), as written by
+      ``sparse_models.calibration.pod_similarity``.
+    - ``token_sparse.calibration_file``: JSON with ``sparse_layers``, as written by
+      ``sparse_models.calibration.token_sparse_drift``.
+    """
+    pod, ts = sparse_config.pod, sparse_config.token_sparse
+    if pod.blocks_file is not None and pod.anchor_layers is None:
+        data = json.loads(_resolve_path(pod.blocks_file, "pod.blocks_file", checkpoint_dir).read_text())
+        anchors = data.get("anchor_layers") if isinstance(data, dict) else None
+        if anchors is None:
+            raise ConfigError(f"pod.blocks_file={pod.blocks_file!r} is invalid: expected a JSON object with an "
+                              f"'anchor_layers' list ([layer][kv_head] -> anchor layer)")
+        validate_anchor_layers(anchors)
+        sparse_config = dataclasses.replace(sparse_config, pod=dataclasses.replace(pod, anchor_layers=anchors))
+    if ts.calibration_file is not None and ts.sparse_layers is None:
+        data = json.loads(_resolve_path(ts.calibration_file, "token_sparse.calibration_file", checkpoint_dir).read_text())
+        layers = data.get("sparse_layers") if isinstance(data, dict) else None
+        if not isinstance(layers, list) or not all(isinstance(x, int) and x >= 0 for x in layers):
+            raise ConfigError(f"token_sparse.calibration_file={ts.calibration_file!r} is invalid: expected a JSON "
+                              f"object with a 'sparse_layers' list of layer indices")
+        sparse_config = dataclasses.replace(sparse_config, token_sparse=dataclasses.replace(ts, sparse_layers=layers))
+    return sparse_config

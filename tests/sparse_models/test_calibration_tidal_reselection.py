@@ -6,9 +6,16 @@ import math
 import pytest
 import torch
 
-from sparse_models.calibration.tidal_reselection import (RecallAccumulator, analyse, last_query_logits,
-                                                         plot_reselection, read_selection_layers,
-                                                         reselection_scores, topk_mask, write_reselection_json)
+from sparse_models.calibration.tidal_reselection import (
+    RecallAccumulator,
+    analyse,
+    last_query_logits,
+    plot_reselection,
+    read_selection_layers,
+    reselection_scores,
+    topk_mask,
+    write_reselection_json,
+)
 
 
 @pytest.mark.parametrize("group", [1, 3, 4])

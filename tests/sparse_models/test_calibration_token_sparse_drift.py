@@ -5,9 +5,16 @@ import json
 import pytest
 import torch
 
-from sparse_models.calibration.token_sparse_drift import (DriftAccumulator, calibrate, layer_drifts, plot_drift,
-                                                          read_sparse_layers, select_sparse_layers, token_drift,
-                                                          write_drift_json)
+from sparse_models.calibration.token_sparse_drift import (
+    DriftAccumulator,
+    calibrate,
+    layer_drifts,
+    plot_drift,
+    read_sparse_layers,
+    select_sparse_layers,
+    token_drift,
+    write_drift_json,
+)
 
 
 def tiny_llama(num_layers=4, heads=6, kv_heads=2, seed=0):

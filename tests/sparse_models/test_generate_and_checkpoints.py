@@ -107,3 +107,15 @@ def test_blocks_file_is_resolved_relative_to_checkpoint(tmp_path):
     loaded = PodkitLlamaForCausalLM.from_pretrained(tmp_path, decode_scheme="pod", pod_blocks_file="pod_blocks.json")
     assert [list(p.anchors) for p in loaded.plan] == anchors
     assert [p.decode for p in loaded.plan] == ["pod-anchor", "pod-shared", "pod-shared", "pod-shared"]
+
+
+def test_token_sparse_calibration_file(tmp_path):
+    model = tiny_model(3, 4, None, seed=6)
+    model.save_pretrained(tmp_path)
+    (tmp_path / "drift.json").write_text(json.dumps({"sparse_layers": [1, 3]}))
+    loaded = PodkitLlamaForCausalLM.from_pretrained(tmp_path, prefill_scheme="token_sparse",
+                                                    token_sparse_calibration_file="drift.json")
+    assert [p.prefill for p in loaded.plan] == ["dense", "token-sparse", "dense", "token-sparse"]
+    with pytest.raises(Exception, match="no such file"):
+        loaded.set_sparse_attention(token_sparse_calibration_file=str(tmp_path / "missing.json"),
+                                    token_sparse_sparse_layers=None)

@@ -61,3 +61,14 @@ def test_pod_training_gradients_with_checkpointing():
     # layer 0 is the anchor of layers 1-2 (head 0): its keys get gradient from their distant attention
     k0 = grads["model.layers.0.self_attn.k_proj.weight"]
     assert k0.abs().sum() > 0
+
+
+def test_lora_on_pod_model_trains_adapters_only():
+    peft = __import__("pytest").importorskip("peft")
+    model = _pod_training_model()
+    lora = peft.get_peft_model(model, peft.LoraConfig(r=2, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]))
+    ids, mask = left_padded(random_prompts([12, 9]))
+    loss = lora(input_ids=ids, attention_mask=mask, labels=ids.masked_fill(mask == 0, -100), use_cache=False).loss
+    loss.backward()
+    trained = [n for n, p in lora.named_parameters() if p.grad is not None and p.grad.abs().sum() > 0]
+    assert trained and all("lora_" in n for n in trained)
