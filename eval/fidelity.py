@@ -11,7 +11,7 @@ Sparse at coverage tau 0.005 and 0.01 (with the token sparsity it achieved) and 
   is read), and the prefill part gives the prefill-phase perplexity (eval.runner.window_perplexity).
 
 Before the sweep it runs the calibration analyses on another book (Persuasion), on the same model,
-and uses their results: POD blocks (sparse_models.calibration.pod_similarity; POD zero-shot = those
+and uses their results: POD blocks (train.explore over sparse_models.calibration.pod_similarity; POD zero-shot = those
 blocks with 16 sink + 240 recent tokens, the smollm2 recipe's window, no training), Token Sparse
 sparse layers (token_sparse_drift) and the TidalDecode re-selection layer (tidal_reselection).
 ``--no-calibrate`` keeps the config defaults instead.
@@ -95,20 +95,20 @@ def calibrate(model, tokenizer, plan: SweepPlan, out: Path) -> dict[str, Any]:
     """Run the three calibration analyses on the dense model; return what the settings need."""
     from eval.tasks.perplexity import perplexity_windows
     from sparse_models import capture_attention_inputs
-    from sparse_models.calibration import pod_similarity, tidal_reselection, token_sparse_drift
+    from sparse_models.calibration import tidal_reselection, token_sparse_drift
 
     device = next(model.parameters()).device
     windows = perplexity_windows(tokenizer, plan.calibration_length, plan.calibration_samples, text=CALIBRATION_TEXT)
     batches = [torch.tensor([w], device=device) for w in windows]
-    num_layers, num_kv_heads = model.config.num_hidden_layers, model.config.num_key_value_heads
+    num_layers = model.config.num_hidden_layers
     folder = out / "calibration"
     meta = {"text": CALIBRATION_TEXT, "length": plan.calibration_length}
 
-    pod = pod_similarity.explore(batches, lambda ids: capture_attention_inputs(model, ids), num_layers=num_layers,
-                                 num_kv_heads=num_kv_heads, last_queries=64, delta=0.5)
-    blocks_file = pod_similarity.write_blocks_json(folder / "pod_blocks.json", pod["anchor_layers"], pod["similarity"],
-                                                   delta=0.5, compare_with="anchor", samples=pod["samples"], **meta)
-    pod_similarity.plot_similarity_heatmap(pod["similarity"], pod["anchor_layers"], folder / "pod_blocks.png")
+    from train.explore import run_exploration
+
+    pod = run_exploration(model, torch.tensor(windows), last_queries=64, delta=0.5, compare_with="anchor",
+                          out_dir=folder / "pod", metadata=meta)
+    blocks_file = Path(pod["blocks_file"])
 
     drift = token_sparse_drift.calibrate(model, batches)
     token_sparse_drift.write_drift_json(folder / "token_sparse_drift.json", drift, **meta)

@@ -37,8 +37,9 @@ def main(argv: list[str] | None = None) -> None:
     repo_root = str(TASKS_DIR.parent.parent)
     if repo_root not in sys.path:
         sys.path.insert(0, repo_root)  # task code under eval/tasks imports eval.*
-    import eval.lm_eval_model  # noqa: F401  (registers "podkit")
     from lm_eval.__main__ import cli_evaluate
+
+    import eval.lm_eval_model  # noqa: F401  (registers "podkit")
 
     sys.argv = [sys.argv[0]] + with_podkit_tasks(sys.argv[1:] if argv is None else argv)
     cli_evaluate()

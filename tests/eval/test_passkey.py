@@ -6,8 +6,7 @@ import pytest
 
 from eval.tasks.haystack import FILLER, encode
 from eval.tasks.needle import make_needle_sample, needle_correct, needle_grid
-from eval.tasks.passkey import (INTRO, NEEDLE, QUESTION, depth_grid, make_passkey_sample, passkey_correct,
-                                passkey_grid)
+from eval.tasks.passkey import INTRO, NEEDLE, QUESTION, depth_grid, make_passkey_sample, passkey_correct, passkey_grid
 
 
 def test_depth_grid_spans_zero_to_one():
