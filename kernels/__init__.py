@@ -53,6 +53,9 @@ def triton_implementation(op: str):
     """The Triton launcher of ``op`` (imported lazily: CPU users never import Triton code)."""
     module_name, function_name = _TRITON_IMPLEMENTATIONS[op]
     module = importlib.import_module(f"{__name__}.{module_name}")
+    # Importing submodule `kernels.decode_attention` rebinds the package attribute of the same
+    # name to the module; put the public ops back so `kernels.decode_attention(...)` stays callable.
+    globals().update(_PUBLIC_OPS)
     return getattr(module, function_name)
 
 
@@ -81,6 +84,8 @@ prefill_attention = _dispatch("prefill_attention")
 sparse_prefill_attention = _dispatch("sparse_prefill_attention")
 token_sparse_scores = _dispatch("token_sparse_scores")
 pod_prefill_attention = _dispatch("pod_prefill_attention")
+
+_PUBLIC_OPS = {name: globals()[name] for name in _TRITON_IMPLEMENTATIONS}
 
 # Selection and page min/max are cheap torch ops on every device.
 select_topk_positions = reference.select_topk_positions

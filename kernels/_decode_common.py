@@ -36,38 +36,7 @@ MAX_SPLITS = 128
 _SKIP_VALUE_CHECKS_ENV = "PODKIT_SKIP_VALUE_CHECKS"
 
 
-def interpreting() -> bool:
-    """True when Triton runs kernels through its CPU interpreter (TRITON_INTERPRET=1)."""
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
-
-
-def _patch_interpreter_scalar_index() -> None:
-    """Let `range(start, end, step)` take runtime scalars under the Triton interpreter.
-
-    The interpreter (triton 3.6) keeps kernel scalars as shape-(1,) numpy arrays and converts them
-    with `int(array)`, which numpy >= 2.4 rejects ("only 0-dimensional arrays can be converted to
-    Python scalars"); compiled Triton is unaffected. This re-installs the `__index__` the
-    interpreter patches onto `tl.tensor` for the duration of a launch, taking the single element
-    explicitly. Interpreter-only, idempotent, restored with the interpreter's own patches.
-    """
-    try:
-        from triton.runtime import interpreter as interp
-    except ImportError:  # pragma: no cover - other triton layouts
-        return
-    original = getattr(interp, "_patch_lang_tensor", None)
-    if original is None or getattr(original, "_podkit_scalar_index", False):
-        return
-
-    def patched(tensor, scope):
-        original(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
-
-    patched._podkit_scalar_index = True
-    interp._patch_lang_tensor = patched
-
-
-if interpreting():
-    _patch_interpreter_scalar_index()
+from ._interpreter import interpreting  # noqa: E402,F401  (also installs the interpreter patch)
 
 
 @functools.lru_cache(maxsize=None)

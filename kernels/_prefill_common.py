@@ -16,37 +16,7 @@ SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 LOG2_E = 1.4426950408889634
 
 
-def interpreter_active() -> bool:
-    """True when Triton kernels run through the CPU interpreter (``TRITON_INTERPRET=1``)."""
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-
-
-def _patch_interpreter_scalar_index() -> None:
-    """Let loop bounds computed from loaded scalars work in the Triton 3.6 interpreter.
-
-    The interpreter keeps scalars (``tl.load(ptr)``, ``tl.program_id``) as 1-element numpy arrays
-    and converts them with ``int(array)``, which numpy >= 2.4 rejects for ndim > 0 arrays
-    ("only 0-dimensional arrays can be converted to Python scalars"); ``range(0, n, BLOCK)`` with
-    a runtime ``n`` then fails. ``for`` loops (not ``while``) are what the GPU compiler software-
-    pipelines, so the kernels keep them and the interpreter's ``__index__`` uses ``.item()``.
-    Idempotent; does nothing outside the interpreter.
-    """
-    from triton.runtime import interpreter
-
-    original = interpreter._patch_lang_tensor
-    if getattr(original, "_podkit_scalar_index", False):
-        return
-
-    def patched(tensor, scope):
-        original(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
-
-    patched._podkit_scalar_index = True
-    interpreter._patch_lang_tensor = patched
-
-
-if interpreter_active():
-    _patch_interpreter_scalar_index()
+from ._interpreter import interpreting as interpreter_active  # noqa: E402,F401  (also installs the interpreter patch)
 
 
 def pick_configs(gpu_configs, interpreter_config):

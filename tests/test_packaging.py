@@ -16,3 +16,11 @@ def test_public_ops_are_exported():
 
     for name in kernels.__all__:
         assert hasattr(kernels, name), name
+
+
+def test_public_ops_stay_callable_after_triton_submodule_import():
+    import kernels
+
+    kernels.triton_implementation("decode_attention")  # imports kernels.decode_attention (the module)
+    assert callable(kernels.decode_attention)
+    assert kernels.decode_attention.__name__ == "decode_attention"
