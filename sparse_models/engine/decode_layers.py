@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-import kernels
+from . import ops as kernels
 
 from .static_cache import KeyRun, StaticCache
 

@@ -9,7 +9,8 @@ model's ``SparseAttentionConfig`` (``config.sparse_attention``) with load-time-s
 ``StaticCache`` sized for ``max_batch_size`` x ``max_seq_len``, prefills with the chosen prefill scheme
 and decodes with the chosen decode scheme, one CUDA graph per batch size on CUDA (eager elsewhere).
 TidalDecode's KV-cache correction (arXiv 2410.05076 §3.3; ``tidal.correction_period`` = T) runs every T
-decode steps: the last T tokens are recomputed with exact attention and their K/V overwritten.
+decode steps: the last T tokens are recomputed with exact attention (one chunked prefill) and their K/V
+overwritten.
 """
 
 from __future__ import annotations
@@ -127,7 +128,6 @@ class GenerationEngine:
                                  pod_recent=self.config.pod.recent_window, quest_layers=quest_layers,
                                  quest_page_size=self.config.quest.page_size)
         self.decode_step = DecodeStep(parts, self.plan, self.cache, self.config)
-        self._correction_step = None
         self._input_ids = torch.zeros(max_batch_size, dtype=torch.long, device=device)
         self._graphs: dict[int, GraphedStep] = {}
         self._graph_pool = None
@@ -217,20 +217,13 @@ class GenerationEngine:
         """TidalDecode KV-cache correction: recompute the K/V of the last T tokens with exact attention.
 
         history: [batch, T] the ids fed at the last T decode steps (slots positions - T .. positions - 1).
-        Dense layout: one chunked prefill (exact causal attention over the clean prefix + the chunk).
-        POD layout (pod+tidal): the T tokens are replayed through the exact POD decode step.
+        One chunked prefill in exact causal attention over the clean prefix + the chunk, overwriting
+        those slots in every layer. (``pod+tidal`` rejects a correction period in the plan: POD's ring
+        no longer holds the proximal keys those tokens saw.)
         """
-        num = history.shape[1]
         positions = self.cache.positions[:batch]
-        start = positions - num
-        if not any(p.pod_keys for p in self.plan):
-            forward_chunk(self.parts, self.plan, self.cache, self.config, history, start, positions.clone(),
-                          mode="full")
-            return
-        if self._correction_step is None:
-            self._correction_step = DecodeStep(self.parts, self.plan, self.cache, self.config, role_override="full")
-        for i in range(num):
-            self._correction_step(history[:, i].contiguous(), start + i)
+        forward_chunk(self.parts, self.plan, self.cache, self.config, history, positions - history.shape[1],
+                      positions.clone(), mode="full")
 
     @torch.no_grad()
     def generate(self, prompts, *, max_new_tokens: int, sampling: SamplingConfig | None = None,

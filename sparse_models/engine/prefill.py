@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-import kernels
+from . import ops as kernels
 
 from ..config import SparseAttentionConfig
 from .errors import EngineError

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-import kernels
+from . import ops as kernels
 
 from .errors import EngineError
 
