@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from . import ops as kernels
+import kernels
 
 from .static_cache import KeyRun, StaticCache
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from . import ops as kernels
+import kernels
 
 from ..config import SparseAttentionConfig
 from .errors import EngineError

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import ops as kernels
+import kernels
 
 from .errors import EngineError
 

@@ -14,7 +14,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from . import ops as kernels
+import kernels
 
 from ..config import TokenSparseConfig
 from ..schemes.token_sparse import LayerSparsity, TokenSparseStats, token_sparse_prefill
