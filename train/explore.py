@@ -48,7 +48,7 @@ def capture_with_attention_interface(model, input_ids: torch.Tensor) -> dict[int
 
 def capture_function(model):
     """The q/k capture to use for ``model``: podkit's own when it is a podkit class."""
-    if getattr(model.config, "sparse_attention", None) is not None or type(model).__name__.startswith("Podkit"):
+    if hasattr(model, "sparse_config"):  # a podkit class
         from sparse_models import capture_attention_inputs
 
         return lambda ids: capture_attention_inputs(model, ids.to(model.device))

@@ -7,9 +7,10 @@ The export folder holds
   * the tokenizer files; ``pod_blocks.json`` (the exploration's output, similarity included);
   * ``recipe.yaml`` (the recipe as run, local paths reduced to their last component);
   * ``README.md``: the model card (base model, recipe, block map, KV saving, eval results, loading
-    snippet);
-  * with ``train.remote_code``: ``modeling_podkit.py``, a self-contained POD model (plain PyTorch, no
-    podkit import) and ``auto_map`` in config.json, for ``trust_remote_code=True`` users.
+    snippet).
+
+Not yet written: a self-contained ``modeling_podkit.py`` + ``auto_map`` for ``trust_remote_code``
+users without podkit (the export loads with podkit's classes).
 
 Nothing written here may carry a local path or a secret (train/hub.py checks again before a push).
 """
@@ -25,9 +26,6 @@ import yaml
 from sparse_models.calibration.pod_similarity import blocks_per_head, kv_saving_fraction
 from train.recipe import Recipe
 
-REMOTE_CODE_TEMPLATE = Path(__file__).resolve().parent / "remote_code" / "modeling_podkit.py"
-REMOTE_AUTO_MAP = {"AutoConfig": "modeling_podkit.PodkitRemoteLlamaConfig",
-                   "AutoModelForCausalLM": "modeling_podkit.PodkitRemoteLlamaForCausalLM"}
 
 
 def sanitized_recipe(recipe: Recipe) -> dict:
@@ -68,9 +66,6 @@ def _finish_config(export_dir: Path, recipe: Recipe) -> None:
     config.pop("_name_or_path", None)
     pod = config.get("sparse_attention", {}).get("pod", {})
     pod["blocks_file"] = None  # the anchor map is inline; a path would be local
-    if recipe.train.remote_code and REMOTE_CODE_TEMPLATE.is_file():
-        shutil.copyfile(REMOTE_CODE_TEMPLATE, export_dir / "modeling_podkit.py")
-        config["auto_map"] = dict(REMOTE_AUTO_MAP)
     path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
@@ -89,10 +84,11 @@ def write_model_card(export_dir: Path, recipe: Recipe, anchor_layers: list[list[
     blocks = blocks_per_head(anchor_layers)
     front = {"library_name": "transformers", "tags": ["podkit", "pod", "long-context", "kv-cache-compression"],
              "pipeline_tag": "text-generation"}
-    if "/" in base_model and " " not in base_model:
+    hub_base = "/" in base_model and " " not in base_model
+    if hub_base:
         front["base_model"] = base_model
     lines = ["---", yaml.safe_dump(front, sort_keys=False).strip(), "---", "",
-             f"# POD-adapted {base_model.split(' ')[0].split('/')[-1]}", "",
+             f"# POD-adapted {base_model.split(' ')[0].split('/')[-1] if '/' in base_model else 'model'}", "",
              "This checkpoint was adapted with **POD** (Proximal tokens Over Distant tokens, arXiv 2412.02252) by "
              "podkit: within each block of consecutive layers (per KV head), layers above the block's anchor attend "
              "to distant tokens with the anchor layer's keys, so those keys are cached once per block. Proximal "

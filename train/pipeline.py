@@ -178,14 +178,14 @@ def _exploration(recipe, stages, source, tokenizer, rank, device, log):
     if rank == 0:
         from train.data import calibration_samples, load_text_dataset, pack_dataset
         from train.explore import run_exploration
-        from train.models import load_model, public_model_name
+        from train.models import load_dense_reference, public_model_name
 
         dataset = load_text_dataset(recipe.data.train, config=recipe.data.train_config, split=recipe.data.train_split,
                                     text_field=recipe.data.text_field)
         packed = pack_dataset(dataset, tokenizer, recipe.calibration_length,
                               max_tokens=max(recipe.pod.calibration_samples * 50, 1) * recipe.calibration_length)
         samples = calibration_samples(packed, recipe.pod.calibration_samples)
-        dense = load_model(recipe, source).to(device)
+        dense = load_dense_reference(recipe, source).to(device)
         result = run_exploration(dense, samples, last_queries=recipe.pod.last_queries, delta=recipe.pod.delta,
                                  compare_with=recipe.pod.compare_with, out_dir=out_dir,
                                  metadata={"model": public_model_name(recipe)},
@@ -215,7 +215,7 @@ def _evaluate(recipe, source, tokenizer, anchors, export_dir: Path, device, log)
     from sparse_models.calibration.pod_similarity import kv_saving_fraction
     from train.data import token_windows
     from train.evaluate import measured_kv_bytes, perplexity
-    from train.models import load_model
+    from train.models import load_dense_reference, load_model
 
     held_out = recipe.data.eval or recipe.data.train
     length = recipe.eval_context_length
@@ -223,7 +223,7 @@ def _evaluate(recipe, source, tokenizer, anchors, export_dir: Path, device, log)
                             split=recipe.data.eval_split, text_field=recipe.data.text_field)
     log(f"[eval] held-out perplexity on {held_out}: {windows.shape[0]} windows x {length} tokens")
     results = {"data": f"{held_out}, {windows.shape[0]} x {length} tokens", "perplexity": {}}
-    candidates = [("dense", lambda: load_model(recipe, source)),
+    candidates = [("dense", lambda: load_dense_reference(recipe, source)),
                   ("pod_before", lambda: load_model(recipe, source, anchor_layers=anchors))]
     if (export_dir / "config.json").is_file():
         candidates.append(("pod_after", lambda: load_model(recipe, str(export_dir), anchor_layers=anchors,

@@ -127,7 +127,6 @@ class TrainSection:
     resume_from_checkpoint: str | None = None  # null, "auto" (latest checkpoint in output_dir) or a path
     report_to: list[str] = field(default_factory=lambda: ["tensorboard"])
     export_dir: str | None = None             # default: <output_dir>/export
-    remote_code: bool = True                  # ship a self-contained modeling file + auto_map
 
 
 @dataclass

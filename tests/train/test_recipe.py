@@ -54,7 +54,7 @@ BAD = [
     ({"train": {"max_steps": "ten"}}, "train.max_steps='ten': expected an integer, got str"),
     ({"train": {"bf16": "yes"}}, "train.bf16='yes': expected true/false"),
     ({"pod": {"delta": 1.5}}, "pod.delta=1.5: expected a number in [0, 1]"),
-    ({"pod": {"recent_window": 4080}}, "pod.recent_window=4080 (+ pod.sink_tokens=16) >= data.context_length=2048"),
+    ({"pod": {"recent_window": 4080}}, "pod.recent_window=4080 (+ pod.sink_tokens=16) >= data.context_length=512"),
     ({"model": {"name_or_path": ""}}, "model.name_or_path is missing"),
     ({"model": {"name_or_path": "./no/such/model"}}, "model.name_or_path='./no/such/model': no model folder with a config.json"),
     ({"deepspeed": {"config": "recipes/deepspeed/zero9.json"}}, "deepspeed.config='recipes/deepspeed/zero9.json': no such file"),
@@ -65,7 +65,7 @@ BAD = [
     ({"train": {"learning_rate": -1.0}}, "train.learning_rate=-1.0: expected a positive number"),
     ({"data": {"train": "podkit:tolstoy"}}, "data.train='podkit:tolstoy': unknown embedded corpus"),
     ({"train": {"report_to": ["wandb"]}}, "train.report_to contains 'wandb'"),
-    ({"pod": {"last_queries": 4096}}, "pod.last_queries=4096 exceeds the calibration length 2048"),
+    ({"pod": {"last_queries": 4096}}, "pod.last_queries=4096 exceeds the calibration length 512"),
 ]
 
 
