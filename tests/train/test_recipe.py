@@ -58,7 +58,7 @@ BAD = [
     ({"model": {"name_or_path": ""}}, "model.name_or_path is missing"),
     ({"model": {"name_or_path": "./no/such/model"}}, "model.name_or_path='./no/such/model': no model folder with a config.json"),
     ({"deepspeed": {"config": "recipes/deepspeed/zero9.json"}}, "deepspeed.config='recipes/deepspeed/zero9.json': no such file"),
-    ({"data": {"context_length": 16384}}, "data.context_length=16384 is above the model's max_position_embeddings=8192 and no rope scaling"),
+    ({"data": {"context_length": 16384}, "eval": {"max_tokens": 32768}}, "data.context_length=16384 is above the model's max_position_embeddings=8192 and no rope scaling"),
     ({"train": {"method": "qlora"}}, "train.method='qlora': expected 'full' (paper) or 'lora'"),
     ({"pod": {"blocks_file": "missing_blocks.json"}}, "pod.blocks_file='missing_blocks.json' does not exist"),
     ({"hub": {"repo_id": "a/b/c"}}, "hub.repo_id='a/b/c': expected 'user/name'"),
@@ -118,15 +118,15 @@ def test_bad_override_syntax(tmp_path):
 
 
 def test_rope_scaling_allows_longer_context(tmp_path):
-    data = _merge(_base(tmp_path), {"data": {"context_length": 16384}, "model": {"rope_scaling": {"rope_type": "linear", "factor": 2.0}}})
+    data = _merge(_base(tmp_path), {"data": {"context_length": 16384}, "eval": {"max_tokens": 16384}, "model": {"rope_scaling": {"rope_type": "linear", "factor": 2.0}}})
     assert recipe_from_dict(data).data.context_length == 16384
 
 
 def test_local_model_positions_read_from_config(tmp_path):
     model = tmp_path / "model"
     model.mkdir()
-    (model / "config.json").write_text(json.dumps({"max_position_embeddings": 1024}))
-    with pytest.raises(RecipeError, match="max_position_embeddings=1024"):
+    (model / "config.json").write_text(json.dumps({"max_position_embeddings": 256}))
+    with pytest.raises(RecipeError, match="max_position_embeddings=256"):
         recipe_from_dict(_merge(_base(tmp_path), {"model": {"name_or_path": str(model)}}))
 
 
