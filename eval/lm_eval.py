@@ -4,7 +4,8 @@ lm-eval 0.4.x has no plugin discovery for models, and builds the model before it
 so a third-party model needs a wrapper that imports the registering module first and then runs
 ``lm_eval.__main__.cli_evaluate()`` (environment.md §5). Every lm-eval flag works unchanged.
 podkit's local tasks (eval/tasks/*.yaml) are added with ``--include_path`` unless the caller gave one,
-and the HF offline switches are set unless the caller set them, so it runs with no network.
+and the HF offline switches are set unless the caller set them, so it runs with no network. ``pretrained=default`` is rewritten to the converted SmolLM2 folder
+so that task code reading a tokenizer from the model args (RULER) works too.
 
     python -m eval.lm_eval run --model podkit --model_args pretrained=default decode_scheme=tidal budget=128 \\
         --tasks podkit_passkey --metadata '{"lengths": [2048], "num_depths": 10}' --device cpu
@@ -13,6 +14,7 @@ and the HF offline switches are set unless the caller set them, so it runs with 
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -31,6 +33,20 @@ def with_podkit_tasks(argv: list[str]) -> list[str]:
     return list(argv)
 
 
+_DEFAULT_PRETRAINED = re.compile(r"(^|,)pretrained=(default|smollm2|smollm2-135m-instruct)(?=,|$)", re.IGNORECASE)
+
+
+def resolve_default_pretrained(argv: list[str]) -> list[str]:
+    """``pretrained=default`` -> the converted SmolLM2 folder, so that task code that loads a tokenizer
+    from ``pretrained`` (lm-eval's RULER tasks, via the metadata) finds a real folder."""
+    if not any(_DEFAULT_PRETRAINED.search(arg) for arg in argv):
+        return list(argv)
+    from sparse_models.smollm2 import default_model_path
+
+    folder = str(default_model_path())
+    return [_DEFAULT_PRETRAINED.sub(lambda m: f"{m.group(1)}pretrained={folder}", arg) for arg in argv]
+
+
 def main(argv: list[str] | None = None) -> None:
     for name in OFFLINE_VARIABLES:
         os.environ.setdefault(name, "1")
@@ -41,7 +57,8 @@ def main(argv: list[str] | None = None) -> None:
 
     import eval.lm_eval_model  # noqa: F401  (registers "podkit")
 
-    sys.argv = [sys.argv[0]] + with_podkit_tasks(sys.argv[1:] if argv is None else argv)
+    argv = resolve_default_pretrained(sys.argv[1:] if argv is None else argv)
+    sys.argv = [sys.argv[0]] + with_podkit_tasks(argv)
     cli_evaluate()
 
 

@@ -48,3 +48,16 @@ def test_passkey_task_through_wrapper(tiny_model_dir, tmp_path, fake_text_cache)
     assert 100 < results["podkit_ppl"]["token_perplexity,none"] < 2000
     samples = [json.loads(line) for path in out.rglob("samples_podkit_passkey_*.jsonl") for line in open(path)]
     assert len(samples) == 3 and {s["doc"]["depth"] for s in samples} == {0.0, 0.5, 1.0}
+
+
+def test_default_pretrained_is_rewritten_to_the_folder(monkeypatch):
+    import sparse_models.smollm2 as smollm2
+    from eval.lm_eval import resolve_default_pretrained
+
+    monkeypatch.setattr(smollm2, "default_model_path", lambda: Path("/models/smollm2"))
+    assert resolve_default_pretrained(["--model_args", "pretrained=default", "budget=64"]) == \
+        ["--model_args", "pretrained=/models/smollm2", "budget=64"]
+    assert resolve_default_pretrained(["--model_args", "decode_scheme=tidal,pretrained=default,budget=64"]) == \
+        ["--model_args", "decode_scheme=tidal,pretrained=/models/smollm2,budget=64"]
+    untouched = ["--model_args", "pretrained=/x/defaults"]
+    assert resolve_default_pretrained(untouched) == untouched

@@ -83,3 +83,17 @@ def test_bad_decode_tokens(tiny_podkit):
     model, base = tiny_podkit
     with pytest.raises(ValueError, match="decode_tokens=10"):
         window_perplexity(model, list(range(10)), decode_tokens=10)
+
+
+def test_token_sparse_prefill_reports_sparsity_and_changes_the_cache(tiny_podkit):
+    model, base = tiny_podkit
+    ids = torch.randint(0, 101, (120,)).tolist()
+    apply_overrides(model, base, {})
+    dense = window_perplexity(model, ids, decode_tokens=10)
+    apply_overrides(model, base, {"prefill_scheme": "token_sparse", "token_sparse_coverage": 0.3,
+                                  "token_sparse_min_tokens": 4, "token_sparse_window": 8,
+                                  "token_sparse_sparse_layers": [2, 3, 4]})
+    sparse = window_perplexity(model, ids, decode_tokens=10)
+    apply_overrides(model, base, {})
+    assert sparse.token_sparsity is not None and 0.0 < sparse.token_sparsity < 1.0
+    assert abs(sparse.decode_nll - dense.decode_nll) > 1e-4  # the decode steps read a cache built sparsely

@@ -1,0 +1,35 @@
+"""``python -m eval.quality`` on a tiny podkit model: every task, two settings, summary shapes."""
+
+import json
+
+import pytest
+import torch
+
+pytest.importorskip("sparse_models")
+
+
+def test_all_tasks_two_settings(tmp_path, tiny_tokenizer, fake_text_cache):
+    from eval.quality import main
+    from sparse_models import PodkitLlamaConfig, PodkitLlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = PodkitLlamaConfig(vocab_size=len(tiny_tokenizer), hidden_size=48, intermediate_size=64,
+                               num_hidden_layers=4, num_attention_heads=6, num_key_value_heads=2,
+                               max_position_embeddings=1024)
+    PodkitLlamaForCausalLM(config).save_pretrained(tmp_path / "model")
+    tiny_tokenizer.save_pretrained(tmp_path / "model")
+    out = tmp_path / "quality.json"
+    result = main(["passkey", "passkey_text", "needle", "ppl", "--model", str(tmp_path / "model"), "--device", "cpu",
+                   "--settings", "dense", "quest@32", "--lengths", "200", "--depths", "2", "--decode-tokens", "5",
+                   "--out", str(out)])
+    summary = json.loads(out.read_text())["summary"]
+    assert summary == result["summary"]
+    for task in ("passkey", "passkey_text", "needle"):
+        for setting in ("dense", "quest@32"):
+            cell = summary[task][setting]["200"]
+            assert cell["n"] == 2 and 0.0 <= cell["accuracy"] <= 1.0
+    assert summary["ppl"]["dense"]["200"]["decode_tokens"] == 4
+    # quest only acts in decode: the prefill perplexity is the dense one, the decode one differs
+    dense, quest = summary["ppl"]["dense"]["200"], summary["ppl"]["quest@32"]["200"]
+    assert quest["prefill_ppl"] == pytest.approx(dense["prefill_ppl"], rel=1e-5)
+    assert quest["decode_ppl"] != pytest.approx(dense["decode_ppl"], rel=1e-6)
