@@ -24,7 +24,7 @@ from .cache import SparseKVCache
 from .config import SparseAttentionConfig
 from .plan import LayerPlan
 from .schemes.dense import dense_decode, dense_prefill
-from .schemes.pod import pod_decode, pod_prefill
+from .schemes.pod import assemble_anchor_queries, pod_decode, pod_prefill, pod_scores_decode, pod_scores_prefill
 from .schemes.quest import quest_decode
 from .schemes.streaming import streaming_decode
 from .schemes.tidal import tidal_select_decode, tidal_sparse_decode
@@ -41,6 +41,7 @@ class ForwardState:
         cache: the SparseKVCache or None.
         selected: TidalDecode indices chosen in this step, by selection layer.
         gates: POD proximal gates [B, Hq] of this decode step, by layer (gate_tau).
+        queries: this step's queries by layer (decode/chunk, POD score sharing reads the anchor's).
         stats: Token Sparse statistics of this prefill (None unless Token Sparse runs).
         capture: when not None, layer -> (q, k) post-RoPE for the layers in ``capture_layers``.
     """
@@ -54,35 +55,47 @@ class ForwardState:
     plan: list[LayerPlan]
     selected: dict[int, torch.Tensor] = field(default_factory=dict)
     gates: dict[int, torch.Tensor] = field(default_factory=dict)
+    queries: dict[int, torch.Tensor] = field(default_factory=dict)
     stats: TokenSparseStats | None = None
     capture: dict | None = None
     capture_layers: set | None = None
 
 
 def layer_attention(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: ForwardState,
-                    k_anchor: torch.Tensor | None = None) -> torch.Tensor:
+                    k_anchor: torch.Tensor | None = None, q_anchor: torch.Tensor | None = None) -> torch.Tensor:
     """Attention of one layer. q [B, Hq, S, D], k/v [B, Hkv, S, D] post-RoPE (packed layout).
 
-    ``k_anchor`` [B, Hkv, S, D]: the anchor keys per KV head for a ``pod-shared`` prefill.
+    ``k_anchor`` [B, Hkv, S, D]: the anchor keys per KV head for a ``pod-shared`` prefill;
+    ``q_anchor`` [B, Hq, S, D]: the anchor queries (``pod.sharing="scores"`` only).
     Returns [B, Hq, S, D].
     """
     if state.capture is not None and (state.capture_layers is None or layer in state.capture_layers):
         state.capture[layer] = (q.detach(), k.detach())
+    if state.config.pod.sharing == "scores" and state.phase != "prefill":
+        state.queries[layer] = q
     if state.phase == "decode":
         return _decode(layer, q, k, v, state)
     if state.phase == "chunk":
         return _chunk(layer, q, k, v, state)
-    return _prefill(layer, q, k, v, state, k_anchor)
+    return _prefill(layer, q, k, v, state, k_anchor, q_anchor)
 
 
-def _prefill(layer, q, k, v, state, k_anchor):
+def _anchor_queries(layer, state, position):
+    """[B, Hq, D]: per query head, the query of its KV head's anchor layer at chunk column ``position``."""
+    return assemble_anchor_queries(state.plan[layer].anchors, {a: t[:, :, position] for a, t in state.queries.items()})
+
+
+def _prefill(layer, q, k, v, state, k_anchor, q_anchor=None):
     p = state.plan[layer]
     cfg = state.config
     lens = state.num_new
     if p.prefill == "pod-shared":
         if k_anchor is None:
             raise RuntimeError(f"layer {layer} is POD-shared but received no anchor keys")
-        out = pod_prefill(q, k, k_anchor, v, lens, cfg.pod)
+        if cfg.pod.sharing == "scores":
+            out = pod_scores_prefill(q, q_anchor, k, k_anchor, v, lens, cfg.pod)
+        else:
+            out = pod_prefill(q, k, k_anchor, v, lens, cfg.pod)
     elif p.prefill == "token-sparse":
         out = token_sparse_prefill(q, k, v, lens, cfg.token_sparse, layer, state.stats)
     else:
@@ -103,7 +116,12 @@ def _decode(layer, q, k, v, state):
     q1 = q[:, :, 0]
     values = cache.layer_values(layer)
     role = p.decode
-    if role in ("pod-anchor", "pod-shared"):
+    if role == "pod-shared" and cfg.pod.sharing == "scores":
+        group = q1.shape[1] // len(p.anchors)
+        shared = torch.tensor([p.anchors[qh // group] != layer for qh in range(q1.shape[1])])
+        out = pod_scores_decode(q1, _anchor_queries(layer, state, 0), cache.local_key_view(layer, lens),
+                                cache.anchor_keys(layer), values, lens, cfg.pod, shared)
+    elif role in ("pod-anchor", "pod-shared"):
         out = pod_decode(layer, p.anchors, q1, cache, lens, cfg.pod, state.gates)
     else:
         keys = cache.effective_keys(layer, lens) if p.pod_keys else cache.layer_keys(layer)
@@ -139,6 +157,11 @@ def _chunk(layer, q, k, v, state):
         start = state.old_lens + j
         cache.write(layer, k[:, :, j: j + 1], v[:, :, j: j + 1], start, active)
         lens = torch.where(active.bool(), start + 1, state.new_lens.clamp(min=1))
-        out = pod_decode(layer, p.anchors, q[:, :, j], cache, lens, dataclasses.replace(cfg, gate_tau=None))
+        if cfg.sharing == "scores" and p.shared_heads:
+            out = pod_scores_decode(q[:, :, j], _anchor_queries(layer, state, j), cache.local_key_view(layer, lens),
+                                    cache.anchor_keys(layer), cache.layer_values(layer), lens,
+                                    dataclasses.replace(cfg, gate_tau=None))
+        else:
+            out = pod_decode(layer, p.anchors, q[:, :, j], cache, lens, dataclasses.replace(cfg, gate_tau=None))
         outs.append(torch.where(active.bool()[:, None, None], out, torch.zeros_like(out)))
     return torch.stack(outs, dim=2)

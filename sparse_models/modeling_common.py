@@ -29,7 +29,7 @@ from .cache import SparseKVCache
 from .config import ConfigError, SparseAttentionConfig, is_override_key, validate_anchor_layers
 from .plan import build_plan, model_family
 from .ragged import pack_new_tokens
-from .schemes.pod import assemble_anchor_keys
+from .schemes.pod import assemble_anchor_keys, assemble_anchor_queries
 from .schemes.token_sparse import TokenSparseStats
 
 # transformers 5.24 renamed the outputs' / generate's `past_key_values` to `cache`
@@ -152,29 +152,37 @@ class PodkitModelMixin:
         anchor_sources = {a for p in self.plan if p.prefill == "pod-shared" for a in p.anchors if a != p.layer} \
             if pod_prefill else set()
         keys_by_layer: dict[int, torch.Tensor] = {}
+        queries_by_layer: dict[int, torch.Tensor] = {}
+        share_scores = self.sparse_config.pod.sharing == "scores"
         all_hidden = []
         use_checkpoint = self.gradient_checkpointing and self.training and torch.is_grad_enabled() and cache is None
         for i in range(self.config.num_hidden_layers):
             if output_hidden_states:
                 all_hidden.append(hidden)
             p = self.plan[i]
-            k_partial, own = None, None
+            k_partial, q_partial, own = None, None, None
             if pod_prefill and p.prefill == "pod-shared":
-                # own-anchor heads are filled with the layer's own keys inside the layer
+                # own-anchor heads are filled with the layer's own keys (and queries) inside the layer
                 k_partial = assemble_anchor_keys(p.anchors, _with_placeholder(keys_by_layer, i))
                 own = torch.tensor([a == i for a in p.anchors], device=hidden.device)
+                if share_scores:
+                    q_partial = assemble_anchor_queries(p.anchors, _with_placeholder(queries_by_layer, i))
+            args = (i, hidden, cos, sin, k_partial, q_partial, own, state)
             if use_checkpoint:
-                hidden, k = checkpoint(self._layer_forward, i, hidden, cos, sin, k_partial, own, state,
-                                       use_reentrant=False)
+                hidden, k, q = checkpoint(self._layer_forward, *args, use_reentrant=False)
             else:
-                hidden, k = self._layer_forward(i, hidden, cos, sin, k_partial, own, state)
+                hidden, k, q = self._layer_forward(*args)
             if i in anchor_sources:
                 keys_by_layer[i] = k
+                if share_scores:
+                    queries_by_layer[i] = q
         hidden = self.norm(hidden)
         return {"hidden": hidden, "all_hidden": all_hidden, "stats": stats}
 
-    def _layer_forward(self, i, hidden, cos, sin, k_partial, own, state):
-        """One decoder layer: hidden [B, S, H] -> (hidden [B, S, H], post-RoPE keys [B, Hkv, S, D])."""
+    def _layer_forward(self, i, hidden, cos, sin, k_partial, q_partial, own, state):
+        """One decoder layer: hidden [B, S, H] -> (hidden [B, S, H], post-RoPE keys [B, Hkv, S, D], queries
+        [B, Hq, S, D]). ``k_partial`` / ``q_partial``: anchor keys / queries (POD prefill), with
+        placeholders at the heads that are their own anchor (``own``)."""
         layer = self.layers[i]
         attn = layer.self_attn
         x = layer.input_layernorm(hidden)
@@ -185,11 +193,15 @@ class PodkitModelMixin:
         v = attn.v_proj(x).view(batch, s, -1, d).transpose(1, 2)
         q, k = apply_rotary_pos_emb(q, k, cos, sin)
         k_anchor = None if k_partial is None else torch.where(own[None, :, None, None], k, k_partial)
-        out = layer_attention(i, q, k, v, state, k_anchor)
+        q_anchor = None
+        if q_partial is not None:
+            own_q = own.repeat_interleave(q.shape[1] // own.shape[0])
+            q_anchor = torch.where(own_q[None, :, None, None], q, q_partial)
+        out = layer_attention(i, q, k, v, state, k_anchor, q_anchor)
         out = out.transpose(1, 2).reshape(batch, s, -1)
         hidden = hidden + attn.o_proj(out)
         hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
-        return hidden, k
+        return hidden, k, q
 
     def _tidal_correction(self, cache: SparseKVCache) -> None:
         """TidalDecode KV-cache correction (paper §3.3): re-run the last T sparse-decoded tokens with full

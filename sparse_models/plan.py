@@ -109,9 +109,9 @@ def build_plan(config: SparseAttentionConfig, num_layers: int, num_kv_heads: int
     uses_pod = config.prefill_scheme == "pod" or config.decode_scheme in ("pod", "pod+tidal")
     anchors = config.pod.anchor_map(num_layers, num_kv_heads) if uses_pod else [[layer] * num_kv_heads
                                                                                 for layer in range(num_layers)]
-    if config.pod.sharing == "scores" and uses_pod:
-        raise ConfigError("pod.sharing='scores' is invalid here: podkit implements POD's key sharing (paper v2); "
-                          "the v1 score-sharing reading is not implemented, use pod.sharing='keys'")
+    if config.pod.sharing == "scores" and config.decode_scheme == "pod+tidal":
+        raise ConfigError("pod.sharing='scores' is invalid with decode_scheme='pod+tidal': TidalDecode selects over "
+                          "one key per position, score sharing has none; use pod.sharing='keys' or decode_scheme='pod'")
     if config.decode_scheme == "pod+tidal" and config.tidal.correction_period is not None:
         raise ConfigError(f"tidal.correction_period={config.tidal.correction_period} is invalid with "
                           f"decode_scheme='pod+tidal': re-running past tokens needs their proximal keys, which POD's "

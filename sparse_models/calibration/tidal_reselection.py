@@ -181,6 +181,18 @@ def read_selection_layers(path: str | Path) -> list[int]:
     return [int(x) for x in data["selection_layers"]]
 
 
+def result_from_json(path: str | Path) -> dict:
+    """The :func:`analyse` result (tensors included) back from a re-selection JSON, e.g. to redraw its PNG."""
+    data = json.loads(Path(path).read_text())
+    scores: dict = {int(c): v for c, v in data["scores"].items()}
+    scores[None] = data["score_without_reselection"]
+    return {"recall": torch.tensor(data["recall"], dtype=torch.float64),
+            "mass": torch.tensor(data["mass"], dtype=torch.float64), "scores": scores,
+            "reselection_layer": data["reselection_layer"], "selection_layers": data["selection_layers"],
+            "full_layers": data["full_layers"], "first_selection": data["first_selection_layer"],
+            "budget": data["budget"], "last_queries": data["last_queries"], "samples": data["samples"]}
+
+
 def plot_reselection(result: dict, path: str | Path) -> Path:
     import matplotlib
 

@@ -160,6 +160,7 @@ def write_drift_json(path: str | Path, result: dict, **metadata) -> Path:
         "normalised_drift": [round(float(x), 6) for x in drift / drift.sum()],
         "samples": result["samples"],
         "tokens": result["tokens"],
+        "bucket_drift": [[None if v != v else round(float(v), 6) for v in row] for row in result["bucket_drift"]],
         **metadata,
     }
     path = Path(path)
@@ -176,6 +177,15 @@ def read_sparse_layers(path: str | Path) -> list[int]:
     if data.get("format") != DRIFT_FORMAT or "sparse_layers" not in data:
         raise ValueError(f"{path}: not a Token Sparse drift file (format {data.get('format')!r}, expected {DRIFT_FORMAT})")
     return [int(x) for x in data["sparse_layers"]]
+
+
+def result_from_json(path: str | Path) -> dict:
+    """The :func:`calibrate` result (tensors included) back from a drift JSON, e.g. to redraw its PNG."""
+    data = json.loads(Path(path).read_text())
+    buckets = [[float("nan") if v is None else v for v in row] for row in data["bucket_drift"]]
+    return {"drift": torch.tensor(data["drift"], dtype=torch.float64), "bucket_drift": torch.tensor(buckets),
+            "sparse_layers": data["sparse_layers"], "threshold": data["threshold"], "delta": data["delta"],
+            "samples": data["samples"], "tokens": data["tokens"]}
 
 
 def plot_drift(result: dict, path: str | Path, title: str = "Token Sparse: inter-layer representation drift") -> Path:

@@ -13,7 +13,7 @@ import torch
 from ..config import SparseAttentionConfig
 from . import decode_layers as L
 from .errors import EngineError
-from .model_parts import ModelParts, finish_layer, project_qkv
+from .model_parts import ModelParts, finish_layer, project_qkv, rms_norm, rope_tables
 from .static_cache import StaticCache
 
 
@@ -43,13 +43,13 @@ class DecodeStep:
         batch = input_ids.shape[0]
         lens = positions + 1
         hidden = parts.embed_tokens(input_ids[:, None])  # [B, 1, hidden]
-        position_ids = positions[:, None]
+        cos, sin = rope_tables(parts, hidden, positions[:, None])
         selected: dict[int, torch.Tensor] = {}
         tidal = cfg.tidal
         for layer_idx, (layer, role) in enumerate(zip(parts.layers, self.roles)):
             residual = hidden
-            x = layer.input_layernorm(hidden)
-            q, k, v = project_qkv(parts, layer, x, position_ids)
+            x = rms_norm(layer.input_layernorm, hidden)
+            q, k, v = project_qkv(parts, layer, x, cos, sin)
             q, k, v = q[:, :, 0], k[:, :, 0], v[:, :, 0]  # [B, H, D]
             cache.append(layer_idx, k, v, positions)
             if role in ("dense", "full", "pod-anchor", "pod-shared"):
@@ -67,5 +67,4 @@ class DecodeStep:
                                           cfg.streaming.recent_window)
                 out = L.sparse_attention(cache, layer_idx, q, lens, parts.scale, idx)
             hidden = finish_layer(layer, residual, out.reshape(batch, 1, -1).to(hidden.dtype))
-        hidden = parts.norm(hidden)
-        return parts.lm_head(hidden[:, 0]).float()
+        return parts.lm_head(rms_norm(parts.norm, hidden[:, 0])).float()

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from .errors import EngineError
@@ -113,11 +114,29 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos.unsqueeze(1) + rotate_half(x) * sin.unsqueeze(1)
 
 
-def project_qkv(parts: ModelParts, layer: LayerModules, x: torch.Tensor, position_ids: torch.Tensor):
-    """Pre-attention half of a decoder layer.
+def rope_tables(parts: ModelParts, hidden: torch.Tensor, position_ids: torch.Tensor):
+    """cos, sin [B, S, D] for position_ids [B, S]: computed once per forward, shared by every layer."""
+    return parts.rotary_emb(hidden, position_ids)
+
+
+def rms_norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """The model's RMSNorm with fewer kernels (one launch step matters at decode: 2 norms x L layers).
+
+    Same math as transformers' LlamaRMSNorm / Qwen2RMSNorm / MistralRMSNorm: normalise in fp32, cast
+    back, multiply by the weight. Other norm modules are called as they are.
+    """
+    eps = getattr(norm, "variance_epsilon", None)
+    weight = getattr(norm, "weight", None)
+    if eps is None or weight is None or type(norm).__name__ not in ("LlamaRMSNorm", "Qwen2RMSNorm", "MistralRMSNorm"):
+        return norm(x)
+    return weight * F.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(x.dtype)
+
+
+def project_qkv(parts: ModelParts, layer: LayerModules, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    """Pre-attention half of a decoder layer (after the input norm).
 
     Args:
-        x: [B, S, hidden] normalised hidden states; position_ids: [B, S].
+        x: [B, S, hidden] normalised hidden states; cos, sin: [B, S, D] (``rope_tables``).
     Returns:
         q [B, Hq, S, D], k [B, Hkv, S, D] (both post-RoPE), v [B, Hkv, S, D].
     """
@@ -126,11 +145,10 @@ def project_qkv(parts: ModelParts, layer: LayerModules, x: torch.Tensor, positio
     q = layer.q_proj(x).view(batch, s, parts.num_heads, d).transpose(1, 2)
     k = layer.k_proj(x).view(batch, s, parts.num_kv_heads, d).transpose(1, 2)
     v = layer.v_proj(x).view(batch, s, parts.num_kv_heads, d).transpose(1, 2)
-    cos, sin = parts.rotary_emb(v, position_ids)
     return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
 
 def finish_layer(layer: LayerModules, residual: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
     """Post-attention half: o_proj, residual, MLP. attn_out [B, S, Hq * D] -> hidden [B, S, hidden]."""
     hidden = residual + layer.o_proj(attn_out)
-    return hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+    return hidden + layer.mlp(rms_norm(layer.post_attention_layernorm, hidden))

@@ -23,7 +23,7 @@ import kernels
 
 from ..config import SparseAttentionConfig
 from .errors import EngineError
-from .model_parts import ModelParts, finish_layer, project_qkv
+from .model_parts import ModelParts, finish_layer, project_qkv, rms_norm, rope_tables
 from .static_cache import StaticCache
 from ..schemes.token_sparse import TokenSparseStats
 from .token_sparse_select import token_sparse_attention
@@ -52,13 +52,14 @@ def forward_chunk(parts: ModelParts, plan, cache: StaticCache, config: SparseAtt
     device = cache.device
     position_ids = offsets[:, None] + torch.arange(s, device=device)[None, :]
     hidden = parts.embed_tokens(tokens)
+    cos, sin = rope_tables(parts, hidden, position_ids)
     ts = config.token_sparse
     kv_max = int(lens.max())
     for layer_idx, layer in enumerate(parts.layers):
         role = "dense" if mode == "full" else plan[layer_idx].prefill
         residual = hidden
-        x = layer.input_layernorm(hidden)
-        q, k, v = project_qkv(parts, layer, x, position_ids)
+        x = rms_norm(layer.input_layernorm, hidden)
+        q, k, v = project_qkv(parts, layer, x, cos, sin)
         cache.write_chunk(layer_idx, k, v, offsets, lens)
         if role == "token-sparse" and fresh:
             if stats is not None and "token_sparse" not in stats:
@@ -80,7 +81,7 @@ def forward_chunk(parts: ModelParts, plan, cache: StaticCache, config: SparseAtt
         hidden = finish_layer(layer, residual, out.transpose(1, 2).reshape(batch, s, -1).to(hidden.dtype))
     last = (lens - offsets - 1).clamp(min=0)
     hidden = hidden[torch.arange(batch, device=device), last]  # [B, hidden]
-    return parts.lm_head(parts.norm(hidden)).float()
+    return parts.lm_head(rms_norm(parts.norm, hidden)).float()
 
 
 def _has_shared(cache: StaticCache, layer: int) -> bool:

@@ -29,6 +29,72 @@ def assemble_anchor_keys(anchors: tuple[int, ...], keys_by_layer: dict[int, torc
     return torch.stack([keys_by_layer[a][:, h] for h, a in enumerate(anchors)], dim=1)
 
 
+def assemble_anchor_queries(anchors: tuple[int, ...], queries_by_layer: dict[int, torch.Tensor]) -> torch.Tensor:
+    """[B, Hq, S, D]: query head qh takes the queries of the anchor layer of its KV head (v1 score sharing)."""
+    group = next(iter(queries_by_layer.values())).shape[1] // len(anchors)
+    return torch.stack([queries_by_layer[anchors[qh // group]][:, qh] for qh in range(group * len(anchors))], dim=1)
+
+
+def _expand(x: torch.Tensor, heads: int) -> torch.Tensor:
+    return x.repeat_interleave(heads // x.shape[1], dim=1) if heads != x.shape[1] else x
+
+
+def pod_scores_prefill(q: torch.Tensor, q_anchor: torch.Tensor, k_own: torch.Tensor, k_anchor: torch.Tensor,
+                       v: torch.Tensor, seq_lens: torch.Tensor, cfg: PodConfig) -> torch.Tensor:
+    """POD v1 "score sharing" (methods.md A.3): distant logits are the anchor layer's own q_a . k_a,
+    proximal logits the layer's q . k; one softmax over both, applied to the layer's own values.
+
+    Plain PyTorch with explicit [S, S] masks (an option for study, not a long-context path).
+    q, q_anchor [B, Hq, S, D]; k_own, k_anchor, v [B, Hkv, S, D] -> [B, Hq, S, D] (differentiable).
+    """
+    heads, s, d = q.shape[1], q.shape[2], q.shape[3]
+    ct = torch.float64 if q.dtype == torch.float64 else torch.float32
+    pos = torch.arange(s, device=q.device)
+    lens = seq_lens.to(q.device)
+    causal = (pos[None, :] <= pos[:, None])[None] & (pos[None, None, :] < lens[:, None, None])
+    proximal = (pos[None, :] < cfg.sink_tokens) | ((pos[:, None] - pos[None, :]) < cfg.recent_window)
+    lp = torch.einsum("bhsd,bhnd->bhsn", q.to(ct), _expand(k_own, heads).to(ct))
+    ld = torch.einsum("bhsd,bhnd->bhsn", q_anchor.to(ct), _expand(k_anchor, heads).to(ct))
+    logits = torch.where(proximal[None, None], lp, ld) * d ** -0.5
+    logits = logits.masked_fill(~causal[:, None], float("-inf"))
+    rows = (pos[None, :] < lens[:, None])[:, None, :, None]  # padding rows have no key at all
+    probs = torch.softmax(logits.masked_fill(~rows, 0.0), dim=-1)
+    out = torch.matmul(probs, _expand(v, heads).to(ct)).masked_fill(~rows, 0.0)
+    return out.to(q.dtype)
+
+
+def pod_scores_decode(q: torch.Tensor, q_anchor: torch.Tensor, k_local: torch.Tensor, k_anchor: torch.Tensor,
+                      v_cache: torch.Tensor, seq_lens: torch.Tensor, cfg: PodConfig,
+                      shared_heads: torch.Tensor | None = None) -> torch.Tensor:
+    """POD v1 decode: q, q_anchor [B, Hq, D]; k_local [B, Hkv, sink + recent, D]; k_anchor, v [B, Hkv, N, D].
+
+    With ``cfg.gate_tau`` the gate is exact and cheap here (the distant logits are the anchor's), so a
+    query head with g >= tau attends to proximal positions only; ``shared_heads`` [Hq] bool limits
+    that to heads that are not their own anchor.
+    """
+    heads, d = q.shape[1], q.shape[2]
+    n = v_cache.shape[2]
+    ct = torch.float64 if q.dtype == torch.float64 else torch.float32
+    sink, recent = cfg.sink_tokens, cfg.recent_window
+    p = (seq_lens.long() - 1).to(q.device)
+    j = torch.arange(n, device=q.device)
+    causal = j[None, :] <= p[:, None]
+    proximal = ((j[None, :] < sink) | ((p[:, None] - j[None, :]) < recent)) & causal
+    slot = torch.where(j < sink, j, sink + j % recent).clamp(max=k_local.shape[2] - 1)
+    lp = torch.einsum("bhd,bhnd->bhn", q.to(ct), _expand(k_local[:, :, slot], heads).to(ct))
+    ld = torch.einsum("bhd,bhnd->bhn", q_anchor.to(ct), _expand(k_anchor, heads).to(ct))
+    lp = (lp * d ** -0.5).masked_fill(~proximal[:, None], float("-inf"))
+    ld = (ld * d ** -0.5).masked_fill(~(causal & ~proximal)[:, None], float("-inf"))
+    if cfg.gate_tau is not None:
+        gate = torch.sigmoid(torch.logsumexp(lp, -1) - torch.logsumexp(ld, -1))
+        skip = gate >= cfg.gate_tau
+        if shared_heads is not None:
+            skip = skip & shared_heads.to(skip.device)[None, :]
+        ld = ld.masked_fill(skip[..., None], float("-inf"))
+    probs = torch.softmax(torch.where(proximal[:, None], lp, ld), dim=-1)
+    return torch.einsum("bhn,bhnd->bhd", probs, _expand(v_cache, heads).to(ct)).to(q.dtype)
+
+
 def pod_prefill(q: torch.Tensor, k_own: torch.Tensor, k_anchor: torch.Tensor, v: torch.Tensor,
                 seq_lens: torch.Tensor, cfg: PodConfig) -> torch.Tensor:
     """q [B, Hq, S, D]; k_own, k_anchor, v [B, Hkv, S, D] -> [B, Hq, S, D] (differentiable)."""

@@ -53,6 +53,17 @@ class Oracle:
         pod = self.cfg.pod
         return j < pod.sink_tokens or i - j < pod.recent_window
 
+    def _pod_logits(self, layer, qh, i, n, K, Q, q_vec):
+        """Logits [n] of query position i under POD; v1 score sharing takes distant logits from the anchor."""
+        scale = self.D ** -0.5
+        if self.cfg.pod.sharing != "scores":
+            return q_vec @ self._pod_keys(layer, qh, i, n, K).T * scale
+        g = qh // self.G
+        a = self.anchors[layer][g]
+        vals = [q_vec @ K[layer][g][j] if (a == layer or self._proximal(i, j)) else Q[a][qh, i] @ K[a][g][j]
+                for j in range(n)]
+        return torch.stack(vals) * scale
+
     def _pod_keys(self, layer, qh, i, n, K):
         """keys [n, D] for query position i of layer/query head qh under POD (own if proximal)."""
         g = qh // self.G
@@ -75,12 +86,14 @@ class Oracle:
         h = self.base.embed_tokens(torch.tensor(tokens))
         pos = torch.arange(n)
         K, V, Q = [], [], []
+        self.Q = Q
         scheme = self.cfg.prefill_scheme
         ts_layers = set(self.cfg.token_sparse.sparse_layers or range(self.L // 2, self.L))
         for layer in range(self.L):
             q, k, v = self._qkv(layer, h, pos)
             K.append(k)
             V.append(v)
+            Q.append(q)
             out = torch.zeros(self.Hq, n, self.D, dtype=torch.float64)
             scale = self.D ** -0.5
             kept = None
@@ -90,15 +103,15 @@ class Oracle:
                 g = qh // self.G
                 for i in range(n):
                     if scheme == "pod":
-                        keys = self._pod_keys(layer, qh, i, n, K)
+                        logits = self._pod_logits(layer, qh, i, n, K, Q, q[qh, i])
                     else:
-                        keys = k[g]
+                        logits = q[qh, i] @ k[g].T * scale
                     allowed = torch.arange(n) <= i
                     if kept is not None:
                         if i not in kept[qh]:
                             continue  # dropped query: zero output
                         allowed = allowed & torch.tensor([j in kept[qh] for j in range(n)])
-                    out[qh, i] = self._softmax_attend(q[qh, i] @ keys.T * scale, allowed, v[g])
+                    out[qh, i] = self._softmax_attend(logits, allowed, v[g])
             h = self._finish(layer, h, out)
         self.K, self.V = K, V
         self.n = n
@@ -148,14 +161,17 @@ class Oracle:
             q, k, v = self._qkv(layer, h, torch.tensor([p]))
             self.K[layer] = torch.cat([self.K[layer], k], 1)
             self.V[layer] = torch.cat([self.V[layer], v], 1)
+            self.Q[layer] = torch.cat([self.Q[layer], q], 1)
             K, V = self.K, self.V
             out = torch.zeros(self.Hq, 1, self.D, dtype=torch.float64)
             role = plan[layer].decode
             for qh in range(self.Hq):
                 g = qh // self.G
                 pod_keys = scheme in ("pod", "pod+tidal")
-                keys = self._pod_keys(layer, qh, p, n, K) if pod_keys else K[layer][g]
-                logits = q[qh, 0] @ keys.T * scale
+                if pod_keys:
+                    logits = self._pod_logits(layer, qh, p, n, K, self.Q, q[qh, 0])
+                else:
+                    logits = q[qh, 0] @ K[layer][g].T * scale
                 allowed = torch.ones(n, dtype=torch.bool)
                 if role in ("full+select",):
                     selected.setdefault(layer, {})[qh] = logits
@@ -187,7 +203,8 @@ class Oracle:
         a = self.anchors[layer][g]
         if a == layer:
             return torch.ones(n, dtype=torch.bool)
-        gate = self._gate(logits, p, n) if pod.gate_estimate == "exact" else self._gates[a][qh]
+        exact = pod.gate_estimate == "exact" or pod.sharing == "scores"  # v1: the exact gate is cheap
+        gate = self._gate(logits, p, n) if exact else self._gates[a][qh]
         if gate >= pod.gate_tau:
             return torch.tensor([self._proximal(p, j) for j in range(n)])
         return torch.ones(n, dtype=torch.bool)

@@ -13,6 +13,7 @@ from sparse_models.calibration.tidal_reselection import (
     plot_reselection,
     read_selection_layers,
     reselection_scores,
+    result_from_json,
     topk_mask,
     write_reselection_json,
 )
@@ -91,7 +92,10 @@ def test_analyse_finds_where_attention_changes(tmp_path):
     assert data["reselection_layer"] == 5 and len(data["recall"]) == num_layers
     assert data["scores"]["5"] > data["score_without_reselection"]
     assert read_selection_layers(path) == [2, 5]
-    assert plot_reselection(result, tmp_path / "tidal.png").read_bytes()[:4] == b"\x89PNG"
+    back = result_from_json(path)
+    assert back["reselection_layer"] == 5 and back["scores"][None] == pytest.approx(result["scores"][None], abs=1e-5)
+    torch.testing.assert_close(back["recall"], result["recall"], rtol=0, atol=1e-5)
+    assert plot_reselection(back, tmp_path / "tidal.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_bad_budget_is_rejected():

@@ -11,6 +11,7 @@ from sparse_models.calibration.token_sparse_drift import (
     layer_drifts,
     plot_drift,
     read_sparse_layers,
+    result_from_json,
     select_sparse_layers,
     token_drift,
     write_drift_json,
@@ -88,7 +89,11 @@ def test_json_and_png(tmp_path):
     data = json.loads(path.read_text())
     assert data["num_layers"] == 4 and abs(sum(data["normalised_drift"]) - 1) < 1e-4
     assert read_sparse_layers(path) == result["sparse_layers"]
-    png = plot_drift(result, tmp_path / "drift.png")
+    back = result_from_json(path)
+    torch.testing.assert_close(back["drift"], result["drift"], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(back["bucket_drift"], result["bucket_drift"].float(), rtol=1e-5, atol=1e-6,
+                               equal_nan=True)
+    png = plot_drift(back, tmp_path / "drift.png")
     assert png.read_bytes()[:4] == b"\x89PNG"
     (tmp_path / "other.json").write_text(json.dumps({"format": "x"}))
     with pytest.raises(ValueError, match="not a Token Sparse drift file"):

@@ -1,6 +1,7 @@
 """POD: the cache really drops non-anchor distant keys (kv_bytes), and POD training is
 differentiable with non-reentrant gradient checkpointing, gradients reaching the anchor layers."""
 
+import pytest
 import torch
 
 from sparse_models import SparseAttentionConfig
@@ -31,8 +32,8 @@ def test_kv_bytes_matches_block_map():
     assert dense_cache.kv_bytes().saving == 0.0 and dense_cache.kv_bytes().total == got.dense
 
 
-def _pod_training_model():
-    sparse = {"prefill_scheme": "pod", "pod": {"sink_tokens": 1, "recent_window": 3,
+def _pod_training_model(sharing="keys"):
+    sparse = {"prefill_scheme": "pod", "pod": {"sink_tokens": 1, "recent_window": 3, "sharing": sharing,
                                                 "anchor_layers": [[0, 0], [0, 1], [0, 1], [3, 1]]}}
     model = tiny_model(3, 4, sparse, seed=9)
     model.train()
@@ -46,10 +47,11 @@ def _loss_and_grads(model, ids, mask, labels):
     return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
-def test_pod_training_gradients_with_checkpointing():
+@pytest.mark.parametrize("sharing", ["keys", "scores"])
+def test_pod_training_gradients_with_checkpointing(sharing):
     ids, mask = left_padded(random_prompts([14, 10]))
     labels = ids.masked_fill(mask == 0, -100)
-    model = _pod_training_model()
+    model = _pod_training_model(sharing)
     loss, grads = _loss_and_grads(model, ids, mask, labels)
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
     assert model.model.gradient_checkpointing
@@ -72,3 +74,36 @@ def test_lora_on_pod_model_trains_adapters_only():
     loss.backward()
     trained = [n for n, p in lora.named_parameters() if p.grad is not None and p.grad.abs().sum() > 0]
     assert trained and all("lora_" in n for n in trained)
+
+
+SCHEMES_WITH_CHUNKS = {
+    "dense": {},
+    "pod_keys": {"prefill_scheme": "pod", "decode_scheme": "pod",
+                 "pod": {"sink_tokens": 2, "recent_window": 3, "anchor_layers": [[0, 0], [0, 1], [0, 1], [3, 1]]}},
+    "pod_scores": {"prefill_scheme": "pod", "decode_scheme": "pod",
+                   "pod": {"sink_tokens": 2, "recent_window": 3, "sharing": "scores",
+                           "anchor_layers": [[0, 0], [0, 1], [0, 1], [3, 1]]}},
+    "quest": {"decode_scheme": "quest", "quest": {"page_size": 4, "budget": 8, "dense_layers": [0]}},
+}
+
+
+@pytest.mark.parametrize("scheme", sorted(SCHEMES_WITH_CHUNKS))
+@torch.no_grad()
+def test_chunked_prefill_equals_one_shot(scheme):
+    """A prompt fed in two chunks through the cache gives the one-shot prefill's logits (exact attention
+    over the cache: dense, or POD's when the cache is POD-shaped), and the same next decode step."""
+    model = tiny_model(3, 4, SCHEMES_WITH_CHUNKS[scheme], seed=12)
+    prompts = random_prompts([15, 11])
+    ids, mask = left_padded(prompts)
+    one = model(ids, attention_mask=mask, cache=(c1 := model.new_cache()))
+    c2 = model.new_cache()
+    first = model(ids[:, :8], attention_mask=mask[:, :8], cache=c2)
+    second = model(ids[:, 8:], attention_mask=mask, cache=c2)
+    chunked = torch.cat([first.logits, second.logits], dim=1)
+    valid = mask.bool()
+    torch.testing.assert_close(chunked[valid], one.logits[valid], atol=2e-5, rtol=1e-5)
+    step = torch.tensor([[3], [5]])
+    mask2 = torch.cat([mask, torch.ones(2, 1, dtype=torch.long)], 1)
+    a = model(step, attention_mask=mask2, cache=c1).logits
+    b = model(step, attention_mask=mask2, cache=c2).logits
+    torch.testing.assert_close(a, b, atol=2e-5, rtol=1e-5)

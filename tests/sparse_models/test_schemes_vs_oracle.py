@@ -35,6 +35,9 @@ SCHEMES = {
                               "tidal": TIDAL},
     "pod_tau_exact": lambda hkv: {"prefill_scheme": "pod", "decode_scheme": "pod",
                                   "pod": pod(hkv, gate_tau=0.5, gate_estimate="exact")},
+    "pod_scores": lambda hkv: {"prefill_scheme": "pod", "decode_scheme": "pod", "pod": pod(hkv, sharing="scores")},
+    "pod_scores_tau": lambda hkv: {"prefill_scheme": "pod", "decode_scheme": "pod",
+                                   "pod": pod(hkv, sharing="scores", gate_tau=0.5)},
     "pod_tau_anchor": lambda hkv: {"prefill_scheme": "pod", "decode_scheme": "pod",
                                    "pod": pod(hkv, gate_tau=0.5, gate_estimate="anchor")},
 }
