@@ -254,3 +254,16 @@ def test_cuda_graph_decode_matches_eager_on_gpu(scheme):
     a = eager.generate(prompts, max_new_tokens=12).tokens
     b = graphed.generate(prompts, max_new_tokens=12).tokens
     assert a == b
+
+
+def test_cli_rejects_unknown_scheme_before_loading(capsys, tmp_path):
+    from sparse_models.generate import main
+
+    prompt = tmp_path / "p.txt"
+    prompt.write_text("hello")
+    assert main(["--model", "default", "--prompt-file", str(prompt), "--decode-scheme", "bogus"]) == 2
+    assert "--decode-scheme='bogus' is not a known scheme" in capsys.readouterr().err
+    assert main(["--model", "default", "--prompt-file", str(prompt), "--budget", "64"]) == 2
+    assert "--budget=64 needs a sparse decode scheme" in capsys.readouterr().err
+    assert main(["--model", "default", "--prompt-file", str(tmp_path / "missing.txt")]) == 2
+    assert "does not exist" in capsys.readouterr().err

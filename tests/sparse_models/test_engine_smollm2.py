@@ -29,12 +29,12 @@ def smollm2():
 
 
 @pytest.mark.parametrize("overrides", [
-    dict(decode_scheme="dense"),
     dict(decode_scheme="tidal", tidal_budget=12),
+    pytest.param(dict(decode_scheme="dense"), marks=pytest.mark.slow),
     # 30 layers, 3 KV heads: blocks {0..4}, {5..9}, ... per head
-    dict(decode_scheme="pod", pod_sink_tokens=4, pod_recent_window=12,
-         pod_anchor_layers=[[5 * (layer // 5)] * 3 for layer in range(30)]),
-], ids=["dense", "tidal", "pod"])
+    pytest.param(dict(decode_scheme="pod", pod_sink_tokens=4, pod_recent_window=12,
+                      pod_anchor_layers=[[5 * (layer // 5)] * 3 for layer in range(30)]), marks=pytest.mark.slow),
+], ids=["tidal", "dense", "pod"])
 def test_engine_matches_generate_on_smollm2(smollm2, overrides):
     from sparse_models.engine import GenerationEngine
 
@@ -47,6 +47,7 @@ def test_engine_matches_generate_on_smollm2(smollm2, overrides):
     assert engine.generate([ids], max_new_tokens=NEW).tokens[0] == expected
 
 
+@pytest.mark.slow
 def test_cli_generates_and_reports_errors(tmp_path):
     prompt = tmp_path / "prompt.txt"
     prompt.write_text("The capital of France is")
