@@ -11,7 +11,7 @@ Sparse at coverage tau 0.005 and 0.01 (with the token sparsity it achieved) and 
   is read), and the prefill part gives the prefill-phase perplexity (eval.runner.window_perplexity).
 
 Before the sweep it runs the calibration analyses on another book (Persuasion), on the same model,
-and uses their results: POD blocks (train.explore over sparse_models.calibration.pod_similarity; POD zero-shot = those
+and uses their results: POD blocks (sparse_models.calibration.pod_similarity; POD zero-shot = those
 blocks with 16 sink + 240 recent tokens, the smollm2 recipe's window, no training), Token Sparse
 sparse layers (token_sparse_drift) and the TidalDecode re-selection layer (tidal_reselection).
 ``--no-calibrate`` keeps the config defaults instead.
@@ -19,7 +19,8 @@ sparse layers (token_sparse_drift) and the TidalDecode re-selection layer (tidal
 Outputs in ``--out``: ``records.jsonl`` (one line per sample/window, appended as it goes; a rerun
 with the same ``--out`` resumes), ``fidelity.json`` (settings, calibration, summary),
 ``passkey_grid.png``, ``perplexity.png``, ``fidelity.md`` (tables + the issue's targets) and
-``calibration/*.json|png``.
+``calibration/*.json|png`` (PNGs only where matplotlib is installed; ``--replot`` redraws them from
+``records.jsonl`` and the JSONs on a machine that has it).
 
     python -m eval.fidelity --out outputs/fidelity                # full sweep (use a GPU)
     python -m eval.fidelity --reduced --out outputs/fidelity_reduced   # minutes on CPU (make eval)
@@ -35,6 +36,7 @@ import argparse
 import copy
 import json
 import platform
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -95,7 +97,7 @@ def calibrate(model, tokenizer, plan: SweepPlan, out: Path) -> dict[str, Any]:
     """Run the three calibration analyses on the dense model; return what the settings need."""
     from eval.tasks.perplexity import perplexity_windows
     from sparse_models import capture_attention_inputs
-    from sparse_models.calibration import tidal_reselection, token_sparse_drift
+    from sparse_models.calibration import pod_similarity, tidal_reselection, token_sparse_drift
 
     device = next(model.parameters()).device
     windows = perplexity_windows(tokenizer, plan.calibration_length, plan.calibration_samples, text=CALIBRATION_TEXT)
@@ -104,24 +106,37 @@ def calibrate(model, tokenizer, plan: SweepPlan, out: Path) -> dict[str, Any]:
     folder = out / "calibration"
     meta = {"text": CALIBRATION_TEXT, "length": plan.calibration_length}
 
-    from train.explore import run_exploration
-
-    pod = run_exploration(model, torch.tensor(windows), last_queries=64, delta=0.5, compare_with="anchor",
-                          out_dir=folder / "pod", metadata=meta)
-    blocks_file = Path(pod["blocks_file"])
+    pod = pod_similarity.explore(batches, lambda ids: capture_attention_inputs(model, ids), num_layers=num_layers,
+                                 num_kv_heads=model.config.num_key_value_heads, last_queries=64, delta=0.5)
+    blocks_file = pod_similarity.write_blocks_json(folder / "pod" / "blocks.json", pod["anchor_layers"],
+                                                   pod["similarity"], delta=0.5, compare_with="anchor",
+                                                   calibration_samples=pod["samples"], last_queries=64, **meta)
+    plot_if_possible(pod_similarity.plot_similarity_heatmap, pod["similarity"], pod["anchor_layers"],
+                     folder / "pod" / "similarity.png")
 
     drift = token_sparse_drift.calibrate(model, batches)
     token_sparse_drift.write_drift_json(folder / "token_sparse_drift.json", drift, **meta)
-    token_sparse_drift.plot_drift(drift, folder / "token_sparse_drift.png")
+    plot_if_possible(token_sparse_drift.plot_drift, drift, folder / "token_sparse_drift.png")
 
     tidal = tidal_reselection.analyse(batches, lambda ids: capture_attention_inputs(model, ids), num_layers=num_layers,
                                       budget=128, last_queries=32)
     tidal_reselection.write_reselection_json(folder / "tidal_reselection.json", tidal, **meta)
-    tidal_reselection.plot_reselection(tidal, folder / "tidal_reselection.png")
+    plot_if_possible(tidal_reselection.plot_reselection, tidal, folder / "tidal_reselection.png")
     return {"pod_blocks_file": str(blocks_file), "pod_anchor_fraction": json.loads(blocks_file.read_text())["anchor_fraction"],
             "token_sparse_layers": drift["sparse_layers"], "tidal_selection_layers": tidal["selection_layers"],
             "tidal_recall_with_reselection": tidal["scores"][tidal["reselection_layer"]],
             "tidal_recall_without_reselection": tidal["scores"][None]}
+
+
+def plot_if_possible(plot, *args) -> None:
+    """Call a plotting function unless matplotlib is missing (the H200 image has none): JSON and
+    markdown are the results; PNGs can be drawn later from ``records.jsonl`` on another machine."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        print(f"matplotlib is not installed: skipping {args[-1]}")
+        return
+    plot(*args)
 
 
 def load_records(path: Path) -> list[dict]:
@@ -190,7 +205,10 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--calibration-samples", type=int, default=None)
     parser.add_argument("--no-calibrate", action="store_true", help="use config defaults instead of calibrating")
     parser.add_argument("--pod-blocks", default=None, help="POD blocks JSON (skips the POD calibration's use)")
+    parser.add_argument("--replot", action="store_true", help="only redraw PNGs / tables from --out (no model)")
     args = parser.parse_args(argv)
+    if args.replot:
+        return replot(Path(args.out))
 
     plan = copy.deepcopy(REDUCED if args.reduced else FULL)
     if args.lengths:
@@ -252,28 +270,58 @@ def main(argv: list[str] | None = None) -> dict:
                            done=done, emit=emit)
     apply_overrides(model, base, {})
 
+    command = "python -m eval.fidelity " + " ".join(argv if argv is not None else sys.argv[1:])
+    meta = {"model": args.model, "device": args.device, "device_name": _device_name(args.device), "dtype": args.dtype,
+            "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"), "reduced": args.reduced,
+            "plan": plan.__dict__, "calibration": calibration, "command": command,
+            "settings": {s.label: s.overrides for s in both + ppl_only}, "seconds": round(time.time() - started, 1)}
+    return write_outputs(out, records, meta)
+
+
+def _device_name(device: str) -> str:
+    if device.startswith("cuda"):
+        return torch.cuda.get_device_name()
+    return f"{platform.machine()} CPU, {torch.get_num_threads()} threads"
+
+
+def write_outputs(out: Path, records: list[dict], meta: dict) -> dict:
+    """fidelity.json, fidelity.md and the sweep PNGs from the records (and the run's metadata)."""
     from eval import plots
 
     summary = summarise(records)
     targets = check_targets(summary)
-    result = {
-        "model": args.model, "device": args.device, "device_name": torch.cuda.get_device_name() if args.device.startswith("cuda") else platform.processor() or platform.machine(),
-        "dtype": args.dtype, "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),
-        "reduced": args.reduced, "plan": plan.__dict__, "calibration": calibration,
-        "settings": {s.label: s.overrides for s in both + ppl_only}, "summary": summary, "targets": targets,
-        "seconds": round(time.time() - started, 1),
-    }
+    result = meta | {"summary": summary, "targets": targets}
     (out / "fidelity.json").write_text(json.dumps(result, indent=1))
-    plots.plot_passkey_grid(records, out / "passkey_grid.png")
-    plots.plot_perplexity(summary, out / "perplexity.png")
-    command = "python -m eval.fidelity " + " ".join(argv if argv is not None else __import__("sys").argv[1:])
-    markdown = (f"Command: `{command}`  \nDate: {result['date']}, device: {result['device']} ({result['device_name']}), "
-                f"dtype {args.dtype}, torch {torch.__version__}, {result['seconds']:.0f} s\n\n"
-                f"Calibration: {json.dumps(calibration)}\n\n" + plots.markdown_tables(summary)
+    plot_if_possible(plots.plot_passkey_grid, records, out / "passkey_grid.png")
+    plot_if_possible(plots.plot_perplexity, summary, out / "perplexity.png")
+    markdown = (f"Command: `{meta.get('command', '')}`  \nDate: {meta.get('date')}, device: {meta.get('device')} "
+                f"({meta.get('device_name')}), dtype {meta.get('dtype')}, torch {meta.get('torch')}, "
+                f"{meta.get('seconds', 0):.0f} s\n\nCalibration: {json.dumps(meta.get('calibration', {}))}\n\n"
+                + plots.markdown_tables(summary)
                 + "\n**Targets (issue 6):**\n\n" + ("\n".join(targets) or "- (not measured in this run)") + "\n")
     (out / "fidelity.md").write_text(markdown)
     print(markdown)
     return result
+
+
+def replot(out: Path) -> dict:
+    """Redraw every PNG and rewrite fidelity.md/json from ``out``'s records and JSONs (no model needed)."""
+    from sparse_models.calibration import pod_similarity, tidal_reselection, token_sparse_drift
+
+    folder = out / "calibration"
+    if (folder / "pod" / "blocks.json").exists():
+        data = json.loads((folder / "pod" / "blocks.json").read_text())
+        pod_similarity.plot_similarity_heatmap(torch.tensor(data["similarity"]), data["anchor_layers"],
+                                               folder / "pod" / "similarity.png")
+    if (folder / "token_sparse_drift.json").exists():
+        token_sparse_drift.plot_drift(token_sparse_drift.result_from_json(folder / "token_sparse_drift.json"),
+                                      folder / "token_sparse_drift.png")
+    if (folder / "tidal_reselection.json").exists():
+        tidal_reselection.plot_reselection(tidal_reselection.result_from_json(folder / "tidal_reselection.json"),
+                                           folder / "tidal_reselection.png")
+    meta = json.loads((out / "fidelity.json").read_text()) if (out / "fidelity.json").exists() else {}
+    meta = {k: v for k, v in meta.items() if k not in ("summary", "targets")}
+    return write_outputs(out, load_records(out / "records.jsonl"), meta)
 
 
 if __name__ == "__main__":

@@ -46,3 +46,9 @@ def test_reduced_sweep_runs_and_resumes(tiny_podkit_dir, tmp_path, fake_text_cac
     # A rerun with the same --out finds every record done and adds none.
     main(argv)
     assert len((out / "records.jsonl").read_text().splitlines()) == len(records)
+    # --replot redraws from the files alone.
+    (out / "passkey_grid.png").unlink()
+    (out / "calibration" / "tidal_reselection.png").unlink()
+    replotted = main(["--replot", "--out", str(out)])
+    assert replotted["summary"] == result["summary"]
+    assert (out / "passkey_grid.png").exists() and (out / "calibration" / "tidal_reselection.png").exists()
