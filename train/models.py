@@ -70,6 +70,11 @@ def load_config(recipe: Recipe, source: str, cls=None):
     """The checkpoint's podkit config with the recipe's rope changes applied (context extension)."""
     cls = cls or podkit_class(_checkpoint_model_type(recipe, source))
     config = cls.config_class.from_pretrained(source, revision=recipe.model.revision)
+    quantization = getattr(config, "quantization_config", None)
+    if isinstance(quantization, dict) and quantization.get("quant_method") == "gguf":
+        # A folder converted from a GGUF holds dense (dequantised) safetensors but may keep the GGUF
+        # quantization_config; transformers would then treat it as quantized and refuse to train it.
+        delattr(config, "quantization_config")
     if recipe.model.rope_theta is not None or recipe.model.rope_scaling:
         params = dict(getattr(config, "rope_parameters", None) or {})
         if recipe.model.rope_scaling:
