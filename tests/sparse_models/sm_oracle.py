@@ -165,6 +165,8 @@ class Oracle:
             K, V = self.K, self.V
             out = torch.zeros(self.Hq, 1, self.D, dtype=torch.float64)
             role = plan[layer].decode
+            if role == "quest":
+                bounds = [self._page_bounds(K[layer][g], n) for g in range(self.Hkv)]
             for qh in range(self.Hq):
                 g = qh // self.G
                 pod_keys = scheme in ("pod", "pod+tidal")
@@ -178,7 +180,7 @@ class Oracle:
                 elif role == "sparse-over-selected":
                     allowed = self._tidal_allowed(selected[plan[layer].selection_source], qh, n)
                 elif role == "quest":
-                    allowed = self._quest_allowed(q[qh, 0], K[layer][g], n)
+                    allowed = self._quest_allowed(q[qh, 0], bounds[g], n)
                 elif role == "streaming":
                     st = self.cfg.streaming
                     allowed = torch.tensor([j < st.sink_tokens or j > p - st.recent_window for j in range(n)])
@@ -224,15 +226,25 @@ class Oracle:
             allowed[j] = True
         return allowed
 
-    def _quest_allowed(self, q, keys, n):
+    def _page_bounds(self, keys, n):
+        """Per page (max, min) over its tokens' keys, channel by channel."""
+        ps = self.cfg.quest.page_size
+        rows = keys.tolist()
+        bounds = []
+        for pg in range(math.ceil(n / ps)):
+            page = rows[pg * ps: min(n, (pg + 1) * ps)]
+            cols = list(zip(*page))
+            bounds.append((torch.tensor([max(c) for c in cols], dtype=torch.float64),
+                           torch.tensor([min(c) for c in cols], dtype=torch.float64)))
+        return bounds
+
+    def _quest_allowed(self, q, bounds, n):
         qc = self.cfg.quest
         ps = qc.page_size
         pages = math.ceil(n / ps)
         current = pages - 1
         scores = []
-        for pg in range(pages):
-            kp = keys[pg * ps: min(n, (pg + 1) * ps)]
-            mx, mn = kp.max(0).values, kp.min(0).values
+        for mx, mn in bounds:
             scores.append(float(torch.maximum(q * mx, q * mn).sum()))
         scores[current] = float("inf")
         chosen = sorted(range(pages), key=lambda pg: -scores[pg])[: max(1, qc.budget // ps)]
