@@ -193,13 +193,16 @@ def plot_drift(result: dict, path: str | Path, title: str = "Token Sparse: inter
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.colors import LogNorm
 
     drift = result["drift"].double()
     normalised = (drift / drift.sum()).numpy()
     num_layers = drift.numel()
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(max(6.0, 0.28 * num_layers), 6.2), sharex=True,
                                       gridspec_kw={"height_ratios": [3, 2]})
-    image = top.imshow(result["bucket_drift"].numpy(), aspect="auto", origin="lower", cmap="magma",
+    # Log scales: the first layer's drift (from the small embedding norm) dwarfs the others.
+    buckets = result["bucket_drift"].double().clamp_min(1e-6).numpy()
+    image = top.imshow(buckets, aspect="auto", origin="lower", cmap="magma", norm=LogNorm(),
                        extent=(-0.5, num_layers - 0.5, 0.0, 1.0))
     top.set_ylabel("relative position")
     fig.colorbar(image, ax=top, label="drift")
@@ -209,6 +212,7 @@ def plot_drift(result: dict, path: str | Path, title: str = "Token Sparse: inter
                    label=f"quantile {result['delta']:g} (green: sparse layers)")
     bottom.set_xlabel("layer")
     bottom.set_ylabel("normalised drift")
+    bottom.set_yscale("log")
     bottom.legend(fontsize=8)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
