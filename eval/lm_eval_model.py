@@ -52,7 +52,8 @@ class PodkitLM(HFLM):
                  **kwargs: Any) -> None:
         import torch
 
-        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        if device is None or (str(device).startswith("cuda") and not torch.cuda.is_available()):
+            device = "cuda" if torch.cuda.is_available() else "cpu"  # lm-eval's default is cuda:0
         overrides, rest = split_model_args(kwargs)
         rest.pop("tokenizer", None)  # the tokenizer always comes with the checkpoint
         rest.pop("trust_remote_code", None)
