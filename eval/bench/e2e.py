@@ -13,7 +13,9 @@ vocab 128256) in bf16 on one GPU; random weights do not change the time of a ste
   2048, full layers 0-1, selection at 2 and 13), POD (a layer-uniform block map with 71.9% non-anchor
   units: 9 anchor layers of 32) and POD + TidalDecode; and the floor = (weight bytes + KV bytes a
   dense step reads) / copy bandwidth measured in this run. The engine's cache is filled with random
-  K/V (no prefill needed: the step reads the same bytes whatever they hold).
+  K/V (no prefill needed: the step reads the same bytes whatever they hold). The decode step runs as
+  users get it from the engine on CUDA: one CUDA graph per batch size, with the norms / projections /
+  RoPE / MLP compiled by torch.compile (``--no-compile`` for plain eager modules inside the graph).
 * prefill seconds at ``--prefill-contexts`` (default 32K, 128K), batch 1: dense, Token Sparse at fixed
   keep ratios 0.5 / 0.25 (second half of the layers sparse, the paper's fallback), POD.
 * KV bytes per sequence at 32K (really allocated by the engine's static cache) and the largest batch
@@ -118,13 +120,14 @@ def is_oom(err: BaseException) -> bool:
 # Decode
 # ----------------------------------------------------------------------------------------------
 
-def time_engine_decode(model, context: int, batch: int, overrides: dict, steps: int, use_graphs: bool) -> dict:
+def time_engine_decode(model, context: int, batch: int, overrides: dict, steps: int, use_graphs: bool,
+                       compile_layers: bool = False) -> dict:
     """ms per decode step of the engine with a full random cache of ``context`` tokens per sequence."""
     from sparse_models.engine import GenerationEngine
 
     device = next(model.parameters()).device
     engine = GenerationEngine(model, max_batch_size=batch, max_seq_len=context + steps + 8,
-                              use_cuda_graphs=use_graphs, **overrides)
+                              use_cuda_graphs=use_graphs, compile_layers=compile_layers, **overrides)
     try:
         lens = torch.full((batch,), context, dtype=torch.long, device=device)
         engine.cache.fill_random(lens)
@@ -152,7 +155,7 @@ def time_engine_decode(model, context: int, batch: int, overrides: dict, steps: 
         kv = engine.kv_bytes()
         times.sort()
         return {"ms_per_token": times[len(times) // 2], "ms_min": times[0], "ms_max": times[-1], "steps": steps,
-                "capture_s": round(capture_s, 3), "graphs": engine.use_cuda_graphs,
+                "capture_s": round(capture_s, 3), "graphs": engine.use_cuda_graphs, "compiled": compile_layers,
                 "kv_bytes_allocated": kv["total_bytes"], "kv_ratio_to_dense": kv["ratio_to_dense"]}
     finally:
         del engine
@@ -370,6 +373,8 @@ def main(argv=None) -> int:
     ap.add_argument("--num-layers", type=int, default=None, help="fewer layers (quick checks; not the benchmark)")
     ap.add_argument("--tiny", action="store_true", help="a tiny model and contexts: exercises the code on CPU")
     ap.add_argument("--no-graphs", action="store_true", help="eager decode (for comparison)")
+    ap.add_argument("--no-compile", action="store_true",
+                    help="do not torch.compile the non-attention parts of the decode step (engine compile_layers)")
     args = ap.parse_args(argv)
 
     if args.plot_only:
@@ -466,7 +471,8 @@ def main(argv=None) -> int:
                 overrides = scheme_overrides(scheme, shape["num_hidden_layers"], shape["num_key_value_heads"],
                                              args.budget, args.tiny)
                 row[scheme] = time_engine_decode(model, context, batch, overrides, args.steps,
-                                                 use_graphs=not args.no_graphs and device == "cuda")
+                                                 use_graphs=not args.no_graphs and device == "cuda",
+                                                 compile_layers=not args.no_compile and device == "cuda")
                 print(f"decode {key} {scheme}: {row[scheme]['ms_per_token']:.3f} ms/token "
                       f"(floor {row.get('floor_ms', float('nan')):.3f})", flush=True)
             except Exception as err:  # noqa: BLE001 - record and go on

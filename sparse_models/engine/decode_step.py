@@ -25,8 +25,9 @@ class DecodeStep:
     """
 
     def __init__(self, parts: ModelParts, plan, cache: StaticCache, config: SparseAttentionConfig,
-                 role_override: str | None = None):
+                 role_override: str | None = None, compiled=None):
         self.parts = parts
+        self.compiled = compiled  # CompiledLayers or None (eager)
         self.plan = plan
         self.cache = cache
         self.config = config
@@ -48,8 +49,10 @@ class DecodeStep:
         tidal = cfg.tidal
         for layer_idx, (layer, role) in enumerate(zip(parts.layers, self.roles)):
             residual = hidden
-            x = rms_norm(layer.input_layernorm, hidden)
-            q, k, v = project_qkv(parts, layer, x, cos, sin)
+            if self.compiled is not None:
+                q, k, v = self.compiled.pre(layer, hidden, cos, sin)
+            else:
+                q, k, v = project_qkv(parts, layer, rms_norm(layer.input_layernorm, hidden), cos, sin)
             q, k, v = q[:, :, 0], k[:, :, 0], v[:, :, 0]  # [B, H, D]
             cache.append(layer_idx, k, v, positions)
             if role in ("dense", "full", "pod-anchor", "pod-shared"):
@@ -66,5 +69,9 @@ class DecodeStep:
                 idx = L.streaming_indices(lens, parts.num_kv_heads, cfg.streaming.sink_tokens,
                                           cfg.streaming.recent_window)
                 out = L.sparse_attention(cache, layer_idx, q, lens, parts.scale, idx)
-            hidden = finish_layer(layer, residual, out.reshape(batch, 1, -1).to(hidden.dtype))
+            out = out.reshape(batch, 1, -1).to(hidden.dtype)
+            if self.compiled is not None:
+                hidden = self.compiled.post(layer, residual, out)
+            else:
+                hidden = finish_layer(layer, residual, out)
         return parts.lm_head(rms_norm(parts.norm, hidden[:, 0])).float()

@@ -85,12 +85,14 @@ class GenerationEngine:
         use_cuda_graphs: capture the decode step (default: True on CUDA). Asked for on a machine
             without CUDA, it warns and runs eagerly.
         token_sparse_keep_ratio: replace Token Sparse's dynamic coverage by a fixed kept fraction.
+        compile_layers: torch.compile the non-attention parts of the decode step (norms, projections,
+            RoPE, MLP fused by Inductor; ``compiled_layers``). Default: off (first step compiles, ~tens of s).
         **overrides: flat scheme overrides (``decode_scheme="tidal", tidal_budget=2048``).
     """
 
     def __init__(self, model, *, sparse_config: SparseAttentionConfig | None = None, max_batch_size: int = 1,
                  max_seq_len: int | None = None, use_cuda_graphs: bool | None = None,
-                 token_sparse_keep_ratio: float | None = None, **overrides):
+                 token_sparse_keep_ratio: float | None = None, compile_layers: bool = False, **overrides):
         self.model = model
         self.parts = extract_model_parts(model)
         self.config = _resolve_config(model, sparse_config, overrides)
@@ -127,7 +129,15 @@ class GenerationEngine:
                                  dtype=parts.dtype, device=device, pod_sink=self.config.pod.sink_tokens,
                                  pod_recent=self.config.pod.recent_window, quest_layers=quest_layers,
                                  quest_page_size=self.config.quest.page_size)
-        self.decode_step = DecodeStep(parts, self.plan, self.cache, self.config)
+        compiled = None
+        if compile_layers:
+            from .compiled_layers import CompiledLayers
+
+            compiled = CompiledLayers.build(parts)
+            if compiled is None:
+                warnings.warn("compile_layers: this model's layers are not Llama-style (RMSNorm + SiLU MLP); "
+                              "running them eagerly", RuntimeWarning, stacklevel=2)
+        self.decode_step = DecodeStep(parts, self.plan, self.cache, self.config, compiled=compiled)
         self._input_ids = torch.zeros(max_batch_size, dtype=torch.long, device=device)
         self._graphs: dict[int, GraphedStep] = {}
         self._graph_pool = None

@@ -1,0 +1,85 @@
+"""Fused (torch.compile'd) non-attention parts of a decoder layer for the decode step.
+
+Why: a decode step of a Llama-3-8B shape at batch 1 launches ~45 kernels per layer in eager PyTorch
+(RMSNorm alone is 7 elementwise kernels, RoPE ~10), ~1,400 per step; even inside a CUDA graph each
+costs a few microseconds, which adds milliseconds to a step whose memory floor is ~4.5 ms (first H200
+run: podkit dense 8.6 ms/token at 32K against a 4.5 ms floor). Inductor fuses the norm, RoPE, residual
+adds and SiLU-gating into a handful of kernels; the GEMMs stay cuBLAS; attention stays podkit's
+Triton kernels (outside the compiled regions).
+
+The compiled functions take weights as tensor arguments (not modules), so one compiled graph serves
+every layer (same shapes) and there is no per-layer recompilation. Supported: Llama-style layers
+(RMSNorm, q/k/v/o projections with optional biases, SiLU-gated MLP); anything else keeps eager.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .model_parts import LayerModules, ModelParts, rotate_half
+
+
+def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x32.to(x.dtype)
+
+
+def pre_attention(hidden, norm_w, eps: float, wq, bq, wk, bk, wv, bv, cos, sin, num_heads: int, num_kv: int,
+                  head_dim: int):
+    """hidden [B, S, H] -> q [B, Hq, S, D], k [B, Hkv, S, D] (post-RoPE), v [B, Hkv, S, D]."""
+    batch, s, _ = hidden.shape
+    x = _rms(hidden, norm_w, eps)
+    q = F.linear(x, wq, bq).view(batch, s, num_heads, head_dim).transpose(1, 2)
+    k = F.linear(x, wk, bk).view(batch, s, num_kv, head_dim).transpose(1, 2)
+    v = F.linear(x, wv, bv).view(batch, s, num_kv, head_dim).transpose(1, 2)
+    c, n = cos.unsqueeze(1), sin.unsqueeze(1)
+    return q * c + rotate_half(q) * n, k * c + rotate_half(k) * n, v
+
+
+def post_attention(residual, attn, wo, bo, norm_w, eps: float, wg, bg, wu, bu, wd, bd):
+    """residual [B, S, H], attn [B, S, Hq * D] -> next hidden [B, S, H]."""
+    hidden = residual + F.linear(attn, wo, bo)
+    x = _rms(hidden, norm_w, eps)
+    return hidden + F.linear(F.silu(F.linear(x, wg, bg)) * F.linear(x, wu, bu), wd, bd)
+
+
+def _supported(parts: ModelParts) -> bool:
+    act = getattr(parts.config, "hidden_act", "silu")
+    for layer in parts.layers:
+        mlp = layer.mlp
+        if not all(hasattr(mlp, n) for n in ("gate_proj", "up_proj", "down_proj")) or act != "silu":
+            return False
+        for norm in (layer.input_layernorm, layer.post_attention_layernorm):
+            if getattr(norm, "variance_epsilon", None) is None or getattr(norm, "weight", None) is None:
+                return False
+    return True
+
+
+class CompiledLayers:
+    """``pre(layer_index, hidden, cos, sin)`` and ``post(layer_index, residual, attn)`` backed by
+    torch.compile'd functions; ``CompiledLayers.build(parts)`` returns None when unsupported."""
+
+    def __init__(self, parts: ModelParts):
+        self.parts = parts
+        self._pre = torch.compile(pre_attention, dynamic=False, fullgraph=True)
+        self._post = torch.compile(post_attention, dynamic=False, fullgraph=True)
+
+    @classmethod
+    def build(cls, parts: ModelParts) -> "CompiledLayers | None":
+        return cls(parts) if _supported(parts) else None
+
+    def pre(self, layer: LayerModules, hidden, cos, sin):
+        p = self.parts
+        a = layer
+        return self._pre(hidden, a.input_layernorm.weight, float(a.input_layernorm.variance_epsilon),
+                         a.q_proj.weight, a.q_proj.bias, a.k_proj.weight, a.k_proj.bias, a.v_proj.weight,
+                         a.v_proj.bias, cos, sin, p.num_heads, p.num_kv_heads, p.head_dim)
+
+    def post(self, layer: LayerModules, residual, attn):
+        m = layer.mlp
+        norm = layer.post_attention_layernorm
+        return self._post(residual, attn, layer.o_proj.weight, layer.o_proj.bias, norm.weight,
+                          float(norm.variance_epsilon), m.gate_proj.weight, m.gate_proj.bias, m.up_proj.weight,
+                          m.up_proj.bias, m.down_proj.weight, m.down_proj.bias)
