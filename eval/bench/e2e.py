@@ -470,9 +470,19 @@ def main(argv=None) -> int:
             try:
                 overrides = scheme_overrides(scheme, shape["num_hidden_layers"], shape["num_key_value_heads"],
                                              args.budget, args.tiny)
-                row[scheme] = time_engine_decode(model, context, batch, overrides, args.steps,
-                                                 use_graphs=not args.no_graphs and device == "cuda",
-                                                 compile_layers=not args.no_compile and device == "cuda")
+                compile_layers = not args.no_compile and device == "cuda"
+                try:
+                    row[scheme] = time_engine_decode(model, context, batch, overrides, args.steps,
+                                                     use_graphs=not args.no_graphs and device == "cuda",
+                                                     compile_layers=compile_layers)
+                except Exception as err:  # noqa: BLE001 - a compile failure must not cost the row
+                    if not compile_layers or is_oom(err):
+                        raise
+                    result["errors"].append(f"decode {key} {scheme} with compile_layers: "
+                                            f"{type(err).__name__}: {str(err)[:300]}; retried without")
+                    free_memory()
+                    row[scheme] = time_engine_decode(model, context, batch, overrides, args.steps,
+                                                     use_graphs=not args.no_graphs, compile_layers=False)
                 print(f"decode {key} {scheme}: {row[scheme]['ms_per_token']:.3f} ms/token "
                       f"(floor {row.get('floor_ms', float('nan')):.3f})", flush=True)
             except Exception as err:  # noqa: BLE001 - record and go on
