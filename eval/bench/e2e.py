@@ -204,7 +204,8 @@ def time_transformers_decode(model, context: int, batch: int, steps: int) -> dic
 # Prefill
 # ----------------------------------------------------------------------------------------------
 
-def time_prefill(model, context: int, overrides: dict, keep_ratio: float | None, repeats: int) -> dict:
+def time_prefill(model, context: int, overrides: dict, keep_ratio: float | None, repeats: int,
+                 warmup: bool = True) -> dict:
     from sparse_models.engine import GenerationEngine
 
     device = next(model.parameters()).device
@@ -215,13 +216,14 @@ def time_prefill(model, context: int, overrides: dict, keep_ratio: float | None,
         prompt = torch.randint(0, model.config.vocab_size, (context,), generator=g).tolist()
         times = []
         stats: dict = {}
-        for _ in range(repeats + 1):  # the first run compiles the Triton kernels
+        for _ in range(repeats + int(warmup)):  # a warm-up run compiles the Triton kernels
             synchronize(device)
             t = time.perf_counter()
             engine.prefill([prompt], stats=stats)
             synchronize(device)
             times.append(time.perf_counter() - t)
-        row = {"seconds": min(times[1:]), "first_run_s": times[0]}
+        timed = times[1:] if warmup else times
+        row = {"seconds": min(timed), "runs_s": [round(t, 4) for t in times], "warmup_run": warmup}
         if "token_sparse" in stats:
             row["mean_token_sparsity"] = stats["token_sparse"].mean_token_sparsity
         return row
@@ -314,6 +316,49 @@ def evaluate_targets(result: dict) -> dict:
     return targets
 
 
+def markdown_table(result: dict) -> str:
+    """The tables BENCHMARKS.md takes: decode ms/token, prefill s, memory, targets."""
+    lines = [f"`{result.get('command', '')}` — {result.get('date', '')}, {result.get('device', '')}, "
+             f"torch {result.get('torch', '')}, transformers {result.get('transformers', '')}, {result.get('model', '')} "
+             f"({result.get('dtype', '')}); copy bandwidth {result.get('copy_bandwidth_TBps')} TB/s", ""]
+    decode = result.get("decode", {})
+    schemes = []
+    for row in decode.values():
+        for name, cell in row.items():
+            if isinstance(cell, dict) and name not in schemes:
+                schemes.append(name)
+    if decode:
+        lines += ["| context x batch | floor ms | " + " | ".join(schemes) + " |",
+                  "|---|---|" + "---|" * len(schemes)]
+        for key, row in decode.items():
+            cells = []
+            for name in schemes:
+                cell = row.get(name, {})
+                cells.append(f"{cell['ms_per_token']:.2f}" if cell.get("ms_per_token") else
+                             ("error" if "error" in cell else "-"))
+            floor = f"{row['floor_ms']:.2f}" if row.get("floor_ms") else "-"
+            lines.append(f"| {key} | {floor} | " + " | ".join(cells) + " |")
+        lines.append("")
+    prefill = result.get("prefill", {})
+    if prefill:
+        names = list(next(iter(prefill.values())).keys())
+        lines += ["| prefill context | " + " | ".join(f"{n} s" for n in names) + " |", "|---|" + "---|" * len(names)]
+        for ctx, row in prefill.items():
+            lines.append(f"| {ctx} | " + " | ".join(f"{row[n]['seconds']:.3f}" if row.get(n, {}).get("seconds")
+                                                     else "error" for n in names) + " |")
+        lines.append("")
+    mem = result.get("memory", {})
+    if mem:
+        lines += ["| cache | KV GiB / sequence | largest batch |", "|---|---|---|"]
+        for name, row in mem.items():
+            lines.append(f"| {name} @ {row['context']} | {row['kv_gib_per_seq']} | {row['max_batch']} |")
+        lines.append("")
+    targets = result.get("targets", {})
+    if targets:
+        lines += ["| target | measured |", "|---|---|"] + [f"| {k} | {v} |" for k, v in targets.items()]
+    return "\n".join(lines)
+
+
 def plot(result: dict, path: Path) -> str | None:
     try:
         import matplotlib
@@ -382,6 +427,7 @@ def main(argv=None) -> int:
         png = Path(args.png or Path(args.plot_only).with_suffix(".png"))
         err = plot(result, png)
         print(err or f"wrote {png}")
+        print(markdown_table(result))
         return 1 if err else 0
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -517,7 +563,9 @@ def main(argv=None) -> int:
         row = result["prefill"].setdefault(str(context), {})
         for name, (overrides, ratio) in prefill_cases.items():
             try:
-                row[name] = time_prefill(model, context, overrides, ratio, args.prefill_repeats)
+                # kernels compiled at the first (shortest) context serve the longer ones: no warm-up there
+                warm = context == args.prefill_contexts[0]
+                row[name] = time_prefill(model, context, overrides, ratio, args.prefill_repeats, warmup=warm)
                 print(f"prefill {context} {name}: {row[name]['seconds']:.3f} s", flush=True)
             except Exception as err:  # noqa: BLE001
                 row[name] = {"error": f"{type(err).__name__}: {str(err)[:300]}"}
@@ -528,7 +576,9 @@ def main(argv=None) -> int:
     save()
     err = plot(result, png)
     print(err or f"wrote {png}")
-    print(json.dumps(result["targets"], indent=2))
+    table = markdown_table(result)
+    out.with_suffix(".md").write_text(table + "\n")
+    print(table)
     print(f"wrote {out}")
     return 0
 
