@@ -22,10 +22,10 @@ import torch
 import kernels
 
 from ..config import SparseAttentionConfig
+from ..schemes.token_sparse import TokenSparseStats
 from .errors import EngineError
 from .model_parts import ModelParts, finish_layer, project_qkv, rms_norm, rope_tables
 from .static_cache import StaticCache
-from ..schemes.token_sparse import TokenSparseStats
 from .token_sparse_select import token_sparse_attention
 
 
