@@ -51,6 +51,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     graphs.add_argument("--cuda-graphs", dest="cuda_graphs", action="store_true", default=None,
                         help="capture the decode step in a CUDA graph (default on CUDA)")
     graphs.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile the non-attention parts of the decode step (fewer kernels; the first step "
+                        "compiles for tens of seconds)")
     p.add_argument("--stream", action="store_true", help="print tokens as they are generated (batch of one)")
     p.add_argument("--json", type=Path, default=None, help="also write prompts, outputs and timings here")
     return p.parse_args(argv)
@@ -175,7 +178,7 @@ def main(argv=None) -> int:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", RuntimeWarning)
             engine = GenerationEngine(model, max_batch_size=len(ids), max_seq_len=capacity,
-                                      use_cuda_graphs=args.cuda_graphs, **overrides)
+                                      use_cuda_graphs=args.cuda_graphs, compile_layers=args.compile, **overrides)
         for w in caught:
             print(f"warning: {w.message}", file=sys.stderr)
         sampling = SamplingConfig(temperature=args.temperature, top_p=args.top_p, seed=args.seed)
