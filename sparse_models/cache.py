@@ -304,9 +304,8 @@ class SparseKVCache(Cache):
         query = (lens - 1)[:, None]
         proximal = (pos >= 0) & ((pos < self.sink) | (query - pos < self.recent))
         local = self.local_key_view(layer, lens)  # [B, Hkv, L, D]
-        for b in range(k.shape[0]):
-            cols = proximal[b].nonzero().squeeze(-1)
-            k[b, :, pos[b, cols]] = local[b, :, cols]
+        rows, slots = proximal.nonzero(as_tuple=True)
+        k.permute(0, 2, 1, 3)[rows, pos[rows, slots]] = local.permute(0, 2, 1, 3)[rows, slots]
         return k
 
     # ------------------------------------------------------------------ Quest pages
