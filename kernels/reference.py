@@ -49,13 +49,16 @@ def _scale(scale: float | None, head_dim: int) -> float:
 def _masked_softmax_attend(logits: torch.Tensor, valid: torch.Tensor, v: torch.Tensor):
     """softmax(logits over valid) @ v, with rows that have no valid key returning 0 and lse -inf.
 
-    logits/valid: [..., K]; v: [..., K, D]. Returns (out [..., D], lse [...]).
+    logits/valid: [..., K] with v [..., K, D] (one query per row), or [..., S, K] with v [..., K, D]
+    (S queries sharing the keys). Returns (out [..., D] or [..., S, D], lse [...]).
     """
     logits = logits.masked_fill(~valid, float("-inf"))
     lse = torch.logsumexp(logits, dim=-1)
     safe_lse = torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))
     probs = torch.exp(logits - safe_lse.unsqueeze(-1)).masked_fill(~valid, 0.0)
-    return torch.matmul(probs.unsqueeze(-2), v).squeeze(-2), lse
+    if probs.dim() == v.dim():  # [..., S, K] @ [..., K, D]: a block of queries sharing keys
+        return torch.matmul(probs, v), lse
+    return torch.matmul(probs.unsqueeze(-2), v).squeeze(-2), lse  # one query per row
 
 
 # ----------------------------------------------------------------------------------------------
@@ -187,9 +190,15 @@ def prefill_attention(q, k, v, q_offsets, kv_lens, *, scale=None, return_lse=Fal
     kpos = torch.arange(n, device=q.device)
     valid = (kpos[None, None, :] <= qpos[:, :, None]) & (kpos[None, None, :] < kv_lens.to(q.device)[:, None, None])
     valid = valid & (qpos < kv_lens.to(q.device)[:, None])[:, :, None]
+    if not return_lse and ct == torch.float32:
+        # Same math through SDPA's memory-efficient path (the [B, H, S, N] logits of a long prompt
+        # would not fit); rows without any valid key come back NaN and are zeroed.
+        out = F.scaled_dot_product_attention(q.to(ct), kk, vv, attn_mask=valid[:, None], scale=_scale(scale, head_dim))
+        out = out.masked_fill(~valid.any(-1)[:, None, :, None], 0.0)
+        return out.to(q.dtype)
     logits = torch.einsum("bhsd,bhnd->bhsn", q.to(ct), kk) * _scale(scale, head_dim)
     valid = valid[:, None, :, :].expand_as(logits)
-    out, lse = _masked_softmax_attend(logits, valid, vv.unsqueeze(2).expand(-1, -1, s, -1, -1))
+    out, lse = _masked_softmax_attend(logits, valid, vv)
     if return_lse:
         return out.to(q.dtype), lse.float() if ct != torch.float64 else lse
     return out.to(q.dtype)
@@ -219,7 +228,7 @@ def sparse_prefill_attention(q, k, v, indices, *, scale=None):
     causal = pos[None, :] <= pos[:, None]  # [S, S]
     mask = causal[None, None] & kept[:, :, None, :] & kept[:, :, :, None]
     logits = torch.einsum("bhsd,bhnd->bhsn", q.to(ct), kk) * _scale(scale, head_dim)
-    out, _ = _masked_softmax_attend(logits, mask, vv.unsqueeze(2).expand(-1, -1, s, -1, -1))
+    out, _ = _masked_softmax_attend(logits, mask, vv)
     out = out.masked_fill(~kept.unsqueeze(-1), 0.0)
     return out.to(q.dtype)
 
@@ -288,6 +297,15 @@ def pod_prefill_attention(q, k_own, k_anchor, v, seq_lens, *, sink, recent, scal
     distant = causal & ~proximal
     qc = q.to(ct)
     vv = _expand_kv(v, num_heads).to(ct)
+    if not return_gate and ct == torch.float32:
+        # One softmax over [proximal keys ; distant keys] is the LSE merge of the two passes, so
+        # SDPA over the concatenated keys (and values twice) computes it without [S, S] logits.
+        keys = torch.cat([_expand_kv(k_own, num_heads), _expand_kv(k_anchor, num_heads)], dim=2).to(ct)
+        values = torch.cat([vv, vv], dim=2)
+        mask = torch.cat([proximal, distant], dim=-1)[:, None]  # [B, 1, S, 2S]
+        out = F.scaled_dot_product_attention(qc, keys, values, attn_mask=mask, scale=sc)
+        out = torch.where(causal.any(-1)[:, None, :, None], out, torch.zeros_like(out))
+        return out.to(q.dtype)
     logits_p = torch.einsum("bhsd,bhnd->bhsn", qc, _expand_kv(k_own, num_heads).to(ct)) * sc
     logits_d = torch.einsum("bhsd,bhnd->bhsn", qc, _expand_kv(k_anchor, num_heads).to(ct)) * sc
     logits_p = logits_p.masked_fill(~proximal[:, None], float("-inf"))

@@ -221,3 +221,22 @@ def test_quest_scores_are_upper_bounds_and_select_current_page():
     assert idx.shape == (b, hq, 32)
     assert (idx[1] < 20).all()
     assert ((idx[1] >= 16) & (idx[1] < 20)).sum(-1).eq(4).all()  # current page, valid slots only
+
+
+def test_fp32_fast_paths_match_the_explicit_fp64_math():
+    """prefill_attention and pod_prefill_attention take an SDPA path in fp32 (no [S, S] logits)."""
+    b, hq, hkv, s, d = 2, 6, 2, 33, 16
+    q, k, ka, v = _rand(b, hq, s, d), _rand(b, hkv, s, d), _rand(b, hkv, s, d), _rand(b, hkv, s, d)
+    lens = torch.tensor([33, 20])
+    offs = torch.zeros(2, dtype=torch.long)
+    exact = ref.prefill_attention(q, k, v, offs, lens)
+    fast = ref.prefill_attention(q.float(), k.float(), v.float(), offs, lens)
+    torch.testing.assert_close(fast.double(), exact, atol=1e-5, rtol=1e-5)
+    exact = ref.pod_prefill_attention(q, k, ka, v, lens, sink=2, recent=7)
+    qf = q.float().requires_grad_()
+    fast = ref.pod_prefill_attention(qf, k.float(), ka.float(), v.float(), lens, sink=2, recent=7)
+    torch.testing.assert_close(fast.double(), exact, atol=1e-5, rtol=1e-5)
+    qd = q.clone().requires_grad_()
+    ref.pod_prefill_attention(qd, k, ka, v, lens, sink=2, recent=7).square().sum().backward()
+    fast.square().sum().backward()
+    torch.testing.assert_close(qf.grad.double(), qd.grad, atol=1e-4, rtol=1e-4)
