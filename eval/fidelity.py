@@ -70,8 +70,10 @@ class SweepPlan:
 FULL = SweepPlan(passkey_lengths=[2048, 4096, 8192], ppl_lengths=[2048, 4096, 8192], depths=10,
                  budgets=[32, 64, 128, 256], coverages=[0.005, 0.01], ppl_only_tidal_budgets=[1024], ppl_windows=1,
                  decode_tokens=256, calibration_samples=4, calibration_length=2048)
-REDUCED = SweepPlan(passkey_lengths=[2048], ppl_lengths=[2048], depths=3, budgets=[64], coverages=[0.005],
-                    ppl_only_tidal_budgets=[], ppl_windows=1, decode_tokens=48, calibration_samples=1,
+# Reduced: passkey at 1K (Token Sparse is dense there: 1K <= min_tokens + window), perplexity at 2K
+# (where Token Sparse acts), one budget per decode method; about 6 minutes on an idle 2-core CPU.
+REDUCED = SweepPlan(passkey_lengths=[1024], ppl_lengths=[2048], depths=3, budgets=[64], coverages=[0.005],
+                    ppl_only_tidal_budgets=[], ppl_windows=1, decode_tokens=32, calibration_samples=1,
                     calibration_length=1024)
 
 
@@ -199,6 +201,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--settings", nargs="*", default=None, help="run only these labels (e.g. dense tidal@128)")
     parser.add_argument("--tasks", nargs="+", default=["passkey", "ppl"], choices=["passkey", "ppl"])
     parser.add_argument("--lengths", nargs="*", type=int, default=None, help="override passkey and ppl lengths")
+    parser.add_argument("--ppl-lengths", nargs="*", type=int, default=None, help="override the ppl lengths only")
     parser.add_argument("--depths", type=int, default=None)
     parser.add_argument("--decode-tokens", type=int, default=None)
     parser.add_argument("--calibration-length", type=int, default=None)
@@ -213,6 +216,8 @@ def main(argv: list[str] | None = None) -> dict:
     plan = copy.deepcopy(REDUCED if args.reduced else FULL)
     if args.lengths:
         plan.passkey_lengths = plan.ppl_lengths = list(args.lengths)
+    if args.ppl_lengths:
+        plan.ppl_lengths = list(args.ppl_lengths)
     if args.depths:
         plan.depths = args.depths
     if args.decode_tokens is not None:
