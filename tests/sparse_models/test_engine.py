@@ -85,9 +85,15 @@ def reference_generate(model, prompts, overrides, new_tokens=NEW_TOKENS):
     return out
 
 
-@pytest.mark.parametrize("heads", [(4, 4), (6, 2), (8, 2)], ids=["G1", "G3", "G4"])
-@pytest.mark.parametrize("scheme", list(SCHEMES))
-def test_engine_greedy_matches_podkit_generate(scheme, heads):
+HEADS = {"G1": (4, 4), "G3": (6, 2), "G4": (8, 2)}
+# every scheme with GQA group 3; the decode kernels' layouts (dense, TidalDecode, POD) also with 1 and 4
+ENGINE_CASES = [(scheme, "G3") for scheme in SCHEMES] + [
+    (scheme, g) for g in ("G1", "G4") for scheme in ("dense", "tidal", "tidal-kv-group", "pod", "pod+tidal")]
+
+
+@pytest.mark.parametrize("scheme, group", ENGINE_CASES, ids=[f"{s}-{g}" for s, g in ENGINE_CASES])
+def test_engine_greedy_matches_podkit_generate(scheme, group):
+    heads = HEADS[group]
     num_heads, num_kv = heads
     model = podkit_model(num_heads, num_kv, seed=hash((scheme, heads)) % 1000)
     prompts = random_prompts([23, 14, 19], seed=len(scheme) + num_heads)
