@@ -14,6 +14,7 @@ Architecture: Llama, 30 layers, hidden 576, 9 query / 3 KV heads (GQA 3), head_d
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import shutil
 import tempfile
@@ -47,9 +48,19 @@ def default_model_path() -> Path:
     """The converted safetensors folder (converted on first call)."""
     target = cache_root() / FOLDER_NAME
     if (target / "config.json").is_file() and (target / "model.safetensors").is_file():
+        _drop_stale_quantization_config(target / "config.json")
         return target
     _convert(target)
     return target
+
+
+def _drop_stale_quantization_config(config_path: Path) -> None:
+    """Folders converted by podkit <= 0.1.0 kept the GGUF quantization_config; remove it in place."""
+    data = json.loads(config_path.read_text())
+    if data.pop("quantization_config", None) is not None:
+        tmp = config_path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(data, indent=2) + "\n")
+        os.replace(tmp, config_path)
 
 
 def _convert(target: Path) -> None:
@@ -65,7 +76,9 @@ def _convert(target: Path) -> None:
         tokenizer = AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
         gguf_model = LlamaForCausalLM.from_pretrained(source.parent, gguf_file=source.name, dtype=torch.float32)
         config_dict = gguf_model.config.to_dict()
-        for key in ("model_type", "architectures", "transformers_version", "dtype", "torch_dtype"):
+        # quantization_config describes the GGUF file, not these dequantised fp32 weights; kept, it
+        # makes transformers treat the folder as a quantized model (the Trainer refuses to train it).
+        for key in ("model_type", "architectures", "transformers_version", "dtype", "torch_dtype", "quantization_config"):
             config_dict.pop(key, None)
         config = PodkitLlamaConfig(**config_dict)
         model = PodkitLlamaForCausalLM(config).to(torch.float32)
