@@ -8,6 +8,7 @@ and a ragged batch, with budgets small enough that every sparse scheme really dr
 from __future__ import annotations
 
 import warnings
+import zlib
 
 import pytest
 import torch
@@ -95,7 +96,7 @@ ENGINE_CASES = [(scheme, "G3") for scheme in SCHEMES] + [
 def test_engine_greedy_matches_podkit_generate(scheme, group):
     heads = HEADS[group]
     num_heads, num_kv = heads
-    model = podkit_model(num_heads, num_kv, seed=hash((scheme, heads)) % 1000)
+    model = podkit_model(num_heads, num_kv, seed=zlib.crc32(f"{scheme}-{group}".encode()) % 1000)
     prompts = random_prompts([23, 14, 19], seed=len(scheme) + num_heads)
     overrides = scheme_overrides(scheme, num_kv)
     expected = reference_generate(model, prompts, overrides)
