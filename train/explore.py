@@ -3,10 +3,10 @@
 The math lives in :mod:`sparse_models.calibration.pod_similarity` (eval uses it too); this module
 feeds it a model and calibration token ids, and writes ``blocks.json`` + ``similarity.png``.
 
-q/k capture: ``sparse_models.capture_attention_inputs`` for podkit model classes; for any other
-transformers model (a plain ``LlamaForCausalLM``) :func:`capture_with_attention_interface` records
-the q/k that transformers' attention interface receives (post-RoPE, un-repeated KV heads) while
-running SDPA -- the same tensors.
+q/k capture: ``sparse_models.capture_attention_inputs`` for podkit model classes (the pipeline's
+dense reference is one); for any other transformers model (a plain ``LlamaForCausalLM``)
+:func:`capture_with_attention_interface` records the q/k that transformers' attention interface
+receives (post-RoPE, un-repeated KV heads) while running SDPA -- the same tensors.
 """
 
 from __future__ import annotations

@@ -6,11 +6,12 @@ The export folder holds
     anchor_layers``), so ``from_pretrained`` needs nothing else;
   * the tokenizer files; ``pod_blocks.json`` (the exploration's output, similarity included);
   * ``recipe.yaml`` (the recipe as run, local paths reduced to their last component);
+  * ``modeling_podkit.py`` (a copy of ``sparse_models/standalone/modeling_podkit.py``: torch +
+    transformers only) and ``auto_map`` in ``config.json``, so that
+    ``AutoModelForCausalLM.from_pretrained(export, trust_remote_code=True)`` works without podkit;
+    with podkit installed the registered podkit classes load it (no remote code runs);
   * ``README.md``: the model card (base model, recipe, block map, KV saving, eval results, loading
     snippet).
-
-Not yet written: a self-contained ``modeling_podkit.py`` + ``auto_map`` for ``trust_remote_code``
-users without podkit (the export loads with podkit's classes).
 
 Nothing written here may carry a local path or a secret (train/hub.py checks again before a push).
 """
@@ -26,6 +27,12 @@ import yaml
 from sparse_models.calibration.pod_similarity import blocks_per_head, kv_saving_fraction
 from train.recipe import Recipe
 
+STANDALONE_MODELING = Path(__file__).resolve().parent.parent / "sparse_models" / "standalone" / "modeling_podkit.py"
+STANDALONE_CLASSES = {  # model_type -> (config class, model class) in modeling_podkit.py
+    "podkit_llama": ("PodkitLlamaConfig", "PodkitLlamaForCausalLM"),
+    "podkit_mistral": ("PodkitMistralConfig", "PodkitMistralForCausalLM"),
+    "podkit_qwen2": ("PodkitQwen2Config", "PodkitQwen2ForCausalLM"),
+}
 
 
 def sanitized_recipe(recipe: Recipe) -> dict:
@@ -55,6 +62,7 @@ def export_model(model, tokenizer, recipe: Recipe, anchor_layers: list[list[int]
     if blocks_file is not None:
         shutil.copyfile(blocks_file, export_dir / "pod_blocks.json")
     (export_dir / "recipe.yaml").write_text(yaml.safe_dump(sanitized_recipe(recipe), sort_keys=False))
+    shutil.copyfile(STANDALONE_MODELING, export_dir / "modeling_podkit.py")
     _finish_config(export_dir, recipe)
     write_model_card(export_dir, recipe, anchor_layers, base_model=base_model, results=results)
     return export_dir
@@ -66,6 +74,14 @@ def _finish_config(export_dir: Path, recipe: Recipe) -> None:
     config.pop("_name_or_path", None)
     pod = config.get("sparse_attention", {}).get("pod", {})
     pod["blocks_file"] = None  # the anchor map is inline; a path would be local
+    model_type = config.get("model_type")
+    if model_type not in STANDALONE_CLASSES:
+        raise ValueError(f"model_type={model_type!r}: the export's standalone modeling file covers "
+                         f"{', '.join(STANDALONE_CLASSES)}")
+    config_class, model_class = STANDALONE_CLASSES[model_type]
+    # Only read by transformers when the loader passes trust_remote_code=True (podkit never does)
+    config["auto_map"] = {"AutoConfig": f"modeling_podkit.{config_class}",
+                          "AutoModelForCausalLM": f"modeling_podkit.{model_class}"}
     path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 

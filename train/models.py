@@ -87,19 +87,12 @@ def load_config(recipe: Recipe, source: str, cls=None):
 
 
 def load_dense_reference(recipe: Recipe, source: str, dtype: torch.dtype | None = None):
-    """The base model as stock transformers runs it (SDPA): the dense baseline and the exploration's
-    model. Same weights and rope as the podkit classes; transformers' attention is the reference."""
-    import transformers
+    """The base model with dense prefill and decode: the dense baseline and the exploration's model.
 
-    family = _checkpoint_model_type(recipe, source).removeprefix("podkit_")
-    names = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}
-    if family not in names:
-        raise ValueError(f"model_type={family!r} is not supported by podkit: expected one of {', '.join(names)}")
-    cls = getattr(transformers, names[family])
-    config = load_config(recipe, source, cls)
-    config.model_type = family  # a podkit_* folder loads into the stock class (same parameter names)
-    return cls.from_pretrained(source, config=config, revision=recipe.model.revision, attn_implementation="sdpa",
-                               dtype=dtype or DTYPE[recipe.model.dtype])
+    A podkit class like the POD model, so both run the same code path (``kernels`` prefill: SDPA on
+    CPU, the Triton kernel on CUDA); its logits equal stock transformers' SDPA (checked by
+    tests/train/test_pod_zero_shot.py)."""
+    return load_model(recipe, source, dtype=dtype)
 
 
 def pod_overrides(recipe: Recipe, anchor_layers: list[list[int]]) -> dict:

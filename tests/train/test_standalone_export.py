@@ -1,0 +1,184 @@
+"""The export's self-contained modeling file (``sparse_models/standalone/modeling_podkit.py`` + auto_map).
+
+A subprocess that cannot import podkit (repo off sys.path, ``kernels`` / ``sparse_models`` / ``train``
+/ ``eval`` blocked) loads each export with ``AutoModelForCausalLM.from_pretrained(...,
+trust_remote_code=True)``; its logits (prefill: batch of 2 with left padding; and greedy decode
+steps) must equal podkit's classes on the same weights. Without ``trust_remote_code`` the subprocess
+must refuse to load, and in the podkit process the Auto classes pick podkit's own classes.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from train.export import STANDALONE_CLASSES, STANDALONE_MODELING, _finish_config
+
+# (family, query heads, KV heads, layers, anchor map): G = 1, 3, 4, 8; shared heads, several blocks
+CASES = [
+    ("llama", 3, 3, 4, [[0, 0, 0], [1, 0, 1], [1, 0, 2], [1, 3, 2]]),
+    ("llama", 6, 2, 3, [[0, 0], [0, 0], [0, 2]]),
+    ("qwen2", 8, 2, 3, [[0, 0], [1, 0], [1, 0]]),
+    ("mistral", 8, 1, 3, [[0], [0], [2]]),
+]
+SINK, RECENT = 2, 5
+LENGTHS = (23, 17)  # ragged batch, left-padded; both cross the proximal window several times
+NEW_TOKENS = 4
+
+CHILD = textwrap.dedent('''
+    import importlib.abc, importlib.util, json, sys
+    import torch
+    BLOCKED = {"kernels", "sparse_models", "train", "eval"}
+    repo = sys.argv[1]
+    sys.path[:] = [p for p in sys.path if p not in ("", ".", repo)]
+    class Hide(importlib.abc.MetaPathFinder):
+        """Every finder answers "not found" for podkit's packages (an editable install included)."""
+        def __init__(self, inner):
+            self.inner = inner
+        def find_spec(self, name, path=None, target=None):
+            if name.split(".")[0] in BLOCKED:
+                return None
+            return self.inner.find_spec(name, path, target)
+        def __getattr__(self, attr):
+            return getattr(self.inner, attr)
+    sys.meta_path[:] = [Hide(f) for f in sys.meta_path]
+    for name in list(sys.modules):
+        if name.split(".")[0] in BLOCKED:
+            del sys.modules[name]
+    from transformers import AutoModelForCausalLM
+    result = {"importable": [n for n in BLOCKED if importlib.util.find_spec(n) is not None]}
+    for folder in sys.argv[3:]:
+        try:
+            AutoModelForCausalLM.from_pretrained(folder)
+            result[folder + ":untrusted"] = "loaded"
+        except Exception as error:
+            result[folder + ":untrusted"] = type(error).__name__ + ": " + str(error)[:200]
+        model = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True, dtype=torch.float32).eval()
+        data = torch.load(folder + "/inputs.pt")
+        with torch.no_grad():
+            logits = model(input_ids=data["ids"], attention_mask=data["mask"]).logits
+            gen = model.generate(input_ids=data["ids"], attention_mask=data["mask"], max_new_tokens=%d,
+                                 do_sample=False, output_logits=True, return_dict_in_generate=True,
+                                 pad_token_id=0)
+        torch.save({"logits": logits, "sequences": gen.sequences, "steps": torch.stack(gen.logits, 1),
+                    "class": type(model).__module__ + "." + type(model).__name__}, folder + "/standalone_out.pt")
+    result["loaded_podkit"] = sorted({n.split(".")[0] for n in sys.modules} & BLOCKED)
+    json.dump(result, open(sys.argv[2], "w"))
+''' % NEW_TOKENS)
+
+
+def _config(family: str, heads: int, kv_heads: int, layers: int, anchors):
+    from sparse_models import PODKIT_CLASSES
+
+    cls = PODKIT_CLASSES[family]
+    kwargs = dict(vocab_size=97, hidden_size=16 * heads, intermediate_size=48, num_hidden_layers=layers,
+                  num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=128,
+                  pad_token_id=0, bos_token_id=1, eos_token_id=2, tie_word_embeddings=False,
+                  sparse_attention={"prefill_scheme": "pod", "decode_scheme": "pod",
+                                    "pod": {"anchor_layers": anchors, "sink_tokens": SINK, "recent_window": RECENT}})
+    if family == "qwen2":
+        kwargs["use_sliding_window"] = False
+    if family == "mistral":
+        kwargs["sliding_window"] = None
+    return cls, cls.config_class(**kwargs)
+
+
+def _ragged_inputs(vocab: int):
+    ids = torch.randint(3, vocab, (len(LENGTHS), max(LENGTHS)))
+    mask = torch.zeros_like(ids)
+    for b, n in enumerate(LENGTHS):
+        mask[b, max(LENGTHS) - n:] = 1
+    return ids.masked_fill(mask == 0, 0), mask
+
+
+@pytest.fixture(scope="module")
+def exports(tmp_path_factory):
+    """Random podkit POD models exported like train/export.py does; the child process's outputs."""
+    root = tmp_path_factory.mktemp("standalone")
+    made = []
+    for i, (family, heads, kv_heads, layers, anchors) in enumerate(CASES):
+        cls, config = _config(family, heads, kv_heads, layers, anchors)
+        model = cls(config).eval()
+        with torch.no_grad():  # random init is near-uniform; sharper logits make the comparison meaningful
+            for p in model.parameters():
+                p.mul_(3.0)
+        folder = root / f"{i}_{family}"
+        model.save_pretrained(folder)
+        import shutil
+
+        shutil.copyfile(STANDALONE_MODELING, folder / "modeling_podkit.py")
+        _finish_config(folder, recipe=None)
+        ids, mask = _ragged_inputs(config.vocab_size)
+        torch.save({"ids": ids, "mask": mask}, folder / "inputs.pt")
+        made.append((folder, cls, ids, mask))
+    result_file = root / "child.json"
+    env = {"PATH": "/usr/bin:/bin", "HF_HOME": str(root / "hf_home"), "HF_HUB_OFFLINE": "1",
+           "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    from tiny_setup import REPO
+
+    run = subprocess.run([sys.executable, "-c", CHILD, str(REPO), str(result_file), *[str(f) for f, *_ in made]],
+                         cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return made, json.loads(result_file.read_text())
+
+
+def test_export_config_has_auto_map(exports):
+    made, _ = exports
+    for folder, cls, *_ in made:
+        config = json.loads((folder / "config.json").read_text())
+        names = STANDALONE_CLASSES[config["model_type"]]
+        assert config["auto_map"] == {"AutoConfig": f"modeling_podkit.{names[0]}",
+                                      "AutoModelForCausalLM": f"modeling_podkit.{names[1]}"}
+        assert cls.__name__ == names[1]
+
+
+def test_child_could_not_import_podkit_and_refused_untrusted_code(exports):
+    made, result = exports
+    assert result["importable"] == [] and result["loaded_podkit"] == []
+    for folder, *_ in made:
+        message = result[f"{folder}:untrusted"]
+        assert message != "loaded" and "custom code" in message, message
+
+
+def test_standalone_logits_equal_podkit(exports):
+    made, _ = exports
+    for folder, cls, ids, mask in made:
+        out = torch.load(folder / "standalone_out.pt")
+        assert out["class"].endswith(cls.__name__) and "sparse_models" not in out["class"]
+        podkit = cls.from_pretrained(folder).eval()
+        with torch.no_grad():
+            expected = podkit(input_ids=ids, attention_mask=mask).logits
+        valid = mask.bool()
+        assert torch.isfinite(out["logits"][valid]).all()
+        torch.testing.assert_close(out["logits"][valid], expected[valid], atol=2e-4, rtol=1e-4)
+        # the POD structure matters here: dense attention gives clearly different logits
+        dense = cls.from_pretrained(folder, prefill_scheme="dense", decode_scheme="dense").eval()
+        with torch.no_grad():
+            dense_logits = dense(input_ids=ids, attention_mask=mask).logits
+        assert (dense_logits[valid] - expected[valid]).abs().max() > 1e-2
+
+
+def test_standalone_generate_equals_podkit_decode(exports):
+    made, _ = exports
+    for folder, cls, ids, mask in made:
+        out = torch.load(folder / "standalone_out.pt")
+        podkit = cls.from_pretrained(folder).eval()
+        with torch.no_grad():
+            gen = podkit.generate(input_ids=ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False,
+                                  output_logits=True, return_dict_in_generate=True, pad_token_id=0)
+        assert torch.equal(out["sequences"], gen.sequences)
+        torch.testing.assert_close(out["steps"], torch.stack(gen.logits, 1), atol=2e-4, rtol=1e-4)
+
+
+def test_podkit_process_auto_class_uses_podkit_without_remote_code(exports):
+    from transformers import AutoModelForCausalLM
+
+    made, _ = exports
+    folder, cls, *_ = made[0]
+    model = AutoModelForCausalLM.from_pretrained(folder)  # no trust_remote_code: podkit's registered class
+    assert type(model) is cls
