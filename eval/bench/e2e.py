@@ -341,9 +341,9 @@ def markdown_table(result: dict) -> str:
             floor = f"{row['floor_ms']:.2f}" if row.get("floor_ms") else "-"
             lines.append(f"| {key} | {floor} | " + " | ".join(cells) + " |")
         lines.append("")
-    prefill = result.get("prefill", {})
+    prefill = {ctx: row for ctx, row in result.get("prefill", {}).items() if row}
+    names = list(dict.fromkeys(n for row in prefill.values() for n in row))
     if prefill:
-        names = list(next(iter(prefill.values())).keys())
         lines += ["| prefill context | " + " | ".join(f"{n} s" for n in names) + " |", "|---|" + "---|" * len(names)]
         for ctx, row in prefill.items():
             lines.append(f"| {ctx} | " + " | ".join(f"{row[n]['seconds']:.3f}" if row.get(n, {}).get("seconds")
@@ -419,6 +419,11 @@ def main(argv=None) -> int:
     ap.add_argument("--check-fit", action="store_true", help="allocate the largest batch to prove it fits")
     ap.add_argument("--num-layers", type=int, default=None, help="fewer layers (quick checks; not the benchmark)")
     ap.add_argument("--tiny", action="store_true", help="a tiny model and contexts: exercises the code on CPU")
+    ap.add_argument("--sections", nargs="+", default=["memory", "decode", "prefill"],
+                    choices=["memory", "decode", "prefill"], help="what to measure (split a run across calls)")
+    ap.add_argument("--time-budget-s", type=float, default=540.0,
+                    help="skip the remaining rows once this much wall time has passed (the device's per-call "
+                         "limit is 600 s); skipped rows are listed in the JSON")
     ap.add_argument("--no-graphs", action="store_true", help="eager decode (for comparison)")
     ap.add_argument("--no-compile", action="store_true",
                     help="do not torch.compile the non-attention parts of the decode step (engine compile_layers)")
@@ -470,6 +475,16 @@ def main(argv=None) -> int:
         result["targets"] = evaluate_targets(result)
         out.write_text(json.dumps(result, indent=2))
 
+    started = time.perf_counter()
+    result["skipped"] = []
+
+    def out_of_time(what: str) -> bool:
+        if time.perf_counter() - started > args.time_budget_s:
+            result["skipped"].append(what)
+            print(f"skipped {what}: --time-budget-s {args.time_budget_s} spent", flush=True)
+            return True
+        return False
+
     print(f"building {result['model']} on {device}...", flush=True)
     model = build_model(shape, device, dtype)
     wbytes, wread = weight_bytes(model), decode_weight_bytes(model)
@@ -485,7 +500,7 @@ def main(argv=None) -> int:
     elt = torch.empty((), dtype=dtype).element_size()
 
     # memory first: cheap and independent of timing
-    for name, scheme in (("dense", "podkit-dense"), ("pod", "pod")):
+    for name, scheme in (("dense", "podkit-dense"), ("pod", "pod")) if "memory" in args.sections else ():
         try:
             kv = kv_per_sequence(model, args.memory_context, scheme_overrides(scheme, shape["num_hidden_layers"],
                                                                                shape["num_key_value_heads"],
@@ -507,8 +522,10 @@ def main(argv=None) -> int:
             result["errors"].append(f"memory {name}: {type(err).__name__}: {err}")
         save()
 
-    for context, batch in parse_rows(args.rows):
+    for context, batch in parse_rows(args.rows) if "decode" in args.sections else ():
         key = f"{context}x{batch}"
+        if out_of_time(f"decode {key}"):
+            continue
         row = result["decode"].setdefault(key, {})
         kv = dense_kv_bytes(shape, context, batch, elt)
         if bw:
@@ -538,7 +555,7 @@ def main(argv=None) -> int:
                 print(f"decode {key} {scheme}: {row[scheme]['error']}", flush=True)
                 free_memory()
             save()
-        if key in args.hf_rows:
+        if key in args.hf_rows and not out_of_time(f"decode {key} transformers"):
             try:
                 row["transformers"] = time_transformers_decode(model, context, batch, args.hf_steps)
                 print(f"decode {key} transformers: {row['transformers']['ms_per_token']:.2f} ms/token", flush=True)
@@ -565,9 +582,11 @@ def main(argv=None) -> int:
         "pod": (dict(prefill_scheme="pod", **{k: v for k, v in scheme_overrides("pod", nl, nkv, args.budget,
                                                                                    args.tiny).items()}), None),
     }
-    for context in args.prefill_contexts:
+    for context in args.prefill_contexts if "prefill" in args.sections else ():
         row = result["prefill"].setdefault(str(context), {})
         for name, (overrides, ratio) in prefill_cases.items():
+            if out_of_time(f"prefill {context} {name}"):
+                continue
             try:
                 # kernels compiled at the first (shortest) context serve the longer ones: no warm-up there
                 warm = context == args.prefill_contexts[0]
