@@ -274,3 +274,24 @@ def test_cli_rejects_unknown_scheme_before_loading(capsys, tmp_path):
     assert "--budget=64 needs a sparse decode scheme" in capsys.readouterr().err
     assert main(["--model", "default", "--prompt-file", str(tmp_path / "missing.txt")]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def _compiled_vs_eager(device: str, scheme: str):
+    model = podkit_model(8, 2, seed=21).to(device)
+    prompts = random_prompts([30, 12], seed=22)
+    overrides = scheme_overrides(scheme, 2)
+    eager = GenerationEngine(model, max_batch_size=2, max_seq_len=48, **overrides).generate(prompts, max_new_tokens=6)
+    compiled = GenerationEngine(model, max_batch_size=2, max_seq_len=48, compile_layers=True, **overrides).generate(
+        prompts, max_new_tokens=6)
+    assert compiled.tokens == eager.tokens
+
+
+@pytest.mark.slow
+def test_compiled_layers_match_eager_on_cpu():
+    _compiled_vs_eager("cpu", "tidal")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("scheme", ["dense", "tidal", "pod+tidal"])
+def test_compiled_layers_with_cuda_graphs_match_eager_on_gpu(scheme):
+    _compiled_vs_eager("cuda", scheme)
