@@ -111,6 +111,10 @@ class GenerationEngine:
         if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 2:
             raise EngineError(f"max_seq_len={max_seq_len!r} is invalid: expected an integer >= 2 (cache slots per "
                               f"sequence: prompt + new tokens)")
+        window = getattr(model.config, "sliding_window", None)
+        if getattr(model.config, "use_sliding_window", True) is not False and window and capacity > window:
+            raise EngineError(f"max_seq_len={capacity} exceeds this model's sliding_window={window}: the engine "
+                              f"implements full-attention layers only; use max_seq_len <= {window}")
         device = self.parts.device
         if use_cuda_graphs is None:
             use_cuda_graphs = device.type == "cuda"

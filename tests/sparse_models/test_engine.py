@@ -295,3 +295,16 @@ def test_compiled_layers_match_eager_on_cpu():
 @pytest.mark.parametrize("scheme", ["dense", "tidal", "pod+tidal"])
 def test_compiled_layers_with_cuda_graphs_match_eager_on_gpu(scheme):
     _compiled_vs_eager("cuda", scheme)
+
+
+def test_sliding_window_models_are_limited_to_their_window():
+    from transformers import MistralConfig, MistralForCausalLM
+
+    torch.manual_seed(0)
+    model = MistralForCausalLM(MistralConfig(**tiny_config(6, 2), sliding_window=16)).eval()
+    with pytest.raises(EngineError, match="sliding_window=16"):
+        GenerationEngine(model, max_seq_len=32)
+    engine = GenerationEngine(model, max_seq_len=16)
+    prompt = random_prompts([9], seed=1)[0]
+    expected = model.generate(torch.tensor([prompt]), max_new_tokens=5, do_sample=False)[0, 9:].tolist()
+    assert engine.generate([prompt], max_new_tokens=5).tokens[0] == expected
