@@ -101,6 +101,10 @@ class GenerationEngine:
                               f"in (0, 1]")
         self.token_sparse_keep_ratio = token_sparse_keep_ratio
         pod = self.config.pod
+        uses_pod = self.config.prefill_scheme == "pod" or self.config.decode_scheme in ("pod", "pod+tidal")
+        if uses_pod and pod.sharing != "keys":
+            raise EngineError(f"pod.sharing={pod.sharing!r} is not supported by the engine: it implements POD's key "
+                              f"sharing (paper v2); use pod_sharing='keys' or the model's generate()")
         if pod.gate_tau is not None and pod.gate_estimate != "exact" and self.config.decode_scheme in ("pod", "pod+tidal"):
             raise EngineError(f"pod.gate_estimate={pod.gate_estimate!r} with pod.gate_tau={pod.gate_tau} is not "
                               f"supported by the engine: it skips distant attention by the exact gate inside the "

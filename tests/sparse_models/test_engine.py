@@ -234,6 +234,8 @@ def test_clear_errors():
         GenerationEngine(model, decode_scheme="sparse")
     with pytest.raises(EngineError, match="temperature"):
         SamplingConfig(temperature=-1)
+    with pytest.raises(EngineError, match="pod.sharing='scores' is not supported by the engine"):
+        GenerationEngine(model, decode_scheme="pod", pod_sharing="scores")
     with pytest.raises(EngineError, match="tidal.budget"):
         GenerationEngine(model, decode_scheme="tidal", tidal_budget=1)
 
