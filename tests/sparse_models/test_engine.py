@@ -31,6 +31,8 @@ SCHEMES = {
     "quest": dict(decode_scheme="quest", quest_budget=8, quest_page_size=4, quest_dense_layers=[0]),
     "streaming": dict(decode_scheme="streaming", streaming_sink_tokens=2, streaming_recent_window=6),
     "pod": dict(decode_scheme="pod", pod_sink_tokens=2, pod_recent_window=6),
+    "pod-gate-skip": dict(decode_scheme="pod", pod_sink_tokens=2, pod_recent_window=6, pod_gate_tau=0.5,
+                          pod_gate_estimate="exact"),
     "pod+tidal": dict(decode_scheme="pod+tidal", pod_sink_tokens=2, pod_recent_window=6, tidal_budget=8,
                       tidal_full_layers=[0], tidal_selection_layers=[2]),
     "token_sparse-prefill": dict(prefill_scheme="token_sparse", token_sparse_window=4, token_sparse_min_tokens=4,
