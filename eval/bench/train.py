@@ -144,7 +144,7 @@ def measure(scheme: str, args, device, use_deepspeed: bool) -> dict:
     sync()
     seconds = (time.perf_counter() - start) / args.steps
     result = {"scheme": scheme, "seconds_per_step": seconds, "tokens_per_s": args.seq / seconds,
-              "loss": float(loss), "peak_memory_gib": torch.cuda.max_memory_allocated() / 2 ** 30
+              "loss": float(loss.detach()), "peak_memory_gib": torch.cuda.max_memory_allocated() / 2 ** 30
               if device.type == "cuda" else None}
     del model
     if use_deepspeed:

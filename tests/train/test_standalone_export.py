@@ -10,6 +10,7 @@ must refuse to load, and in the podkit process the Auto classes pick podkit's ow
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -119,6 +120,8 @@ def exports(tmp_path_factory):
     result_file = root / "child.json"
     env = {"PATH": "/usr/bin:/bin", "HF_HOME": str(root / "hf_home"), "HF_HUB_OFFLINE": "1",
            "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    if "PYTHONPATH" in os.environ:  # e.g. another transformers version under test; the child drops the repo
+        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
     from tiny_setup import REPO
 
     run = subprocess.run([sys.executable, "-c", CHILD, str(REPO), str(result_file), *[str(f) for f, *_ in made]],
