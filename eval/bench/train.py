@@ -114,6 +114,7 @@ def _deepspeed_engine(model, args):
 def measure(scheme: str, args, device, use_deepspeed: bool) -> dict:
     model = build_model(scheme, args, device)
     ids = torch.randint(0, args.vocab, (1, args.seq), device=device)
+    engine = None
     if use_deepspeed:
         engine = _deepspeed_engine(model, args)
 
@@ -146,9 +147,7 @@ def measure(scheme: str, args, device, use_deepspeed: bool) -> dict:
     result = {"scheme": scheme, "seconds_per_step": seconds, "tokens_per_s": args.seq / seconds,
               "loss": float(loss.detach()), "peak_memory_gib": torch.cuda.max_memory_allocated() / 2 ** 30
               if device.type == "cuda" else None}
-    del model
-    if use_deepspeed:
-        del engine
+    model = engine = None  # free the weights and optimizer state before the next scheme (closures hold the names)
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return result
