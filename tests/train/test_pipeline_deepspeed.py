@@ -52,8 +52,10 @@ def test_deepspeed_pipeline_push_reload_generate(tmp_path, tiny_assets, zero, mo
     # what was pushed: the export, with the block map and scheme defaults, no secrets, no local paths
     export = out / "export"
     assert set(pushed) == {p.name for p in export.iterdir()}
-    assert {"model.safetensors", "config.json", "README.md", "recipe.yaml", "pod_blocks.json", "tokenizer.json"} <= set(pushed)
+    assert {"model.safetensors", "config.json", "README.md", "recipe.yaml", "pod_blocks.json", "tokenizer.json",
+            "modeling_podkit.py"} <= set(pushed)
     config = json.loads(pushed["config.json"])
+    assert config["auto_map"]["AutoModelForCausalLM"] == "modeling_podkit.PodkitLlamaForCausalLM"
     assert config["sparse_attention"]["prefill_scheme"] == "pod" and config["sparse_attention"]["decode_scheme"] == "pod"
     assert config["sparse_attention"]["pod"]["anchor_layers"] == anchors
     for name, data in pushed.items():

@@ -77,6 +77,24 @@ def test_accumulator_averages_query_heads_per_kv_head():
         assert float(sim[head, 1, 1]) == pytest.approx(1.0)
 
 
+@pytest.mark.parametrize("chunk_layers", [1, 2, 10])
+def test_accumulator_every_pair_across_chunks(monkeypatch, chunk_layers):
+    num_layers, batch, group, num_kv, num_queries, seq = 5, 2, 4, 2, 3, 13
+    rows = [torch.softmax(3 * torch.randn(batch, group * num_kv, num_queries, seq), -1) for _ in range(num_layers)]
+    copies = [r.clone() for r in rows]
+    monkeypatch.setattr(ps.LayerSimilarityAccumulator, "CHUNK_ELEMENTS", chunk_layers * rows[0].numel())
+    acc = ps.LayerSimilarityAccumulator(num_layers, num_kv)
+    acc.add(rows)
+    sim = acc.similarity()
+    assert all(torch.equal(r, c) for r, c in zip(rows, copies))  # inputs untouched
+    for head in range(num_kv):
+        heads = slice(head * group, (head + 1) * group)
+        for a in range(num_layers):
+            for b in range(num_layers):
+                expected = ps.js_similarity(rows[a][:, heads], rows[b][:, heads]).mean()
+                assert float(sim[head, a, b]) == pytest.approx(float(expected), abs=1e-5), (head, a, b)
+
+
 def test_greedy_blocks_anchor_vs_previous():
     # Layer 2 is similar to layer 1 but not to the anchor 0: the two readings differ there.
     sim = torch.eye(4).unsqueeze(0).repeat(2, 1, 1)
