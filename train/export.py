@@ -137,7 +137,9 @@ def write_model_card(export_dir: Path, recipe: Recipe, anchor_layers: list[list[
               "model = PodkitLlamaForCausalLM.from_pretrained(REPO)  # POD prefill + POD KV cache",
               "```", ""]
     if (export_dir / "modeling_podkit.py").is_file():
-        lines += ["Without podkit (self-contained modeling file, plain PyTorch attention):", "", "```python",
+        lines += ["Without podkit (the self-contained `modeling_podkit.py`: torch + transformers only, POD attention "
+                  "in plain PyTorch SDPA; same logits as podkit, but every layer's keys stay in transformers' "
+                  "DynamicCache, so the KV memory saving needs podkit's cache):", "", "```python",
                   "from transformers import AutoModelForCausalLM, AutoTokenizer",
                   "model = AutoModelForCausalLM.from_pretrained(REPO, trust_remote_code=True)",
                   "tokenizer = AutoTokenizer.from_pretrained(REPO)", "```", ""]
