@@ -1,6 +1,7 @@
 """podkit's attention ops: one public function per op, dispatched by device.
 
-CUDA tensors go to the Triton kernels (``kernels/<op>.py``), everything else to the plain-PyTorch
+CUDA tensors go to the Triton kernels (``kernels/triton_<op>.py``; the prefix keeps a submodule
+import from rebinding the package attribute that holds the public op of the same name), everything else to the plain-PyTorch
 reference (``kernels/reference.py``), which is also the spec the kernels are tested against. Set
 ``PODKIT_FORCE_REFERENCE=1`` to run the reference on CUDA too (debugging, A/B comparisons).
 Shapes and conventions: ARCHITECTURE.md.
@@ -31,16 +32,16 @@ __all__ = [
 
 # op name -> (module under kernels/, function name) of the Triton implementation
 _TRITON_IMPLEMENTATIONS = {
-    "decode_attention": ("decode_attention", "decode_attention_triton"),
-    "selection_decode_attention": ("decode_attention", "selection_decode_attention_triton"),
-    "sparse_decode_attention": ("sparse_decode_attention", "sparse_decode_attention_triton"),
-    "pod_decode_attention": ("pod_decode_attention", "pod_decode_attention_triton"),
-    "quest_page_scores": ("quest_pages", "quest_page_scores_triton"),
-    "quest_select_pages": ("quest_pages", "quest_select_pages_triton"),
-    "prefill_attention": ("prefill_attention", "prefill_attention_triton"),
-    "sparse_prefill_attention": ("sparse_prefill_attention", "sparse_prefill_attention_triton"),
-    "token_sparse_scores": ("token_sparse_scores", "token_sparse_scores_triton"),
-    "pod_prefill_attention": ("pod_prefill_attention", "pod_prefill_attention_triton"),
+    "decode_attention": ("triton_decode_attention", "decode_attention_triton"),
+    "selection_decode_attention": ("triton_decode_attention", "selection_decode_attention_triton"),
+    "sparse_decode_attention": ("triton_sparse_decode_attention", "sparse_decode_attention_triton"),
+    "pod_decode_attention": ("triton_pod_decode_attention", "pod_decode_attention_triton"),
+    "quest_page_scores": ("triton_quest_pages", "quest_page_scores_triton"),
+    "quest_select_pages": ("triton_quest_pages", "quest_select_pages_triton"),
+    "prefill_attention": ("triton_prefill_attention", "prefill_attention_triton"),
+    "sparse_prefill_attention": ("triton_sparse_prefill_attention", "sparse_prefill_attention_triton"),
+    "token_sparse_scores": ("triton_token_sparse_scores", "token_sparse_scores_triton"),
+    "pod_prefill_attention": ("triton_pod_prefill_attention", "pod_prefill_attention_triton"),
 }
 
 
@@ -53,9 +54,6 @@ def triton_implementation(op: str):
     """The Triton launcher of ``op`` (imported lazily: CPU users never import Triton code)."""
     module_name, function_name = _TRITON_IMPLEMENTATIONS[op]
     module = importlib.import_module(f"{__name__}.{module_name}")
-    # Importing submodule `kernels.decode_attention` rebinds the package attribute of the same
-    # name to the module; put the public ops back so `kernels.decode_attention(...)` stays callable.
-    globals().update(_PUBLIC_OPS)
     return getattr(module, function_name)
 
 
@@ -84,8 +82,6 @@ prefill_attention = _dispatch("prefill_attention")
 sparse_prefill_attention = _dispatch("sparse_prefill_attention")
 token_sparse_scores = _dispatch("token_sparse_scores")
 pod_prefill_attention = _dispatch("pod_prefill_attention")
-
-_PUBLIC_OPS = {name: globals()[name] for name in _TRITON_IMPLEMENTATIONS}
 
 # Selection and page min/max are cheap torch ops on every device.
 select_topk_positions = reference.select_topk_positions

@@ -21,6 +21,10 @@ def test_public_ops_are_exported():
 def test_public_ops_stay_callable_after_triton_submodule_import():
     import kernels
 
-    kernels.triton_implementation("decode_attention")  # imports kernels.decode_attention (the module)
-    assert callable(kernels.decode_attention)
+    import kernels.triton_decode_attention  # noqa: F401  (tests and benchmarks import launchers directly)
+    import kernels.triton_prefill_attention  # noqa: F401
+
+    kernels.triton_implementation("decode_attention")
+    for name in kernels._TRITON_IMPLEMENTATIONS:
+        assert callable(getattr(kernels, name)), name
     assert kernels.decode_attention.__name__ == "decode_attention"

@@ -145,10 +145,10 @@ def _row(rows, op, ctx, batch, **cols):
 
 
 def run_bench(contexts, batches, device, bw, tune=False, topk_variants=False):
-    DA = importlib.import_module("kernels.decode_attention")  # the module (kernels.decode_attention is also an op name)
-    from kernels.sparse_decode_attention import sparse_decode_attention_triton
-    from kernels.pod_decode_attention import pod_decode_attention_triton
-    from kernels.quest_pages import quest_page_scores_triton, quest_select_pages_triton
+    DA = importlib.import_module("kernels.triton_decode_attention")
+    from kernels.triton_sparse_decode_attention import sparse_decode_attention_triton
+    from kernels.triton_pod_decode_attention import pod_decode_attention_triton
+    from kernels.triton_quest_pages import quest_page_scores_triton, quest_select_pages_triton
     from kernels.reference import quest_page_minmax
 
     gen = torch.Generator(device=device)
@@ -234,7 +234,7 @@ def run_bench(contexts, batches, device, bw, tune=False, topk_variants=False):
 
 
 def checks_cost(device):
-    DA = importlib.import_module("kernels.decode_attention")  # the module (kernels.decode_attention is also an op name)
+    DA = importlib.import_module("kernels.triton_decode_attention")
     q, k, v, seq_lens = _inputs(1, 8192, device, None)
     os.environ["PODKIT_SKIP_VALUE_CHECKS"] = "0"
     on = _bench(lambda: DA.decode_attention_triton(q, k, v, seq_lens))
@@ -246,10 +246,10 @@ def checks_cost(device):
 def run_checks(device):
     """bf16 errors of each op against the fp32-math reference and an fp64 reference."""
     from kernels import reference as R
-    from kernels.decode_attention import decode_attention_triton, selection_decode_attention_triton
-    from kernels.sparse_decode_attention import sparse_decode_attention_triton
-    from kernels.pod_decode_attention import pod_decode_attention_triton
-    from kernels.quest_pages import quest_page_scores_triton
+    from kernels.triton_decode_attention import decode_attention_triton, selection_decode_attention_triton
+    from kernels.triton_sparse_decode_attention import sparse_decode_attention_triton
+    from kernels.triton_pod_decode_attention import pod_decode_attention_triton
+    from kernels.triton_quest_pages import quest_page_scores_triton
 
     torch.manual_seed(1)
     out = {}

@@ -84,7 +84,7 @@ def naive_sparse_attention(q, k, v, indices):
 
 
 def bench_dense(seq, args, rate, rows, checks):
-    from kernels.prefill_attention import prefill_attention_triton
+    from kernels.triton_prefill_attention import prefill_attention_triton
 
     q = torch.randn(1, args.q_heads, seq, args.head_dim, device="cuda", dtype=args.dtype)
     k = torch.randn(1, args.kv_heads, seq, args.head_dim, device="cuda", dtype=args.dtype)
@@ -106,8 +106,8 @@ def bench_dense(seq, args, rate, rows, checks):
 
 
 def bench_token_sparse(seq, args, rate, rows, checks, t_sdpa, q, k, v):
-    from kernels.sparse_prefill_attention import sparse_prefill_attention_triton
-    from kernels.token_sparse_scores import token_sparse_scores_triton
+    from kernels.triton_sparse_prefill_attention import sparse_prefill_attention_triton
+    from kernels.triton_token_sparse_scores import token_sparse_scores_triton
 
     lens = torch.full((1,), seq, dtype=torch.int32, device="cuda")
     window = 128
@@ -162,7 +162,7 @@ def bench_token_sparse(seq, args, rate, rows, checks, t_sdpa, q, k, v):
 
 
 def bench_pod(seq, args, rate, rows, checks):
-    from kernels.pod_prefill_attention import pod_prefill_attention_triton
+    from kernels.triton_pod_prefill_attention import pod_prefill_attention_triton
 
     shape_q = (1, args.q_heads, seq, args.head_dim)
     shape_k = (1, args.kv_heads, seq, args.head_dim)
@@ -221,7 +221,9 @@ def bench_pod(seq, args, rate, rows, checks):
 
 def _tuned_configs():
     """The config each autotuned podkit kernel picked (last tuned key), for the record."""
-    from kernels import _prefill_pod_bwd, _prefill_pod_fwd, prefill_attention, sparse_prefill_attention
+    from kernels import _prefill_pod_bwd, _prefill_pod_fwd
+    from kernels import triton_prefill_attention as prefill_attention
+    from kernels import triton_sparse_prefill_attention as sparse_prefill_attention
 
     kernels = dict(prefill=prefill_attention._prefill_attention_kernel,
                    sparse_prefill=sparse_prefill_attention._sparse_prefill_kernel,

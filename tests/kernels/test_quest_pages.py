@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from kernels import reference
-from kernels.quest_pages import quest_page_scores_triton, quest_select_pages_triton
+from kernels.triton_quest_pages import quest_page_scores_triton, quest_select_pages_triton
 
 INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
 cpu_only = pytest.mark.skipif(not INTERPRETING, reason="CPU cases run the Triton interpreter")

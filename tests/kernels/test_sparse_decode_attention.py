@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from kernels import reference
-from kernels.sparse_decode_attention import sparse_decode_attention_triton
+from kernels.triton_sparse_decode_attention import sparse_decode_attention_triton
 
 INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
 cpu_only = pytest.mark.skipif(not INTERPRETING, reason="CPU cases run the Triton interpreter")

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from kernels import reference
-from kernels.sparse_prefill_attention import sparse_prefill_attention_triton
+from kernels.triton_sparse_prefill_attention import sparse_prefill_attention_triton
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from kernels import reference
-from kernels.token_sparse_scores import token_sparse_scores_triton
+from kernels.triton_token_sparse_scores import token_sparse_scores_triton
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -53,7 +53,7 @@ def test_matches_reference(case, dtype, poisoned_outputs):
 
 def test_key_splits_merge(monkeypatch):
     """Force several key splits so the log-sum-exp merge of partial statistics is exercised."""
-    scores_module = importlib.import_module("kernels.token_sparse_scores")
+    scores_module = importlib.import_module("kernels.triton_token_sparse_scores")
     monkeypatch.setattr(scores_module, "_num_key_splits", lambda *args: 4)
     gen = torch.Generator().manual_seed(11)
     q = torch.randn(2, 6, 90, 16, generator=gen).to(DEVICE)
