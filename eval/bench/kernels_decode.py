@@ -89,7 +89,7 @@ def copy_bandwidth(device) -> float:
     src = torch.empty(n, dtype=torch.int16, device=device)
     dst = torch.empty_like(src)
     us = _bench(lambda: dst.copy_(src), rep=50)
-    del src, dst
+    src = dst = None
     return 2 * 2 * n / (us * 1e-6)
 
 
@@ -228,7 +228,7 @@ def run_bench(contexts, batches, device, bw, tune=False, topk_variants=False):
             _row(rows, "quest", N, B, page_size=ps_, budget=qbudget, scores_us=t_scores,
                  scores_floor_us=meta_floor, select_us=t_select, attn_us=t_attn,
                  total_us=t_scores + t_select + t_attn, podkit_full_us=full)
-            del q, k, v, k_local, pmax, pmin
+            q = k = v = k_local = pmax = pmin = None  # free the inputs before the next size
             torch.cuda.empty_cache()
     return rows
 
