@@ -49,6 +49,9 @@ class PodkitModelMixin:
     def _podkit_init(self, config) -> None:
         self.gradient_checkpointing = False
         self.token_sparse_stats: TokenSparseStats | None = None
+        # Ulysses sequence parallelism (sparse_models.sequence_parallel.UlyssesAttention) or None; set by
+        # train/ for SP training: each rank then holds a slice of every sequence.
+        self.sequence_parallel = None
         self.set_sparse_attention(SparseAttentionConfig.from_dict(config.sparse_attention))
 
     # ------------------------------------------------------------------ configuration
@@ -144,6 +147,9 @@ class PodkitModelMixin:
             cache.reserve(batch, int(old_lens.max()) + width, hidden.dtype, hidden.device)
             cache.set_view_limit(int(new_lens.max()))
         positions = old_lens[:, None] + torch.arange(width, device=hidden.device)[None, :]
+        if self.sequence_parallel is not None:  # RoPE at global positions; attention sees the whole sequence
+            positions, num_new, new_lens = self.sequence_parallel.global_positions_and_lengths(
+                phase, cache, positions, num_new)
         cos, sin = self.rotary_emb(hidden, positions)
         stats = TokenSparseStats() if phase == "prefill" and self.sparse_config.prefill_scheme == "token_sparse" else None
         state = ForwardState(phase, old_lens, num_new, new_lens, cache, self.sparse_config, self.plan, stats=stats,
@@ -197,7 +203,10 @@ class PodkitModelMixin:
         if q_partial is not None:
             own_q = own.repeat_interleave(q.shape[1] // own.shape[0])
             q_anchor = torch.where(own_q[None, :, None, None], q, q_partial)
-        out = layer_attention(i, q, k, v, state, k_anchor, q_anchor)
+        if self.sequence_parallel is None:
+            out = layer_attention(i, q, k, v, state, k_anchor, q_anchor)
+        else:  # all-to-all to head shards of the whole sequence and back around the same attention
+            out = self.sequence_parallel.attention(layer_attention, i, q, k, v, state, k_anchor, q_anchor)
         out = out.transpose(1, 2).reshape(batch, s, -1)
         hidden = hidden + attn.o_proj(out)
         hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))

@@ -1,0 +1,119 @@
+"""Ulysses sequence parallelism for POD training: ``train.sequence_parallel_size: P`` in the recipe.
+
+DeepSpeed-Ulysses (arXiv 2309.14509), with DeepSpeed's own pieces (deepspeed >= 0.18):
+
+* process groups: ``deepspeed.runtime.sequence_parallel.parallel_state_sp.initialize_sequence_parallel``
+  -- consecutive ranks ``[i*P, (i+1)*P)`` form one SP group (keep P <= GPUs per host so the
+  all-to-alls stay on NVLink);
+* attention: the model's per-layer attention is wrapped by ``sparse_models.sequence_parallel.
+  UlyssesAttention`` (``deepspeed.sequence.layer._SeqAllToAll`` to head shards of the whole
+  sequence and back); RoPE uses global positions;
+* data: ``deepspeed.runtime.sequence_parallel.ulysses_sp.UlyssesSPDataLoaderAdapter`` -- the usual
+  data-parallel loader gives each rank its own packed rows; the adapter gathers the rows of the SP
+  group and hands every rank its 1/P slice of one row at a time (plus ``shift_labels``, the labels
+  shifted by one over the *whole* row, so the slice boundaries lose no target);
+* loss: :func:`sequence_parallel_loss` -- token-level cross-entropy summed on the slice, normalised by
+  the token count of the whole row (summed over the SP group).
+
+Gradient scaling. The transformers Trainer builds the DeepSpeed engine without an ``mpu``, so the
+engine treats all W ranks as data parallel and averages gradients over W. The gradient of one row's
+mean loss is the *sum* of the P slices' gradients (the all-to-all backward routes every attention
+gradient to the rank that owns the token). Each rank therefore backpropagates ``P * slice_sum / N_row``:
+averaging over W = DP * P ranks gives the mean over the DP replicas of the per-row gradient, as
+without SP. (tests/train/test_sequence_parallel_dist.py checks loss and gradients against one process.)
+"""
+
+from __future__ import annotations
+
+import torch
+
+from sparse_models.sequence_parallel import UlyssesAttention
+
+
+def setup_sequence_parallel(size: int) -> UlyssesAttention | None:
+    """Create (once per process) DeepSpeed's SP groups of ``size`` ranks; None when ``size == 1``.
+
+    Needs ``deepspeed.comm`` initialised (``deepspeed.init_distributed()``) on every rank; collective.
+    """
+    if size == 1:
+        return None
+    import deepspeed.comm as dist
+    from deepspeed.runtime.sequence_parallel import parallel_state_sp as sp_state
+
+    if not dist.is_initialized():
+        raise RuntimeError("sequence parallelism needs deepspeed.comm initialised (launch with deepspeed, and set "
+                           "deepspeed.config in the recipe)")
+    world = dist.get_world_size()
+    if size < 1 or world % size:
+        raise ValueError(f"train.sequence_parallel_size={size}: expected a divisor of the world size {world}")
+    if sp_state._SEQUENCE_PARALLEL_GROUP is None:
+        sp_state.initialize_sequence_parallel(size)
+    if sp_state.get_sequence_parallel_world_size() != size:
+        raise RuntimeError(f"sequence-parallel groups of {sp_state.get_sequence_parallel_world_size()} ranks already "
+                           f"exist in this process; cannot switch to {size}")
+    return UlyssesAttention(group=sp_state.get_sequence_parallel_group(), size=size,
+                            rank=sp_state.get_sequence_parallel_rank())
+
+
+def attach_sequence_parallel(model, sp: UlyssesAttention | None) -> None:
+    """Point every podkit decoder inside ``model`` (plain, peft-wrapped or DeepSpeed-wrapped) at ``sp``."""
+    from sparse_models.modeling_common import PodkitModelMixin
+
+    decoders = [m for m in model.modules() if isinstance(m, PodkitModelMixin)]
+    if not decoders:
+        raise TypeError(f"{type(model).__name__} holds no podkit decoder: sequence parallelism needs a podkit model "
+                        f"class (sparse_models)")
+    for decoder in decoders:
+        if sp is not None:
+            kv_heads, heads = decoder.config.num_key_value_heads, decoder.config.num_attention_heads
+            if kv_heads % sp.size or heads % sp.size:
+                raise ValueError(f"train.sequence_parallel_size={sp.size}: Ulysses needs the attention heads "
+                                 f"({heads}) and KV heads ({kv_heads}) divisible by it")
+        decoder.sequence_parallel = sp
+
+
+def collate_with_position_ids(features: list[dict]) -> dict[str, torch.Tensor]:
+    """``default_data_collator`` plus ``position_ids`` [B, S] = 0..S-1 (the adapter requires them; podkit's
+    model derives global positions itself, from the SP rank)."""
+    from transformers import default_data_collator
+
+    batch = default_data_collator(features)
+    ids = batch["input_ids"]
+    batch["position_ids"] = torch.arange(ids.shape[1], dtype=torch.long)[None, :].expand_as(ids).contiguous()
+    return batch
+
+
+def sequence_parallel_dataloader(dataloader, sp: UlyssesAttention, device):
+    """DeepSpeed's ``UlyssesSPDataLoaderAdapter`` over the Trainer's (data-parallel) loader: every SP rank gets
+    its slice of the same row; ``len`` grows by P (each rank's rows are consumed by the whole group)."""
+    from deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPDataLoaderAdapter
+
+    return UlyssesSPDataLoaderAdapter(dataloader, sp_rank=sp.rank, sp_group=sp.group, sp_world_size=sp.size,
+                                      device=device)
+
+
+def sequence_parallel_loss(model, inputs: dict, sp: UlyssesAttention):
+    """Loss of one SP micro-batch. ``inputs``: ``input_ids`` [B, S/P] (this rank's slice), ``shift_labels``
+    [B, S/P] (-100 = ignored), optional ``position_ids``.
+
+    Returns ``(loss_to_backward, row_loss, outputs)``: ``loss_to_backward = P * slice_sum / N`` (see the module
+    docstring for the factor P), ``row_loss`` = the mean token loss of the whole rows (detached, equal on
+    every rank of the group), ``outputs`` the model's outputs for this slice.
+    """
+    import torch.distributed as dist
+
+    if "shift_labels" not in inputs:
+        raise KeyError(f"inputs holds {sorted(inputs)}: sequence-parallel batches carry shift_labels "
+                       f"(UlyssesSPDataLoaderAdapter adds them)")
+    inputs = dict(inputs)
+    labels = inputs.pop("shift_labels")
+    inputs.pop("labels", None)
+    outputs = model(**inputs, use_cache=False)
+    logits = outputs.logits
+    slice_sum = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]),
+                                                  labels.reshape(-1).to(logits.device), ignore_index=-100,
+                                                  reduction="sum")
+    counts = torch.stack([(labels != -100).sum().to(slice_sum.device, torch.float32), slice_sum.detach()])
+    dist.all_reduce(counts, group=sp.group)  # [tokens of the rows, loss sum of the rows]
+    tokens = counts[0].clamp(min=1)
+    return slice_sum * (sp.size / tokens), counts[1] / tokens, outputs
