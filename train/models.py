@@ -43,7 +43,12 @@ def load_tokenizer(recipe: Recipe, source: str):
                                               trust_remote_code=recipe.model.trust_remote_code)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
+    # An unset limit (~1e30) would make the export claim none; the model's positions are the real one
+    from transformers import PretrainedConfig
+
+    config_dict, _ = PretrainedConfig.get_config_dict(source, revision=recipe.model.revision)
     tokenizer.model_max_length = max(tokenizer.model_max_length if tokenizer.model_max_length < 1e9 else 0,
+                                     int(config_dict.get("max_position_embeddings") or 0),
                                      recipe.data.context_length, recipe.eval_context_length)
     return tokenizer
 

@@ -18,6 +18,7 @@ import json
 import os
 import socket
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -74,6 +75,7 @@ def run_pipeline(recipe: Recipe, stages: list[str], local_rank: int | None = Non
     from train.models import load_model, load_tokenizer, model_source, public_model_name
     from train.trainer import world_info
 
+    started_wall, started_cpu = time.perf_counter(), time.process_time()
     if local_rank is not None:
         os.environ.setdefault("LOCAL_RANK", str(local_rank))
     prepare_launch_environment(recipe)
@@ -150,6 +152,8 @@ def run_pipeline(recipe: Recipe, stages: list[str], local_rank: int | None = Non
             print(f"[push] failed: {error}", file=sys.stderr)
             return 3
         log(f"[push] {recipe.hub.repo_id}: {url}")
+    log(f"[podkit] done in {time.perf_counter() - started_wall:.0f}s wall, "
+        f"{time.process_time() - started_cpu:.0f}s CPU (this process)")
     return 0
 
 
