@@ -19,6 +19,22 @@ LOG2_E = 1.4426950408889634
 from ._interpreter import interpreting as interpreter_active  # noqa: E402,F401  (also installs the interpreter patch)
 
 
+def forward_tile_configs():
+    """Autotune candidates shared by the FlashAttention-style forward kernels (dense, sparse and POD
+    prefill): query tile BLOCK_M x key tile BLOCK_N; one small tile under the interpreter."""
+    import triton
+
+    return pick_configs([
+        triton.Config({"BLOCK_M": 128, "BLOCK_N": 64}, num_warps=8, num_stages=3),
+        triton.Config({"BLOCK_M": 128, "BLOCK_N": 128}, num_warps=8, num_stages=3),
+        triton.Config({"BLOCK_M": 64, "BLOCK_N": 64}, num_warps=4, num_stages=3),
+        triton.Config({"BLOCK_M": 128, "BLOCK_N": 64}, num_warps=8, num_stages=4),
+        triton.Config({"BLOCK_M": 128, "BLOCK_N": 128}, num_warps=8, num_stages=2),
+        triton.Config({"BLOCK_M": 64, "BLOCK_N": 128}, num_warps=4, num_stages=3),
+        triton.Config({"BLOCK_M": 128, "BLOCK_N": 32}, num_warps=4, num_stages=4),
+    ], triton.Config({"BLOCK_M": 16, "BLOCK_N": 16}, num_warps=4, num_stages=1))
+
+
 def pick_configs(gpu_configs, interpreter_config):
     """Autotune candidates: one small config under the interpreter (it cannot benchmark), only
     the first (default) GPU config when ``PODKIT_TRITON_AUTOTUNE=0`` (fast compiles in tests),

@@ -5,13 +5,13 @@ import os
 
 import pytest
 import torch
+from kernel_checks import DEVICE
 
 from kernels import reference
 from kernels._decode_topk import topk_slots_with_current
 
 pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available(),
                                 reason="needs the Triton interpreter or a GPU")
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def selection_scores(B, H, N, seq_lens, gen, integer=False):

@@ -6,6 +6,7 @@ import zlib
 
 import pytest
 import torch
+from kernel_checks import error_check
 
 from kernels import reference
 from kernels.triton_pod_decode_attention import pod_decode_attention_triton
@@ -22,10 +23,7 @@ CASES = [  # B, Hq, Hkv, N, D, sink, recent, seq_lens
 ]
 
 
-def assert_error_within(name, got, same_dtype_ref, exact, factor=4.0, floor=1e-6):
-    got_err = (got.double() - exact).abs().max().item()
-    ref_err = (same_dtype_ref.double() - exact).abs().max().item()
-    assert got_err <= factor * ref_err + floor, f"{name}: kernel error {got_err:.3e} vs reference error {ref_err:.3e}"
+assert_error_within = error_check(floor=1e-6)
 
 
 def make_case(case, dtype, device, seed):

@@ -7,27 +7,10 @@ occur with 16-wide interpreter tiles; recent = 0 and sink = 0 are edge cases.
 
 import pytest
 import torch
+from kernel_checks import DEVICE, error_check
 
 from kernels import reference
 from kernels.triton_pod_prefill_attention import pod_prefill_attention_triton
-
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-
-
-@pytest.fixture
-def poisoned_outputs(monkeypatch):
-    real_empty, real_empty_like = torch.empty, torch.empty_like
-
-    def empty(*args, **kwargs):
-        t = real_empty(*args, **kwargs)
-        return t.fill_(float("nan")) if t.is_floating_point() else t
-
-    def empty_like(*args, **kwargs):
-        t = real_empty_like(*args, **kwargs)
-        return t.fill_(float("nan")) if t.is_floating_point() else t
-
-    monkeypatch.setattr(torch, "empty", empty)
-    monkeypatch.setattr(torch, "empty_like", empty_like)
 
 
 def run_both(case, dtype, gen):
@@ -51,10 +34,7 @@ def run_both(case, dtype, gen):
     return (out, gate, grads), (exact_out, exact_gate, exact_grads), (ref_out, ref_grads), seq_lens
 
 
-def assert_error_within(name, got, same_dtype_ref, exact, factor=4.0, floor=2e-5):
-    got_err = (got.double() - exact).abs().max().item()
-    ref_err = (same_dtype_ref.double() - exact).abs().max().item()
-    assert got_err <= factor * ref_err + floor, f"{name}: kernel error {got_err:.3e} vs reference error {ref_err:.3e}"
+assert_error_within = error_check(floor=2e-5)
 
 
 CASES = [  # batch, Hq, Hkv, S, D, sink, recent

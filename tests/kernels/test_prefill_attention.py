@@ -7,34 +7,12 @@ reference's error (plus a tiny floor for fp32, where both are ~1e-7).
 
 import pytest
 import torch
+from kernel_checks import DEVICE, error_check
 
 from kernels import reference
 from kernels.triton_prefill_attention import prefill_attention_triton
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-
-
-@pytest.fixture
-def poisoned_outputs(monkeypatch):
-    """Every float buffer the launcher allocates starts as NaN, so unwritten elements show up."""
-    real_empty, real_empty_like = torch.empty, torch.empty_like
-
-    def empty(*args, **kwargs):
-        t = real_empty(*args, **kwargs)
-        return t.fill_(float("nan")) if t.is_floating_point() else t
-
-    def empty_like(*args, **kwargs):
-        t = real_empty_like(*args, **kwargs)
-        return t.fill_(float("nan")) if t.is_floating_point() else t
-
-    monkeypatch.setattr(torch, "empty", empty)
-    monkeypatch.setattr(torch, "empty_like", empty_like)
-
-
-def assert_error_within(name, got, same_dtype_ref, exact, factor=4.0, floor=1e-5):
-    got_err = (got.double() - exact).abs().max().item()
-    ref_err = (same_dtype_ref.double() - exact).abs().max().item()
-    assert got_err <= factor * ref_err + floor, f"{name}: kernel error {got_err:.3e} vs reference error {ref_err:.3e}"
+assert_error_within = error_check(floor=1e-5)
 
 
 def make_inputs(batch, hq, hkv, s, n, d, dtype, gen):

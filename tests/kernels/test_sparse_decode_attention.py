@@ -9,6 +9,7 @@ import zlib
 
 import pytest
 import torch
+from kernel_checks import error_check
 
 from kernels import reference
 from kernels.triton_sparse_decode_attention import sparse_decode_attention_triton
@@ -25,21 +26,7 @@ CASES = [  # B, Hq, Hkv, N, D, K
 ]
 
 
-@pytest.fixture
-def poisoned_outputs(monkeypatch):
-    real_empty = torch.empty
-
-    def empty(*args, **kwargs):
-        t = real_empty(*args, **kwargs)
-        return t.fill_(float("nan")) if t.is_floating_point() else t
-
-    monkeypatch.setattr(torch, "empty", empty)
-
-
-def assert_error_within(name, got, same_dtype_ref, exact, factor=4.0, floor=1e-6):
-    got_err = (got.double() - exact).abs().max().item()
-    ref_err = (same_dtype_ref.double() - exact).abs().max().item()
-    assert got_err <= factor * ref_err + floor, f"{name}: kernel error {got_err:.3e} vs reference error {ref_err:.3e}"
+assert_error_within = error_check(floor=1e-6)
 
 
 def make_case(case, per_group, dtype, device, seed):

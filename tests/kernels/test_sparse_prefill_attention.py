@@ -7,22 +7,10 @@ the 16-entry interpreter tiles; some lists are full (keep everything = dense cau
 
 import pytest
 import torch
+from kernel_checks import DEVICE, error_check
 
 from kernels import reference
 from kernels.triton_sparse_prefill_attention import sparse_prefill_attention_triton
-
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-
-
-@pytest.fixture
-def poisoned_outputs(monkeypatch):
-    real_empty = torch.empty
-
-    def empty(*args, **kwargs):
-        t = real_empty(*args, **kwargs)
-        return t.fill_(float("nan")) if t.is_floating_point() else t
-
-    monkeypatch.setattr(torch, "empty", empty)
 
 
 def random_lists(batch, heads, s, k, gen, full_first=True):
@@ -34,10 +22,7 @@ def random_lists(batch, heads, s, k, gen, full_first=True):
     return idx
 
 
-def assert_error_within(name, got, same_dtype_ref, exact, factor=4.0, floor=1e-5):
-    got_err = (got.double() - exact).abs().max().item()
-    ref_err = (same_dtype_ref.double() - exact).abs().max().item()
-    assert got_err <= factor * ref_err + floor, f"{name}: kernel error {got_err:.3e} vs reference error {ref_err:.3e}"
+assert_error_within = error_check(floor=1e-5)
 
 
 CASES = [  # batch, Hq, Hkv, S, K, D, per_kv_group

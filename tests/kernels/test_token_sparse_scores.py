@@ -4,23 +4,10 @@ import importlib
 
 import pytest
 import torch
+from kernel_checks import DEVICE
 
 from kernels import reference
 from kernels.triton_token_sparse_scores import token_sparse_scores_triton
-
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-
-
-@pytest.fixture
-def poisoned_outputs(monkeypatch):
-    real_empty = torch.empty
-
-    def empty(*args, **kwargs):
-        t = real_empty(*args, **kwargs)
-        return t.fill_(float("nan")) if t.is_floating_point() else t
-
-    monkeypatch.setattr(torch, "empty", empty)
-
 
 CASES = [  # batch, Hq, Hkv, S, D, window
     (2, 4, 4, 60, 32, 8),    # G = 1
