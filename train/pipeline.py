@@ -85,10 +85,10 @@ def run_pipeline(recipe: Recipe, stages: list[str], local_rank: int | None = Non
     device = torch.device(f"cuda:{local}") if torch.cuda.is_available() else torch.device("cpu")
     out = Path(recipe.train.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    if rank == 0:  # rank 0 prepares a shared cache (e.g. the embedded model's conversion) first
+    if local == 0:  # each host's first process prepares its cache (e.g. the embedded model's conversion) first
         source = model_source(recipe)
     _barrier()
-    if rank != 0:
+    if local != 0:
         source = model_source(recipe)
     tokenizer = load_tokenizer(recipe, source)
     base_name = public_model_name(recipe)
@@ -113,7 +113,15 @@ def run_pipeline(recipe: Recipe, stages: list[str], local_rank: int | None = Non
         log(f"[train] {len(packed)} packed sequences of {recipe.data.context_length} tokens from {recipe.data.train}")
         dtype = _training_dtype(recipe)
         model = load_model(recipe, source, anchor_layers=anchors, dtype=dtype)
-        train_model(model, packed, recipe, args, tokenizer=tokenizer, log=log)
+        sequence_parallel = None
+        if recipe.train.sequence_parallel_size > 1:
+            from train.sequence_parallel import setup_sequence_parallel
+
+            sequence_parallel = setup_sequence_parallel(recipe.train.sequence_parallel_size)
+            log(f"[train] Ulysses sequence parallelism: {sequence_parallel.size} ranks per sequence "
+                f"({recipe.data.context_length // sequence_parallel.size} tokens each), "
+                f"{world // sequence_parallel.size} data-parallel replica(s)")
+        train_model(model, packed, recipe, args, tokenizer=tokenizer, log=log, sequence_parallel=sequence_parallel)
         del model
         _barrier()
         from transformers.integrations.deepspeed import unset_hf_deepspeed_config

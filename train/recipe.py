@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import math
 import os
 import re
 import typing
@@ -127,6 +128,7 @@ class TrainSection:
     resume_from_checkpoint: str | None = None  # null, "auto" (latest checkpoint in output_dir) or a path
     report_to: list[str] = field(default_factory=lambda: ["tensorboard"])
     export_dir: str | None = None             # default: <output_dir>/export
+    sequence_parallel_size: int = 1           # Ulysses SP: ranks sharing each sequence (train/sequence_parallel.py)
 
 
 @dataclass
@@ -428,6 +430,7 @@ def _check_values(r: Recipe, problems: list[str]) -> None:
         add(f"train.num_train_epochs={t.num_train_epochs} with train.max_steps=-1: nothing would be trained")
     if t.save_total_limit is not None and t.save_total_limit < 1:
         add(f"train.save_total_limit={t.save_total_limit}: expected an integer >= 1 or null")
+    _check_sequence_parallel(r, problems)
     reporters = ("tensorboard", "none")
     for reporter in t.report_to:
         if reporter not in reporters:
@@ -448,6 +451,42 @@ def _check_values(r: Recipe, problems: list[str]) -> None:
             add(f"eval.max_tokens={e.max_tokens} is below eval.context_length={e.context_length}: no window to score")
     elif e.max_tokens < d.context_length and e.perplexity:
         add(f"eval.max_tokens={e.max_tokens} is below the eval context length {d.context_length}: no window to score")
+
+
+def _check_sequence_parallel(r: Recipe, problems: list[str]) -> None:
+    """Ulysses (train/sequence_parallel.py): P ranks share each sequence, each holding 1/P of its tokens."""
+    sp = r.train.sequence_parallel_size
+    if sp < 1:
+        problems.append(f"train.sequence_parallel_size={sp}: expected an integer >= 1 (1 = off)")
+        return
+    if sp == 1:
+        return
+    if not r.deepspeed.config:
+        problems.append(f"train.sequence_parallel_size={sp} needs DeepSpeed (its Ulysses all-to-all and process "
+                        f"groups): set deepspeed.config, e.g. recipes/deepspeed/zero3.json")
+    if r.data.context_length % sp:
+        problems.append(f"data.context_length={r.data.context_length} is not divisible by train.sequence_parallel_size="
+                        f"{sp}: each rank holds context_length / {sp} tokens of every sequence")
+
+
+def _check_sequence_parallel_world(r: Recipe, problems: list[str]) -> None:
+    """The launch: WORLD_SIZE processes (set by the deepspeed launcher; 1 for a plain ``python`` run)."""
+    sp = r.train.sequence_parallel_size
+    world = os.environ.get("WORLD_SIZE", "1")
+    if sp > 1 and world.isdigit() and int(world) % sp:
+        problems.append(f"train.sequence_parallel_size={sp} does not divide the world size {world} (WORLD_SIZE): "
+                        f"launch a multiple of {sp} processes, e.g. deepspeed --num_gpus {sp} train/pod.py ...")
+
+
+def _check_sequence_parallel_heads(r: Recipe, model_config: dict, problems: list[str]) -> None:
+    """Ulysses gives each rank H/P query heads and Hkv/P KV heads: both counts must divide by P."""
+    sp = r.train.sequence_parallel_size
+    text = model_config.get("text_config") or model_config
+    heads, kv_heads = text.get("num_attention_heads"), text.get("num_key_value_heads") or text.get("num_attention_heads")
+    if sp > 1 and heads and kv_heads and (heads % sp or kv_heads % sp):
+        problems.append(f"train.sequence_parallel_size={sp}: Ulysses needs the attention heads ({heads}) and KV heads "
+                        f"({kv_heads}) of model.name_or_path={r.model.name_or_path!r} divisible by it; use a divisor "
+                        f"of {math.gcd(heads, kv_heads)}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -474,7 +513,8 @@ def _check_environment(r: Recipe, problems: list[str]) -> None:
     model_config = None
     name = r.model.name_or_path
     if name == EMBEDDED_MODEL:
-        model_config = {"max_position_embeddings": EMBEDDED_MODEL_MAX_POSITIONS}
+        model_config = {"max_position_embeddings": EMBEDDED_MODEL_MAX_POSITIONS, "num_attention_heads": 9,
+                        "num_key_value_heads": 3}
     elif name.startswith(EMBEDDED_DATA_PREFIX):
         add(f"model.name_or_path={name!r}: the only embedded model is {EMBEDDED_MODEL!r}")
     elif looks_like_local_path(name):
@@ -489,7 +529,9 @@ def _check_environment(r: Recipe, problems: list[str]) -> None:
     else:
         model_config = _cached_hub_config(name, r.model.revision)
 
+    _check_sequence_parallel_world(r, problems)
     if model_config is not None:
+        _check_sequence_parallel_heads(r, model_config, problems)
         max_positions = model_config.get("max_position_embeddings")
         has_scaling = bool(r.model.rope_scaling or model_config.get("rope_scaling")
                            or (model_config.get("rope_parameters") or {}).get("rope_type", "default") != "default")

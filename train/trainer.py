@@ -99,12 +99,29 @@ def _loss_trainer_class():
     class PodTrainer(Trainer):
         """Trainer that records each micro-batch's unscaled loss for the per-step record."""
 
-        def __init__(self, *args, loss_log: Path, **kwargs):
+        def __init__(self, *args, loss_log: Path, sequence_parallel=None, **kwargs):
             super().__init__(*args, **kwargs)
             self._micro_losses: list[float] = []
             self.add_callback(LossRecorder(loss_log, self._micro_losses))
+            self.sequence_parallel = sequence_parallel  # UlyssesAttention or None (train/sequence_parallel.py)
+            if sequence_parallel is not None:
+                self.model_accepts_loss_kwargs = False  # the SP loss normalises by the whole rows' token count
+
+        def get_train_dataloader(self):
+            loader = super().get_train_dataloader()
+            if self.sequence_parallel is None:
+                return loader
+            from train.sequence_parallel import sequence_parallel_dataloader
+
+            return sequence_parallel_dataloader(loader, self.sequence_parallel, self.args.device)
 
         def compute_loss(self, model, inputs, return_outputs=False, **kwargs):
+            if self.sequence_parallel is not None and model.training:
+                from train.sequence_parallel import sequence_parallel_loss
+
+                loss, row_loss, outputs = sequence_parallel_loss(model, inputs, self.sequence_parallel)
+                self._micro_losses.append(float(row_loss))  # the whole rows' loss, not this rank's slice
+                return (loss, outputs) if return_outputs else loss
             result = super().compute_loss(model, inputs, return_outputs=return_outputs, **kwargs)
             loss = result[0] if return_outputs else result
             if model.training:
@@ -124,10 +141,20 @@ def resolve_resume(recipe: Recipe) -> str | None:
     return resume
 
 
-def train_model(model, train_dataset, recipe: Recipe, args, *, tokenizer=None, log=print) -> Path:
-    """Train; returns ``<output_dir>/trained`` (weights, or the adapter for LoRA)."""
+def train_model(model, train_dataset, recipe: Recipe, args, *, tokenizer=None, log=print,
+                sequence_parallel=None) -> Path:
+    """Train; returns ``<output_dir>/trained`` (weights, or the adapter for LoRA).
+
+    ``sequence_parallel``: the UlyssesAttention of ``train.sequence_parallel_size > 1``
+    (train/sequence_parallel.py), attached to the model for training and detached afterwards."""
     from transformers import default_data_collator
 
+    collator = default_data_collator
+    if sequence_parallel is not None:
+        from train.sequence_parallel import attach_sequence_parallel, collate_with_position_ids
+
+        attach_sequence_parallel(model, sequence_parallel)
+        collator = collate_with_position_ids  # DeepSpeed's SP data-loader adapter requires position_ids
     if recipe.train.method == "lora":
         model = wrap_lora(model, recipe)
         if args.process_index == 0:
@@ -136,12 +163,16 @@ def train_model(model, train_dataset, recipe: Recipe, args, *, tokenizer=None, l
         model.config.use_cache = False
     out = Path(recipe.train.output_dir)
     trainer = _loss_trainer_class()(model=model, args=args, train_dataset=train_dataset,
-                                    data_collator=default_data_collator, processing_class=tokenizer,
-                                    loss_log=out / "losses.jsonl")
+                                    data_collator=collator, processing_class=tokenizer,
+                                    loss_log=out / "losses.jsonl", sequence_parallel=sequence_parallel)
     resume = resolve_resume(recipe)
     if resume and args.process_index == 0:
         log(f"[train] resuming from {resume}")
     result = trainer.train(resume_from_checkpoint=resume)
+    if sequence_parallel is not None:
+        from train.sequence_parallel import attach_sequence_parallel
+
+        attach_sequence_parallel(model, None)
     trained = out / "trained"
     trainer.save_model(str(trained))  # collective under ZeRO-3; rank 0 writes
     if args.process_index == 0:
