@@ -3,7 +3,8 @@
 * ``kernels [--out-dir DIR]``: both kernel benchmarks, ``DIR/kernels_decode.json`` and
   ``DIR/kernels_prefill.json`` (default DIR ``outputs/bench``), with their default shapes;
 * ``kernels-decode ARGS`` / ``kernels-prefill ARGS``: one of them, ARGS passed through;
-* ``train ARGS`` -> ``eval.bench.train``; ``e2e ARGS`` -> ``eval.bench.e2e``.
+* ``train ARGS`` -> ``eval.bench.train``; ``e2e ARGS`` -> ``eval.bench.e2e``;
+* ``train-multi-gpu ARGS`` -> ``eval.bench.train_multi_gpu`` (launches ``deepspeed --num_gpus N`` per N).
 
 Modules are imported only when their command runs, so a missing one fails alone, by name.
 """
@@ -16,7 +17,7 @@ import sys
 from pathlib import Path
 
 MODULES = {"kernels-decode": "eval.bench.kernels_decode", "kernels-prefill": "eval.bench.kernels_prefill",
-           "train": "eval.bench.train", "e2e": "eval.bench.e2e"}
+           "train": "eval.bench.train", "e2e": "eval.bench.e2e", "train-multi-gpu": "eval.bench.train_multi_gpu"}
 COMMANDS = ("kernels",) + tuple(MODULES)
 
 

@@ -5,7 +5,6 @@ same recipe without sequence parallelism (same rows in the same order, same opti
 import json
 
 import pytest
-
 from pipeline_runs import deepspeed_command, pipeline_env, python_command, run
 from tiny_setup import make_texts, make_tiny_model, tiny_recipe, write_recipe
 

@@ -11,9 +11,9 @@ import torch
 
 pytest.importorskip("deepspeed", reason="the layout functions under test are DeepSpeed's (deepspeed.sequence.layer)")
 
-import kernels  # noqa: E402
 from sp_helpers import VOCAB, ThreadAllToAll, run_ranks, tiny_pod_model  # noqa: E402
 
+import kernels  # noqa: E402
 from sparse_models.sequence_parallel import UlyssesAttention  # noqa: E402
 
 

@@ -1,0 +1,283 @@
+"""Multi-GPU POD training throughput and the longest trainable context (issue 7).
+
+``python -m eval.bench train-multi-gpu --num-gpus 1,2,8 [--seq 32768] [--sp 1] [--out FILE]``
+launches ``deepspeed --num_gpus N`` once per N (this file in worker mode) and prints one table:
+tokens/s of the whole job, tokens/s per GPU, scaling efficiency against the smallest N
+(``eff = tps_N / (tps_min * N / N_min)``; issue target >= 85% at 2 GPUs), peak memory.
+
+``python -m eval.bench train-multi-gpu --num-gpus 8 --sp 8 --find-max-context --seq 32768``
+doubles the context from ``--seq`` (up to ``--max-seq``), one fresh launch per length (an OOM leaves
+nothing behind), and reports the longest length whose steps completed.
+
+What one step is: Llama-3-8B shape by default (32 layers, hidden 4096, 32/8 heads, FFN 14336, vocab
+128256), random init, bf16, gradient checkpointing, DeepSpeed ZeRO-3 (``--zero-config``; a 1-GPU
+8B run may need ``recipes/deepspeed/zero3_offload.json``), POD attention (sink 16 + recent 4080, blocks
+of ``--block-size`` layers) or ``--scheme dense`` (podkit's dense kernels), one sequence of ``--seq``
+tokens per data-parallel replica. With ``--sp P`` (Ulysses, train/sequence_parallel.py) P GPUs share
+each sequence, so a step processes ``N / P`` sequences. Tokens/s = N/P * seq / seconds per step.
+The same code path as ``train/pod.py`` with ``train.sequence_parallel_size`` (model hook, SP groups,
+SP loss), minus the Trainer and data loading.
+
+Multi-host: pass ``--hostfile FILE`` (DeepSpeed's format, ``host slots=8`` per line); ``--num-gpus`` is
+then the GPUs per host and the job spans every host in the file.
+
+Runs on CPU too (``DS_ACCELERATOR=cpu``, gloo; tiny shapes via ``--layers/--hidden/...``), which is how
+tests/train/test_bench_train_multi_gpu.py checks the launcher and the JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+if __package__ in (None, ""):  # launched by deepspeed as a script: make the repository importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import torch  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog="python -m eval.bench train-multi-gpu", description=__doc__.split("\n\n")[0])
+    p.add_argument("--num-gpus", default="1,2", help="comma-separated GPU counts, one launch each (per host with --hostfile)")
+    p.add_argument("--hostfile", default=None, help="DeepSpeed hostfile for a multi-host job")
+    p.add_argument("--master-port", type=int, default=29533)
+    p.add_argument("--out", default="outputs/bench/train_multi_gpu.json")
+    p.add_argument("--seq", type=int, default=32768)
+    p.add_argument("--sp", type=int, default=1, help="Ulysses sequence-parallel size (GPUs per sequence)")
+    p.add_argument("--find-max-context", action="store_true", help="double --seq until a step fails")
+    p.add_argument("--max-seq", type=int, default=1 << 20)
+    p.add_argument("--scheme", choices=("pod", "dense"), default="pod")
+    p.add_argument("--layers", type=int, default=32)
+    p.add_argument("--hidden", type=int, default=4096)
+    p.add_argument("--heads", type=int, default=32)
+    p.add_argument("--kv-heads", type=int, default=8)
+    p.add_argument("--intermediate", type=int, default=14336)
+    p.add_argument("--vocab", type=int, default=128256)
+    p.add_argument("--sink", type=int, default=16)
+    p.add_argument("--recent", type=int, default=4080)
+    p.add_argument("--block-size", type=int, default=2)
+    p.add_argument("--zero-config", default="recipes/deepspeed/zero3.json")
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--timeout-s", type=int, default=3600, help="per launch")
+    p.add_argument("--worker", default=None, help=argparse.SUPPRESS)  # JSON path: run one measurement
+    p.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)  # set by the launcher
+    args = p.parse_args(argv)
+    args.gpu_counts = [int(n) for n in str(args.num_gpus).split(",") if n.strip()]
+    problems = [f"--num-gpus {n}: not a multiple of --sp {args.sp}" for n in args.gpu_counts if n % args.sp]
+    if args.seq % args.sp:
+        problems.append(f"--seq {args.seq}: not divisible by --sp {args.sp}")
+    if args.kv_heads % args.sp or args.heads % args.sp:
+        problems.append(f"--sp {args.sp}: Ulysses needs --heads {args.heads} and --kv-heads {args.kv_heads} divisible by it")
+    if problems:
+        p.error("; ".join(problems))
+    return args
+
+
+# ---------------------------------------------------------------------------------------------- worker
+
+
+def deepspeed_config(args, world: int) -> dict:
+    """recipes/deepspeed/<zero>.json with its "auto" values filled the way the HF integration fills them."""
+    config = json.loads((REPO / args.zero_config).read_text() if not Path(args.zero_config).is_absolute()
+                        else Path(args.zero_config).read_text())
+    zero = config.setdefault("zero_optimization", {})
+    fills = {"reduce_bucket_size": args.hidden * args.hidden, "stage3_prefetch_bucket_size": int(0.9 * args.hidden ** 2),
+             "stage3_param_persistence_threshold": 10 * args.hidden}
+    for key, value in fills.items():
+        if zero.get(key) == "auto":
+            zero[key] = value
+    config["bf16"] = {"enabled": True}
+    config["fp16"] = {"enabled": False}
+    config.update(train_micro_batch_size_per_gpu=1, gradient_accumulation_steps=1, train_batch_size=world,
+                  gradient_clipping=1.0, steps_per_print=10 ** 9)
+    params = config.get("optimizer", {}).get("params", {})
+    for key, value in {"lr": 1e-5, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.0}.items():
+        if params.get(key) == "auto":
+            params[key] = value
+    config.pop("scheduler", None)
+    return config
+
+
+def build_model(args, ds_config):
+    from transformers.integrations import HfDeepSpeedConfig
+
+    from sparse_models import PodkitLlamaConfig, PodkitLlamaForCausalLM
+
+    keep_alive = HfDeepSpeedConfig(ds_config)  # ZeRO-3: transformers builds the model inside deepspeed.zero.Init
+    config = PodkitLlamaConfig(vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=args.intermediate,
+                               num_hidden_layers=args.layers, num_attention_heads=args.heads,
+                               num_key_value_heads=args.kv_heads, max_position_embeddings=max(args.seq, 8192),
+                               rope_parameters={"rope_type": "default", "rope_theta": 500000.0},
+                               tie_word_embeddings=False, use_cache=False)
+    torch.manual_seed(0)
+    model = PodkitLlamaForCausalLM._from_config(config, dtype=torch.bfloat16)
+    if args.scheme == "pod":
+        anchors = [[(layer // args.block_size) * args.block_size] * args.kv_heads for layer in range(args.layers)]
+        model.set_sparse_attention(prefill_scheme="pod", decode_scheme="pod", pod_anchor_layers=anchors,
+                                   pod_sink_tokens=args.sink, pod_recent_window=args.recent)
+    else:
+        model.set_sparse_attention(prefill_scheme="dense", decode_scheme="dense")
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return model.train(), keep_alive
+
+
+def run_worker(args) -> int:
+    if not torch.cuda.is_available():
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    import deepspeed
+
+    if not torch.cuda.is_available():
+        import deepspeed.ops
+
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False  # skip the shm op's JIT build on CPU
+    deepspeed.init_distributed()
+    import torch.distributed as dist
+
+    from train.sequence_parallel import attach_sequence_parallel, sequence_parallel_loss, setup_sequence_parallel
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    local = int(os.environ.get("LOCAL_RANK", 0))
+    device = torch.device(f"cuda:{local}") if torch.cuda.is_available() else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    sp = setup_sequence_parallel(args.sp)
+    replicas = world // args.sp
+    ds_config = deepspeed_config(args, world)
+    model, keep_alive = build_model(args, ds_config)
+    if sp is not None:
+        attach_sequence_parallel(model, sp)
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=[p for p in model.parameters() if p.requires_grad],
+                                      config=ds_config)
+    replica = rank // args.sp
+    ids = torch.randint(0, args.vocab, (1, args.seq), generator=torch.Generator().manual_seed(1000 + replica))
+    labels = torch.nn.functional.pad(ids[:, 1:], (0, 1), value=-100)
+    width = args.seq // args.sp
+    cut = slice((sp.rank if sp else 0) * width, ((sp.rank if sp else 0) + 1) * width)
+    ids, labels = ids[:, cut].to(device), labels[:, cut].to(device)
+
+    def step():
+        if sp is not None:
+            loss, row_loss, _ = sequence_parallel_loss(engine, {"input_ids": ids, "shift_labels": labels}, sp)
+        else:
+            out = engine(input_ids=ids, use_cache=False)
+            loss = torch.nn.functional.cross_entropy(out.logits.float().reshape(-1, args.vocab), labels.reshape(-1),
+                                                     ignore_index=-100)
+            row_loss = loss.detach()
+        engine.backward(loss)
+        engine.step()
+        return row_loss
+
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    for _ in range(args.warmup):
+        step()
+    sync()
+    dist.barrier()
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    start = time.perf_counter()
+    for _ in range(args.steps):
+        row_loss = step()
+    sync()
+    dist.barrier()
+    seconds = (time.perf_counter() - start) / args.steps
+    peak = torch.tensor([torch.cuda.max_memory_allocated() / 2 ** 30 if device.type == "cuda" else 0.0], device=device)
+    dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+    if rank == 0:
+        tokens = replicas * args.seq
+        Path(args.worker).write_text(json.dumps({
+            "gpus": world, "sp": args.sp, "replicas": replicas, "seq": args.seq, "scheme": args.scheme,
+            "seconds_per_step": seconds, "tokens_per_step": tokens, "tokens_per_s": tokens / seconds,
+            "tokens_per_s_per_gpu": tokens / seconds / world, "loss": float(row_loss),
+            "peak_memory_gib_max_rank": float(peak.item()) if device.type == "cuda" else None,
+            "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+            "zero_config": args.zero_config}))
+    del keep_alive
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------- launcher
+
+
+def launch(args, gpus: int, seq: int, result_path: Path) -> tuple[dict | None, str]:
+    """One ``deepspeed`` job; (its result, or None with the tail of its output when it failed)."""
+    command = [str(Path(sys.executable).parent / "deepspeed")]
+    if args.hostfile:
+        command += ["--hostfile", args.hostfile]
+    command += ["--num_gpus", str(gpus), "--master_port", str(args.master_port), str(Path(__file__).resolve())]
+    for name in ("sp", "scheme", "layers", "hidden", "heads", "kv_heads", "intermediate", "vocab", "sink", "recent",
+                 "block_size", "zero_config", "warmup", "steps"):
+        command += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
+    command += ["--seq", str(seq), "--num-gpus", str(gpus), "--worker", str(result_path)]
+    result_path.unlink(missing_ok=True)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, cwd=REPO, env=env, timeout=args.timeout_s)
+        output = done.stdout + done.stderr
+        ok = done.returncode == 0
+    except subprocess.TimeoutExpired as error:
+        output, ok = f"timed out after {args.timeout_s} s\n{error.stdout or ''}{error.stderr or ''}", False
+    if ok and result_path.is_file():
+        return json.loads(result_path.read_text()), ""
+    tail = "\n".join(str(output).splitlines()[-15:])
+    return None, tail
+
+
+def main(argv=None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.worker:
+        return run_worker(args)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    scratch = out.with_suffix(".run.json")
+    report = {"args": {k: v for k, v in vars(args).items() if k not in ("worker", "local_rank")},
+              "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "rows": [], "failures": []}
+    if args.find_max_context:
+        gpus, seq, longest = args.gpu_counts[-1], args.seq, None
+        while seq <= args.max_seq:
+            row, tail = launch(args, gpus, seq, scratch)
+            print(f"{gpus} GPU(s), SP {args.sp}, seq {seq}: " + (f"{row['tokens_per_s']:.0f} tokens/s" if row else "failed"),
+                  flush=True)
+            if row is None:
+                report["failures"].append({"gpus": gpus, "seq": seq, "output_tail": tail})
+                break
+            report["rows"].append(row)
+            longest, seq = seq, seq * 2
+        report["longest_trainable_context"] = longest
+        report["stopped_by"] = "failure" if report["failures"] else f"--max-seq {args.max_seq}"
+        print(f"longest trainable context with SP {args.sp} on {gpus} GPU(s): {longest} "
+              f"(stopped by {report['stopped_by']})")
+    else:
+        for gpus in args.gpu_counts:
+            row, tail = launch(args, gpus, args.seq, scratch)
+            if row is None:
+                report["failures"].append({"gpus": gpus, "seq": args.seq, "output_tail": tail})
+                print(f"{gpus} GPU(s): failed\n{tail}", flush=True)
+            else:
+                report["rows"].append(row)
+        if report["rows"]:
+            base = report["rows"][0]
+            for row in report["rows"]:
+                row["scaling_efficiency"] = row["tokens_per_s"] / (base["tokens_per_s"] * row["gpus"] / base["gpus"])
+            print(f"POD training ({args.scheme}), {args.layers} layers, hidden {args.hidden}, {args.heads}/{args.kv_heads} "
+                  f"heads, seq {args.seq}, SP {args.sp}, bf16, grad ckpt, {args.zero_config}, on {base['device']}")
+            print(f"{'GPUs':>5}{'s/step':>10}{'tokens/s':>12}{'per GPU':>10}{'efficiency':>12}{'peak GiB':>10}")
+            for r in report["rows"]:
+                peak = f"{r['peak_memory_gib_max_rank']:>10.1f}" if r["peak_memory_gib_max_rank"] is not None else f"{'-':>10}"
+                print(f"{r['gpus']:>5}{r['seconds_per_step']:>10.3f}{r['tokens_per_s']:>12.1f}"
+                      f"{r['tokens_per_s_per_gpu']:>10.1f}{100 * r['scaling_efficiency']:>11.1f}%{peak}")
+    scratch.unlink(missing_ok=True)
+    out.write_text(json.dumps(report, indent=1))
+    print(f"-> {out}")
+    return 0 if not report["failures"] or args.find_max_context and report.get("longest_trainable_context") else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
