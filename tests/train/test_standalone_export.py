@@ -185,3 +185,38 @@ def test_podkit_process_auto_class_uses_podkit_without_remote_code(exports):
     folder, cls, *_ = made[0]
     model = AutoModelForCausalLM.from_pretrained(folder)  # no trust_remote_code: podkit's registered class
     assert type(model) is cls
+
+
+def _standalone_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("podkit_standalone_under_test", STANDALONE_MODELING)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclass configs look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("sparse_attention, message", [
+    ({"prefill_scheme": "pod", "decode_scheme": "tidal"}, "decode_scheme='tidal'"),
+    ({"prefill_scheme": "token_sparse", "decode_scheme": "dense"}, "prefill_scheme='token_sparse'"),
+    ({"prefill_scheme": "pod", "decode_scheme": "pod", "pod": {"sharing": "scores"}}, "sharing='scores'"),
+    ({"prefill_scheme": "pod", "decode_scheme": "pod", "pod": {"anchor_layers": [[0], [0], [1]]}},
+     r"anchor_layers\[2\]\[0\]=1"),
+    ({"prefill_scheme": "pod", "decode_scheme": "pod", "pod": {"anchor_layers": [[0], [0]]}}, "expected 3 rows"),
+])
+def test_standalone_refuses_what_it_does_not_implement(sparse_attention, message):
+    module = _standalone_module()
+    with pytest.raises(ValueError, match=message):
+        module.pod_settings(sparse_attention, 3, 1)
+
+
+def test_standalone_settings_dense_and_pod():
+    module = _standalone_module()
+    dense = module.pod_settings({"prefill_scheme": "dense", "decode_scheme": "dense"}, 3, 2)
+    assert dense["anchors"] == ((0, 0), (1, 1), (2, 2)) and dense["sources"] == set()
+    pod = module.pod_settings({"prefill_scheme": "pod", "decode_scheme": "pod",
+                               "pod": {"anchor_layers": [[0, 0], [0, 1], [0, 1]], "sink_tokens": 4,
+                                       "recent_window": 9}}, 3, 2)
+    assert pod["anchors"] == ((0, 0), (0, 1), (0, 1)) and pod["sources"] == {0, 1}
+    assert (pod["sink"], pod["recent"]) == (4, 9)
