@@ -83,13 +83,67 @@ def collate_with_position_ids(features: list[dict]) -> dict[str, torch.Tensor]:
     return batch
 
 
-def sequence_parallel_dataloader(dataloader, sp: UlyssesAttention, device):
+def sequence_parallel_dataloader(dataloader, sp: UlyssesAttention, device, *, skip_micro_batches: int = 0):
     """DeepSpeed's ``UlyssesSPDataLoaderAdapter`` over the Trainer's (data-parallel) loader: every SP rank gets
-    its slice of the same row; ``len`` grows by P (each rank's rows are consumed by the whole group)."""
+    its slice of the same row; ``len`` grows by P (each rank's rows are consumed by the whole group).
+
+    ``skip_micro_batches``: SP micro-batches to drop at the start (a resume in the middle of an epoch; the
+    Trainer's own fast-forward cannot rebuild this adapter). Collective: every rank of the group must pass
+    the same number."""
     from deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPDataLoaderAdapter
 
-    return UlyssesSPDataLoaderAdapter(dataloader, sp_rank=sp.rank, sp_group=sp.group, sp_world_size=sp.size,
-                                      device=device)
+    class SequenceParallelDataLoader(UlyssesSPDataLoaderAdapter):
+        """The adapter, plus what the Trainer's epoch loop needs: ``set_epoch`` reaches the data-parallel
+        sampler (a new shuffle per epoch), an exhausted pass keeps raising StopIteration until the next
+        ``iter()`` (the Trainer may ask for more batches than a resumed epoch has left), and the skip."""
+
+        def __init__(self, *args, skip: int, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.to_skip, self.exhausted = skip, False
+
+        def __iter__(self):
+            if self.exhausted:  # a new epoch: a fresh pass over the (re-seeded) data-parallel loader
+                self.iter, self.exhausted = iter(self.dl), False
+                self.micro_batches.clear()
+            return self
+
+        def __next__(self):
+            if self.exhausted:
+                raise StopIteration
+            try:
+                while self.to_skip:
+                    if not self.micro_batches and self.to_skip >= self.sp_world_size:
+                        next(self.iter)  # each rank drops its own row: the group's rows, nothing exchanged
+                        self.to_skip -= self.sp_world_size
+                    else:
+                        super().__next__()
+                        self.to_skip -= 1
+                return super().__next__()
+            except StopIteration:
+                self.exhausted = True
+                raise
+
+        def set_epoch(self, epoch: int) -> None:
+            batch_sampler = getattr(self.dl, "batch_sampler", None)
+            for holder in (self.dl, batch_sampler, getattr(batch_sampler, "batch_sampler", None)):
+                if hasattr(holder, "set_epoch"):
+                    holder.set_epoch(epoch)
+
+    return SequenceParallelDataLoader(dataloader, sp_rank=sp.rank, sp_group=sp.group, sp_world_size=sp.size,
+                                      device=device, skip=skip_micro_batches)
+
+
+def resumed_micro_batches(checkpoint: str | None, batches_per_epoch: int, accumulation: int) -> int:
+    """Micro-batches of the current epoch a checkpoint has already trained on, as the Trainer counts them
+    (``global_step % update_steps_per_epoch * gradient_accumulation_steps``); 0 without a checkpoint."""
+    import json
+    from pathlib import Path
+
+    state = Path(checkpoint) / "trainer_state.json" if checkpoint else None
+    if state is None or not state.is_file():
+        return 0
+    steps_per_epoch = max(batches_per_epoch // accumulation + int(batches_per_epoch % accumulation > 0), 1)
+    return json.loads(state.read_text())["global_step"] % steps_per_epoch * accumulation
 
 
 def sequence_parallel_loss(model, inputs: dict, sp: UlyssesAttention):

@@ -107,13 +107,23 @@ def _loss_trainer_class():
             if sequence_parallel is not None:
                 self.model_accepts_loss_kwargs = False  # the SP loss normalises by the whole rows' token count
 
+        def train(self, resume_from_checkpoint=None, **kwargs):
+            self._resume_checkpoint = resume_from_checkpoint
+            return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
+
         def get_train_dataloader(self):
             loader = super().get_train_dataloader()
             if self.sequence_parallel is None:
                 return loader
-            from train.sequence_parallel import sequence_parallel_dataloader
+            from train.sequence_parallel import resumed_micro_batches, sequence_parallel_dataloader
 
-            return sequence_parallel_dataloader(loader, self.sequence_parallel, self.args.device)
+            resume = getattr(self, "_resume_checkpoint", None)
+            skip = resumed_micro_batches(resume if isinstance(resume, str) else None,
+                                         len(loader) * self.sequence_parallel.size, self.args.gradient_accumulation_steps)
+            if skip:  # the SP adapter fast-forwards itself; the Trainer's skip_first_batches cannot rebuild it
+                self.args.ignore_data_skip = True
+            return sequence_parallel_dataloader(loader, self.sequence_parallel, self.args.device,
+                                                skip_micro_batches=skip)
 
         def compute_loss(self, model, inputs, return_outputs=False, **kwargs):
             if self.sequence_parallel is not None and model.training:

@@ -103,7 +103,45 @@ def check_adapter(sp) -> dict:
             problems.append(f"shift_labels of row {source}: {got['shift_labels'].tolist()}")
         if not torch.equal(got["position_ids"], torch.arange(length)[None, cut]):
             problems.append(f"position_ids of row {source}: {got['position_ids'].tolist()}")
+    problems += check_adapter_skip_and_epochs(sp)
     return {"adapter_problems": problems}
+
+
+def check_adapter_skip_and_epochs(sp) -> list[str]:
+    """3 rows per rank. A resume that skips 3 micro-batches continues with the 4th; an exhausted pass keeps
+    raising StopIteration until iter() starts the next epoch, which sees every row again."""
+    from torch.utils.data import DataLoader
+
+    from train.sequence_parallel import collate_with_position_ids, sequence_parallel_dataloader
+
+    length, count = 4 * sp.size, 3
+    mine = [{"input_ids": [10000 * sp.rank + 100 * i + t for t in range(length)]} for i in range(count)]
+    for row in mine:
+        row["labels"] = row["input_ids"]
+
+    def first_tokens(adapter, n):
+        out = []
+        for _ in range(n):
+            out.append(int(next(adapter)["input_ids"][0, 0]))
+        return out
+
+    loader = DataLoader(mine, batch_size=1, collate_fn=collate_with_position_ids)
+    full = first_tokens(sequence_parallel_dataloader(loader, sp, torch.device("cpu")), count * sp.size)
+    problems = []
+    resumed = sequence_parallel_dataloader(loader, sp, torch.device("cpu"), skip_micro_batches=3)
+    rest = first_tokens(resumed, count * sp.size - 3)
+    if rest != full[3:]:
+        problems.append(f"after skipping 3: {rest}, expected {full[3:]}")
+    for attempt in range(2):
+        try:
+            next(resumed)
+            problems.append(f"exhausted adapter yielded a batch (attempt {attempt})")
+        except StopIteration:
+            pass
+    resumed.set_epoch(1)
+    if first_tokens(iter(resumed), count * sp.size) != full:
+        problems.append("the next epoch did not see every row again")
+    return problems
 
 
 def main(out_path: str) -> int:
