@@ -10,10 +10,14 @@ doubles the context from ``--seq`` (up to ``--max-seq``), one fresh launch per l
 nothing behind), and reports the longest length whose steps completed.
 
 What one step is: Llama-3-8B shape by default (32 layers, hidden 4096, 32/8 heads, FFN 14336, vocab
-128256), random init, bf16, gradient checkpointing, DeepSpeed ZeRO-3 (``--zero-config``; a 1-GPU
-8B run may need ``recipes/deepspeed/zero3_offload.json``), POD attention (sink 16 + recent 4080, blocks
+128256), random init, bf16, gradient checkpointing, DeepSpeed ZeRO-3 (``--zero-config``), POD attention
+(sink 16 + recent 4080, blocks
 of ``--block-size`` layers) or ``--scheme dense`` (podkit's dense kernels), one sequence of ``--seq``
-tokens per data-parallel replica. With ``--sp P`` (Ulysses, train/sequence_parallel.py) P GPUs share
+tokens per data-parallel replica. Memory: full fine-tuning of 8B keeps ~16 bytes of weights, gradients
+and Adam state per parameter (~128 GB), which ZeRO-3 splits over the GPUs; on ONE H200 that leaves too little
+for 32K activations and logits, so the 1-GPU row needs ``--zero-config recipes/deepspeed/zero3_offload.json``
+(CPU Adam: not a like-for-like baseline) or the same per-layer shape with fewer ``--layers`` for the scaling
+efficiency. A failed launch is recorded in the JSON (``failures``) and the next N still runs. With ``--sp P`` (Ulysses, train/sequence_parallel.py) P GPUs share
 each sequence, so a step processes ``N / P`` sequences. Tokens/s = N/P * seq / seconds per step.
 The same code path as ``train/pod.py`` with ``train.sequence_parallel_size`` (model hook, SP groups,
 SP loss), minus the Trainer and data loading.
@@ -268,6 +272,7 @@ def main(argv=None) -> int:
                 row["scaling_efficiency"] = row["tokens_per_s"] / (base["tokens_per_s"] * row["gpus"] / base["gpus"])
             print(f"POD training ({args.scheme}), {args.layers} layers, hidden {args.hidden}, {args.heads}/{args.kv_heads} "
                   f"heads, seq {args.seq}, SP {args.sp}, bf16, grad ckpt, {args.zero_config}, on {base['device']}")
+            print(f"scaling efficiency against the {base['gpus']}-GPU row (the first that ran)")
             print(f"{'GPUs':>5}{'s/step':>10}{'tokens/s':>12}{'per GPU':>10}{'efficiency':>12}{'peak GiB':>10}")
             for r in report["rows"]:
                 peak = f"{r['peak_memory_gib_max_rank']:>10.1f}" if r["peak_memory_gib_max_rank"] is not None else f"{'-':>10}"
