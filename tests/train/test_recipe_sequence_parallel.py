@@ -80,3 +80,15 @@ def test_heads_must_divide(tmp_path, monkeypatch):
     data["deepspeed"] = {"config": "recipes/deepspeed/zero3.json"}
     data["data"]["context_length"] = 1024
     assert any("attention heads (9) and KV heads (3)" in p for p in _problems(data, monkeypatch, world="2"))
+
+
+def test_shipped_sequence_parallel_recipe(monkeypatch):
+    from train.recipe import load_recipe
+
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    recipe = load_recipe(REPO / "recipes" / "llama3_1_8b_sp.yaml")
+    assert (recipe.train.sequence_parallel_size, recipe.data.context_length) == (8, 131072)
+    assert json.loads(recipe.deepspeed_config_path.read_text())["zero_optimization"]["stage"] == 3
+    monkeypatch.setenv("WORLD_SIZE", "12")
+    with pytest.raises(RecipeError, match="does not divide the world size 12"):
+        load_recipe(REPO / "recipes" / "llama3_1_8b_sp.yaml")
