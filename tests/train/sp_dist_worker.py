@@ -1,4 +1,5 @@
-"""One rank of the 2-process sequence-parallel test (launched by test_sequence_parallel_dist.py with torchrun).
+"""One rank of the 2-process sequence-parallel test (launched by test_sequence_parallel_dist.py with torchrun;
+``sp_dist_worker.py REPORT cuda`` runs it on 2 GPUs over NCCL).
 
 Each rank builds the same tiny model; the one-process reference (whole rows, no SP) is computed locally on
 every rank. The SP run uses the real path: deepspeed.comm on gloo, DeepSpeed's SP groups and _SeqAllToAll,
@@ -19,17 +20,19 @@ sys.path[:0] = [str(HERE.parents[1]), str(HERE)]
 
 import torch  # noqa: E402
 
+DEVICE = torch.device("cpu")  # cuda:LOCAL_RANK when launched with argv[2] == "cuda" (NCCL)
+
 
 def probe_all_to_all(dist) -> str | None:
     """None if the backend runs all_to_all_single, else the error text."""
     world = dist.get_world_size()
-    x = torch.arange(world, dtype=torch.float32) + 100 * dist.get_rank()
+    x = torch.arange(world, dtype=torch.float32, device=DEVICE) + 100 * dist.get_rank()
     out = torch.empty_like(x)
     try:
         dist.all_to_all_single(out, x)
     except (RuntimeError, NotImplementedError, ValueError) as error:
         return f"{type(error).__name__}: {error}"
-    expected = torch.arange(world, dtype=torch.float32) * 100 + dist.get_rank()
+    expected = torch.arange(world, dtype=torch.float32, device=DEVICE) * 100 + dist.get_rank()
     return None if torch.equal(out, expected) else f"all_to_all_single returned {out.tolist()}, expected {expected.tolist()}"
 
 
@@ -49,9 +52,9 @@ def compare_case(sp, heads, kv_heads, scheme, checkpointing, seed):
 
     batch, s_loc = 2, 9
     s = sp.size * s_loc
-    model = tiny_pod_model(heads, kv_heads, scheme=scheme, seed=seed).train()
+    model = tiny_pod_model(heads, kv_heads, scheme=scheme, seed=seed).to(DEVICE).train()
     reference = copy.deepcopy(model)
-    ids = torch.randint(0, VOCAB, (batch, s), generator=torch.Generator().manual_seed(seed))
+    ids = torch.randint(0, VOCAB, (batch, s), generator=torch.Generator().manual_seed(seed)).to(DEVICE)
     ref_out = reference(input_ids=ids, labels=ids)
     ref_out.loss.backward()
 
@@ -62,7 +65,7 @@ def compare_case(sp, heads, kv_heads, scheme, checkpointing, seed):
     cut = slice(sp.rank * s_loc, (sp.rank + 1) * s_loc)
     shift_labels = torch.nn.functional.pad(ids[:, 1:], (0, 1), value=-100)
     inputs = {"input_ids": ids[:, cut], "shift_labels": shift_labels[:, cut],
-              "position_ids": torch.arange(s_loc).expand(batch, -1)}
+              "position_ids": torch.arange(s_loc, device=DEVICE).expand(batch, -1)}
     loss, row_loss, outputs = sequence_parallel_loss(engine, inputs, sp)
     engine.backward(loss)  # DeepSpeed's all-reduce of gradients, averaged over the world
     logits_error = (outputs.logits - ref_out.logits[:, cut]).abs().max().item()
@@ -87,7 +90,7 @@ def check_adapter(sp) -> dict:
     rows = {r: list(range(1000 * r, 1000 * r + length)) for r in range(sp.size)}
     mine = [{"input_ids": rows[sp.rank], "labels": rows[sp.rank]}]
     adapter = sequence_parallel_dataloader(DataLoader(mine, batch_size=1, collate_fn=collate_with_position_ids), sp,
-                                           torch.device("cpu"))
+                                           DEVICE)
     problems = []
     if len(adapter) != sp.size:
         problems.append(f"len(adapter)={len(adapter)}, expected {sp.size}")
@@ -126,9 +129,9 @@ def check_adapter_skip_and_epochs(sp) -> list[str]:
         return out
 
     loader = DataLoader(mine, batch_size=1, collate_fn=collate_with_position_ids)
-    full = first_tokens(sequence_parallel_dataloader(loader, sp, torch.device("cpu")), count * sp.size)
+    full = first_tokens(sequence_parallel_dataloader(loader, sp, DEVICE), count * sp.size)
     problems = []
-    resumed = sequence_parallel_dataloader(loader, sp, torch.device("cpu"), skip_micro_batches=3)
+    resumed = sequence_parallel_dataloader(loader, sp, DEVICE, skip_micro_batches=3)
     rest = first_tokens(resumed, count * sp.size - 3)
     if rest != full[3:]:
         problems.append(f"after skipping 3: {rest}, expected {full[3:]}")
@@ -144,13 +147,19 @@ def check_adapter_skip_and_epochs(sp) -> list[str]:
     return problems
 
 
-def main(out_path: str) -> int:
-    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+def main(out_path: str, device: str = "cpu") -> int:
+    global DEVICE
+    if device == "cuda":
+        DEVICE = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}")
+        torch.cuda.set_device(DEVICE)
+        torch.backends.cuda.matmul.allow_tf32 = False
+    else:
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
     import deepspeed
     import deepspeed.ops
 
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False  # plain gloo; no 60 s JIT build
-    deepspeed.init_distributed(dist_backend="gloo")
+    deepspeed.init_distributed(dist_backend="nccl" if device == "cuda" else "gloo")
     import torch.distributed as dist
 
     torch.set_num_threads(1)
@@ -172,4 +181,4 @@ def main(out_path: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    sys.exit(main(*sys.argv[1:3]))
