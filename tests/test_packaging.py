@@ -20,7 +20,6 @@ def test_public_ops_are_exported():
 
 def test_public_ops_stay_callable_after_triton_submodule_import():
     import kernels
-
     import kernels.triton_decode_attention  # noqa: F401  (tests and benchmarks import launchers directly)
     import kernels.triton_prefill_attention  # noqa: F401
 

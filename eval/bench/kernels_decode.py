@@ -31,8 +31,8 @@ reference, and records the errors in the JSON.
 from __future__ import annotations
 
 import argparse
-import importlib
 import datetime
+import importlib
 import json
 import os
 import sys
@@ -146,10 +146,10 @@ def _row(rows, op, ctx, batch, **cols):
 
 def run_bench(contexts, batches, device, bw, tune=False, topk_variants=False):
     DA = importlib.import_module("kernels.triton_decode_attention")
-    from kernels.triton_sparse_decode_attention import sparse_decode_attention_triton
+    from kernels.reference import quest_page_minmax
     from kernels.triton_pod_decode_attention import pod_decode_attention_triton
     from kernels.triton_quest_pages import quest_page_scores_triton, quest_select_pages_triton
-    from kernels.reference import quest_page_minmax
+    from kernels.triton_sparse_decode_attention import sparse_decode_attention_triton
 
     gen = torch.Generator(device=device)
     gen.manual_seed(0)
@@ -247,9 +247,9 @@ def run_checks(device):
     """bf16 errors of each op against the fp32-math reference and an fp64 reference."""
     from kernels import reference as R
     from kernels.triton_decode_attention import decode_attention_triton, selection_decode_attention_triton
-    from kernels.triton_sparse_decode_attention import sparse_decode_attention_triton
     from kernels.triton_pod_decode_attention import pod_decode_attention_triton
     from kernels.triton_quest_pages import quest_page_scores_triton
+    from kernels.triton_sparse_decode_attention import sparse_decode_attention_triton
 
     torch.manual_seed(1)
     out = {}

@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 
 import kernels
+
 from ..cache import SparseKVCache, local_slot_positions
 from ..config import PodConfig
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 import kernels
+
 from ..config import QuestConfig
 
 

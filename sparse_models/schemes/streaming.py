@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 import kernels
+
 from ..config import StreamingConfig
 
 

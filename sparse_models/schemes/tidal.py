@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 import kernels
+
 from ..config import TidalConfig
 
 

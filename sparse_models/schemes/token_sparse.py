@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 import kernels
+
 from ..config import TokenSparseConfig
 
 

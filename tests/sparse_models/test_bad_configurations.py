@@ -2,9 +2,9 @@
 
 import pytest
 import torch
+from sm_tiny import tiny_model
 
 from sparse_models import ConfigError, PodkitLlamaForCausalLM, SparseAttentionConfig
-from sm_tiny import tiny_model
 
 BAD_CONFIGS = [
     ({"decode_scheme": "magic"}, "decode_scheme='magic'"),

@@ -1,10 +1,10 @@
 """capture_attention_inputs, hidden states, ragged layouts and Token Sparse statistics."""
 
 import torch
+from sm_tiny import left_padded, random_prompts, tiny_model
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from sparse_models import SparseAttentionConfig, capture_attention_inputs, capture_residual_stream
-from sm_tiny import left_padded, random_prompts, tiny_model
 
 
 def _manual_qk(model, tokens, layer):

@@ -3,11 +3,18 @@ own Llama / Mistral / Qwen2 (incl. Llama-3.1 rope scaling) on plain checkpoints.
 
 import pytest
 import torch
+from sm_tiny import GQA_SHAPES, left_padded, random_prompts, run_model, tiny_model
 from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from sparse_models import (PodkitLlamaConfig, PodkitLlamaForCausalLM, PodkitMistralConfig, PodkitMistralForCausalLM, PodkitQwen2Config,
-                           PodkitQwen2ForCausalLM, SparseAttentionConfig)
-from sm_tiny import GQA_SHAPES, left_padded, random_prompts, run_model, tiny_model
+from sparse_models import (
+    PodkitLlamaConfig,
+    PodkitLlamaForCausalLM,
+    PodkitMistralConfig,
+    PodkitMistralForCausalLM,
+    PodkitQwen2Config,
+    PodkitQwen2ForCausalLM,
+    SparseAttentionConfig,
+)
 
 COVERING = {
     "tidal": {"decode_scheme": "tidal", "tidal": {"budget": 64, "full_layers": [0], "selection_layers": [1]}},

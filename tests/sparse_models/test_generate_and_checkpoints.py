@@ -5,12 +5,12 @@ import json
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
-
-from sparse_models import PodkitLlamaForCausalLM, SparseAttentionConfig, SparseKVCache
 from sm_oracle import Oracle
 from sm_tiny import left_padded, random_prompts, tiny_model
 from test_schemes_vs_oracle import SCHEMES
+from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+
+from sparse_models import PodkitLlamaForCausalLM, SparseAttentionConfig, SparseKVCache
 
 NEW_TOKENS = 4
 

@@ -3,9 +3,9 @@ differentiable with non-reentrant gradient checkpointing, gradients reaching the
 
 import pytest
 import torch
+from sm_tiny import left_padded, random_prompts, tiny_model
 
 from sparse_models import SparseAttentionConfig
-from sm_tiny import left_padded, random_prompts, tiny_model
 
 
 def test_kv_bytes_matches_block_map():

@@ -3,11 +3,10 @@ at a time): tiny random Llama models, GQA groups 1/3/4, batch 2 with ragged left
 
 import pytest
 import torch
-
-from sparse_models import SparseAttentionConfig
-
 from sm_oracle import Oracle
 from sm_tiny import GQA_SHAPES, pod_anchor_map, random_prompts, run_model, tiny_model
+
+from sparse_models import SparseAttentionConfig
 
 LAYERS = 4
 TIDAL = {"budget": 5, "full_layers": [0], "selection_layers": [1]}
