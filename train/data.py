@@ -15,7 +15,6 @@ Rows carry ``input_ids`` and ``labels`` (equal; the model shifts), so ``default_
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import torch

@@ -6,8 +6,8 @@ import socket
 
 import pytest
 import torch
-
 from fake_hub import FakeHub  # tests/train is on sys.path (pytest rootdir-less import)
+
 from train.hub import HubPushError, push_export
 
 TOKEN = "hf_test_token_0123456789abcdef"

@@ -5,7 +5,6 @@ import json
 
 import pytest
 import torch
-
 from fake_hub import FakeHub  # tests/train is on sys.path
 from pipeline_runs import deepspeed_command, pipeline_env, run
 from tiny_setup import make_texts, make_tiny_model, tiny_recipe, write_recipe
@@ -22,8 +21,8 @@ def tiny_assets(tmp_path_factory):
 @pytest.mark.slow
 @pytest.mark.parametrize("zero", ["zero2", "zero3"])
 def test_deepspeed_pipeline_push_reload_generate(tmp_path, tiny_assets, zero, monkeypatch):
-    from huggingface_hub import snapshot_download
     import huggingface_hub.constants as constants
+    from huggingface_hub import snapshot_download
 
     from sparse_models import PodkitLlamaForCausalLM
 

@@ -8,7 +8,6 @@ import subprocess
 import time
 
 import pytest
-
 from pipeline_runs import pipeline_env, python_command, run
 from tiny_setup import make_texts, make_tiny_model, tiny_recipe, write_recipe
 
