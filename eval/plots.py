@@ -13,6 +13,8 @@ import math
 from collections import defaultdict
 from pathlib import Path
 
+from sparse_models.calibration.figures import save_figure
+
 
 def _plt():
     import matplotlib
@@ -69,11 +71,7 @@ def plot_passkey_grid(records: list[dict], path: str | Path, task: str = "passke
     if image is not None:
         fig.colorbar(image, ax=axes.ravel().tolist(), shrink=0.6, label="accuracy")
     fig.suptitle(f"{task}: accuracy by context length and needle depth", fontsize=10)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def plot_perplexity(summary: dict, path: str | Path) -> Path | None:
@@ -99,11 +97,7 @@ def plot_perplexity(summary: dict, path: str | Path) -> Path | None:
     axes[1].legend(fontsize=6, ncol=2)
     fig.suptitle("Perplexity on held-out text (Emma)", fontsize=10)
     fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def _fmt(value, digits=2) -> str:

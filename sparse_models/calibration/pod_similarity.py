@@ -30,6 +30,8 @@ from typing import Callable, Iterable
 
 import torch
 
+from .figures import save_figure
+
 BLOCKS_FORMAT = "podkit.pod_blocks/1"
 
 
@@ -259,8 +261,4 @@ def plot_similarity_heatmap(similarity: torch.Tensor, anchor_layers: list[list[i
         ax.set_ylabel("layer")
     fig.colorbar(image, ax=axes.ravel().tolist(), shrink=0.8)
     fig.suptitle(title, fontsize=10)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)

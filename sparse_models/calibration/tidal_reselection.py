@@ -34,6 +34,8 @@ from typing import Callable, Iterable
 
 import torch
 
+from .figures import save_figure
+
 RESELECTION_FORMAT = "podkit.tidal_reselection/1"
 
 
@@ -217,11 +219,7 @@ def plot_reselection(result: dict, path: str | Path) -> Path:
     fig.suptitle(f"TidalDecode re-selection analysis (budget {result['budget']}, first selection at layer "
                  f"{result['first_selection']})", fontsize=10)
     fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> dict:

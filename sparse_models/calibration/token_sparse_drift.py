@@ -29,6 +29,8 @@ from typing import Iterable
 
 import torch
 
+from .figures import save_figure
+
 DRIFT_FORMAT = "podkit.token_sparse_drift/1"
 EPS = 1e-8
 
@@ -216,11 +218,7 @@ def plot_drift(result: dict, path: str | Path, title: str = "Token Sparse: inter
     bottom.legend(fontsize=8)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> dict:
