@@ -38,7 +38,7 @@ import json
 import platform
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -77,8 +77,15 @@ REDUCED = SweepPlan(passkey_lengths=[1024], ppl_lengths=[2048], depths=3, budget
                     calibration_length=1024)
 
 
-def build_settings(plan: SweepPlan, calibration: dict[str, Any]) -> tuple[list[schemes.Setting], list[schemes.Setting]]:
-    """(settings for passkey and perplexity, settings for perplexity only)."""
+def build_settings(plan: SweepPlan, calibration: dict[str, Any], *,
+                   tidal_ablation: list[tuple[str, list[int]]] | None = None,
+                   ablation_budget: int = 128) -> tuple[list[schemes.Setting], list[schemes.Setting]]:
+    """(settings for passkey and perplexity, settings for perplexity only).
+
+    ``tidal_ablation``: extra TidalDecode settings at ``ablation_budget``, one per (name, selection
+    layers) pair (labelled ``tidal@128[2,8,16]``, ``tidal@128[all]``): how many re-selections the position-persistence premise
+    needs on this model, next to the calibrated pair.
+    """
     tidal_extra = {"tidal_selection_layers": calibration["tidal_selection_layers"]} \
         if calibration.get("tidal_selection_layers") else {}
     sparse_extra = {"token_sparse_sparse_layers": calibration["token_sparse_layers"]} \
@@ -91,8 +98,30 @@ def build_settings(plan: SweepPlan, calibration: dict[str, Any]) -> tuple[list[s
         both.append(schemes.token_sparse(coverage, **sparse_extra))
     pod_extra = {"pod_sink_tokens": POD_SINK, "pod_recent_window": POD_RECENT}
     both.append(schemes.pod_zero_shot(calibration.get("pod_blocks_file"), **pod_extra))
+    for name, layers in tidal_ablation or []:
+        setting = schemes.budgeted("tidal", ablation_budget, tidal_selection_layers=list(layers))
+        both.append(replace(setting, label=f"{setting.label}[{name}]"))
     ppl_only = [schemes.budgeted("tidal", budget, **tidal_extra) for budget in plan.ppl_only_tidal_budgets]
     return both, ppl_only
+
+
+def parse_layer_lists(specs: list[str] | None, num_layers: int, full_layers: list[int]) -> list[tuple[str, list[int]]]:
+    """``["2", "2,12", "all"]`` -> (name, layers) pairs; ``all`` = every layer that is not a full layer."""
+    lists = []
+    for spec in specs or []:
+        if spec == "all":
+            lists.append(("all", [layer for layer in range(num_layers) if layer not in full_layers]))
+            continue
+        try:
+            layers = [int(part) for part in spec.split(",")]
+        except ValueError:
+            raise SystemExit(f"--tidal-ablation {spec!r} is invalid: expected comma-separated layer indices or 'all'")
+        bad = [layer for layer in layers if not 0 <= layer < num_layers or layer in full_layers]
+        if bad or not layers:
+            raise SystemExit(f"--tidal-ablation {spec!r} is invalid: layers must be in [0, {num_layers}) and not "
+                             f"in the full layers {full_layers}")
+        lists.append((",".join(map(str, layers)), layers))
+    return lists
 
 
 def calibrate(model, tokenizer, plan: SweepPlan, out: Path) -> dict[str, Any]:
@@ -204,6 +233,10 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--ppl-lengths", nargs="*", type=int, default=None, help="override the ppl lengths only")
     parser.add_argument("--depths", type=int, default=None)
     parser.add_argument("--decode-tokens", type=int, default=None)
+    parser.add_argument("--ppl-windows", type=int, default=None,
+                        help="windows per perplexity length (windows are a fixed prefix: a rerun with more adds some)")
+    parser.add_argument("--tidal-ablation", nargs="*", default=None, metavar="LAYERS",
+                        help="extra TidalDecode@128 settings with these selection layers, e.g. 2 2,12 2,8,16,24 all")
     parser.add_argument("--calibration-length", type=int, default=None)
     parser.add_argument("--calibration-samples", type=int, default=None)
     parser.add_argument("--no-calibrate", action="store_true", help="use config defaults instead of calibrating")
@@ -222,6 +255,8 @@ def main(argv: list[str] | None = None) -> dict:
         plan.depths = args.depths
     if args.decode_tokens is not None:
         plan.decode_tokens = args.decode_tokens
+    if args.ppl_windows:
+        plan.ppl_windows = args.ppl_windows
     if args.calibration_length:
         plan.calibration_length = args.calibration_length
     if args.calibration_samples:
@@ -235,6 +270,7 @@ def main(argv: list[str] | None = None) -> dict:
     model = load_model(args.model, device=args.device, dtype=args.dtype)
     tokenizer = load_tokenizer(args.model)
     base = model.sparse_config
+    ablation = parse_layer_lists(args.tidal_ablation, model.config.num_hidden_layers, base.tidal.full_layers)
     calibration_path = out / "calibration" / "summary.json"
     if args.no_calibrate:
         calibration: dict[str, Any] = {}
@@ -248,7 +284,7 @@ def main(argv: list[str] | None = None) -> dict:
         calibration["pod_blocks_file"] = args.pod_blocks
     print("calibration:", json.dumps(calibration))
 
-    both, ppl_only = build_settings(plan, calibration)
+    both, ppl_only = build_settings(plan, calibration, tidal_ablation=ablation)
     if args.settings:
         wanted = set(args.settings)
         both = [s for s in both if s.label in wanted]

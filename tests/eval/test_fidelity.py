@@ -52,3 +52,35 @@ def test_reduced_sweep_runs_and_resumes(tiny_podkit_dir, tmp_path, fake_text_cac
     replotted = main(["--replot", "--out", str(out)])
     assert replotted["summary"] == result["summary"]
     assert (out / "passkey_grid.png").exists() and (out / "calibration" / "tidal_reselection.png").exists()
+
+
+def test_ablation_settings_and_more_windows_extend_a_run(tiny_podkit_dir, tmp_path, fake_text_cache):
+    """--tidal-ablation adds labelled TidalDecode settings with their selection layers; a rerun with
+    more --ppl-windows adds only the new windows."""
+    from eval.fidelity import main
+
+    out = tmp_path / "fidelity"
+    argv = ["--reduced", "--model", str(tiny_podkit_dir), "--device", "cpu", "--out", str(out), "--lengths", "160",
+            "--depths", "1", "--decode-tokens", "4", "--no-calibrate", "--tasks", "ppl",
+            "--settings", "dense", "tidal@128[2]", "tidal@128[all]", "--tidal-ablation", "2", "all"]
+    result = main(argv)
+    assert result["settings"]["tidal@128[2]"]["tidal_selection_layers"] == [2]
+    assert result["settings"]["tidal@128[all]"]["tidal_selection_layers"] == [2, 3, 4, 5]
+    assert result["settings"]["tidal@128[2]"]["tidal_budget"] == 128
+    records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
+    assert sorted((r["setting"], r["window"]) for r in records) == [("dense", 0), ("tidal@128[2]", 0), ("tidal@128[all]", 0)]
+    main(argv + ["--ppl-windows", "2"])
+    records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
+    assert sorted((r["setting"], r["window"]) for r in records if r["setting"] == "dense") == [("dense", 0), ("dense", 1)]
+    assert len(records) == 6
+    assert "tidal@128[2]" in (out / "fidelity.md").read_text()
+
+
+@pytest.mark.parametrize("spec", ["0", "2,x", "99", ""])
+def test_bad_ablation_spec_is_refused_before_the_sweep(tiny_podkit_dir, tmp_path, spec):
+    from eval.fidelity import main
+
+    out = tmp_path / "fidelity"
+    with pytest.raises(SystemExit, match="--tidal-ablation"):
+        main(["--model", str(tiny_podkit_dir), "--device", "cpu", "--out", str(out), "--tidal-ablation", spec])
+    assert not (out / "calibration").exists() and not (out / "records.jsonl").exists()
