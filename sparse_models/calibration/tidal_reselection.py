@@ -89,8 +89,9 @@ class RecallAccumulator:
             true_count = masks[m].sum(-1).clamp_min(1).double()  # [B,Hq,Q]
             for l in range(self.num_layers):
                 overlap = (masks[l] & masks[m]).sum(-1).double()
-                self.recall_sum[l, m] += (overlap / true_count).sum()
-                self.mass_sum[l, m] += (probs[m] * masks[l]).sum(-1).double().sum()
+                # .item(): the sums live on the CPU whatever device the captured logits are on
+                self.recall_sum[l, m] += (overlap / true_count).sum().item()
+                self.mass_sum[l, m] += (probs[m] * masks[l]).sum(-1).double().sum().item()
         self.rows += rows
         self.samples += logits[0].shape[0]
 

@@ -44,11 +44,13 @@ def test_topk_mask_exact_and_short_rows():
     assert mask[0, 0, 1].tolist() == [True, False, False, False]  # fewer finite keys than k: all of them
 
 
-def test_recall_identical_layers_is_one_and_random_layers_is_low():
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_recall_identical_layers_is_one_and_random_layers_is_low(device):
+    # On CUDA too: the accumulator's sums stay on the CPU while captured logits live on the GPU.
     torch.manual_seed(0)
-    same = torch.randn(1, 3, 4, 200)
+    same = torch.randn(1, 3, 4, 200, device=device)
     acc = RecallAccumulator(3, budget=17)
-    acc.add([same, same.clone(), torch.randn(1, 3, 4, 200)])
+    acc.add([same, same.clone(), torch.randn(1, 3, 4, 200, device=device)])
     recall = acc.recall()
     assert recall[0, 1] == pytest.approx(1.0) and recall[1, 0] == pytest.approx(1.0)
     assert torch.allclose(recall.diagonal(), torch.ones(3, dtype=torch.float64))
@@ -56,6 +58,7 @@ def test_recall_identical_layers_is_one_and_random_layers_is_low():
     probs = torch.softmax(same, -1)
     expected_mass = (probs * topk_mask(same, 16)).sum(-1).mean()
     assert acc.mass()[0, 1] == pytest.approx(float(expected_mass), rel=1e-6)
+    assert acc.recall_sum.device.type == "cpu"
 
 
 def test_reselection_scores_pick_the_block_boundary():
