@@ -38,6 +38,7 @@ import json
 import platform
 import sys
 import time
+import traceback
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -302,13 +303,20 @@ def main(argv: list[str] | None = None) -> dict:
               f"{record.get('depth', record.get('window'))} {label} ({record['seconds']:.1f}s)", flush=True)
 
     samples = retrieval_samples("passkey", tokenizer, plan.passkey_lengths, plan.depths) if "passkey" in args.tasks else []
+    failures: dict[str, str] = {}
     for setting in both + ppl_only:
-        apply_overrides(model, base, setting.overrides)
-        if setting in both and samples:
-            run_retrieval(model, tokenizer, "passkey", samples, setting, done=done, emit=emit)
-        if "ppl" in args.tasks:
-            run_perplexity(model, tokenizer, setting, plan.ppl_lengths, plan.ppl_windows, plan.decode_tokens,
-                           done=done, emit=emit)
+        # One setting that breaks (a kernel error, out of memory) must not cost the rest of a long
+        # sweep: its traceback is printed and kept in fidelity.json, the others run, the exit code is 1.
+        try:
+            apply_overrides(model, base, setting.overrides)
+            if setting in both and samples:
+                run_retrieval(model, tokenizer, "passkey", samples, setting, done=done, emit=emit)
+            if "ppl" in args.tasks:
+                run_perplexity(model, tokenizer, setting, plan.ppl_lengths, plan.ppl_windows, plan.decode_tokens,
+                               done=done, emit=emit)
+        except Exception:  # noqa: BLE001 - reported below and in fidelity.json
+            failures[setting.label] = traceback.format_exc()
+            print(f"setting {setting.label} FAILED:\n{failures[setting.label]}", file=sys.stderr, flush=True)
     apply_overrides(model, base, {})
 
     command = "python -m eval.fidelity " + " ".join(argv if argv is not None else sys.argv[1:])
@@ -316,7 +324,13 @@ def main(argv: list[str] | None = None) -> dict:
             "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"), "reduced": args.reduced,
             "plan": plan.__dict__, "calibration": calibration, "command": command,
             "settings": {s.label: s.overrides for s in both + ppl_only}, "seconds": round(time.time() - started, 1)}
-    return write_outputs(out, records, meta)
+    if failures:
+        meta["failures"] = failures
+    result = write_outputs(out, records, meta)
+    if failures:
+        raise SystemExit(f"{len(failures)} setting(s) failed: {', '.join(failures)} (tracebacks above and in "
+                         f"{out / 'fidelity.json'})")
+    return result
 
 
 def _device_name(device: str) -> str:

@@ -84,3 +84,23 @@ def test_bad_ablation_spec_is_refused_before_the_sweep(tiny_podkit_dir, tmp_path
     with pytest.raises(SystemExit, match="--tidal-ablation"):
         main(["--model", str(tiny_podkit_dir), "--device", "cpu", "--out", str(out), "--tidal-ablation", spec])
     assert not (out / "calibration").exists() and not (out / "records.jsonl").exists()
+
+
+def test_a_failing_setting_is_reported_and_the_others_run(tiny_podkit_dir, tmp_path, fake_text_cache, monkeypatch):
+    import eval.fidelity as fidelity
+
+    real = fidelity.run_perplexity
+
+    def flaky(model, tokenizer, setting, *args, **kwargs):
+        if setting.label == "quest@64":
+            raise RuntimeError("simulated kernel failure")
+        return real(model, tokenizer, setting, *args, **kwargs)
+
+    monkeypatch.setattr(fidelity, "run_perplexity", flaky)
+    out = tmp_path / "fidelity"
+    with pytest.raises(SystemExit, match="1 setting.s. failed: quest@64"):
+        fidelity.main(["--reduced", "--model", str(tiny_podkit_dir), "--device", "cpu", "--out", str(out),
+                       "--lengths", "160", "--decode-tokens", "4", "--no-calibrate", "--tasks", "ppl"])
+    result = json.loads((out / "fidelity.json").read_text())
+    assert "simulated kernel failure" in result["failures"]["quest@64"]
+    assert set(result["summary"]["ppl"]) == {"dense", "tidal@64", "streaming@64", "token_sparse@0.005", "pod_zero_shot"}
