@@ -236,6 +236,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--decode-tokens", type=int, default=None)
     parser.add_argument("--ppl-windows", type=int, default=None,
                         help="windows per perplexity length (windows are a fixed prefix: a rerun with more adds some)")
+    parser.add_argument("--question-phase", choices=["decode", "prefill"], default="decode",
+                        help="passkey: feed the question through the decode path (default, every query that must "
+                             "find the needle is sparse) or prefill it with the context (only the answer is decoded)")
     parser.add_argument("--tidal-ablation", nargs="*", default=None, metavar="LAYERS",
                         help="extra TidalDecode@128 settings with these selection layers, e.g. 2 2,12 2,8,16,24 all")
     parser.add_argument("--calibration-length", type=int, default=None)
@@ -263,6 +266,10 @@ def main(argv: list[str] | None = None) -> dict:
     if args.calibration_samples:
         plan.calibration_samples = args.calibration_samples
     out = Path(args.out)
+    earlier = {r.get("question_phase", "decode") for r in load_records(out / "records.jsonl") if r["task"] == "passkey"}
+    if earlier - {args.question_phase}:
+        raise SystemExit(f"--question-phase {args.question_phase} differs from the passkey records already in {out} "
+                         f"({', '.join(sorted(earlier))}): use another --out")
     out.mkdir(parents=True, exist_ok=True)
 
     from eval.models import load_model, load_tokenizer
@@ -310,7 +317,8 @@ def main(argv: list[str] | None = None) -> dict:
         try:
             apply_overrides(model, base, setting.overrides)
             if setting in both and samples:
-                run_retrieval(model, tokenizer, "passkey", samples, setting, done=done, emit=emit)
+                run_retrieval(model, tokenizer, "passkey", samples, setting, done=done, emit=emit,
+                              question_in_decode=args.question_phase == "decode")
             if "ppl" in args.tasks:
                 run_perplexity(model, tokenizer, setting, plan.ppl_lengths, plan.ppl_windows, plan.decode_tokens,
                                done=done, emit=emit)
@@ -323,6 +331,7 @@ def main(argv: list[str] | None = None) -> dict:
     meta = {"model": args.model, "device": args.device, "device_name": _device_name(args.device), "dtype": args.dtype,
             "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"), "reduced": args.reduced,
             "plan": plan.__dict__, "calibration": calibration, "command": command,
+            "question_phase": args.question_phase,
             "settings": {s.label: s.overrides for s in both + ppl_only}, "seconds": round(time.time() - started, 1)}
     if failures:
         meta["failures"] = failures

@@ -54,8 +54,13 @@ def retrieval_samples(task: str, tokenizer, lengths: list[int], num_depths: int,
 
 
 def run_retrieval(model, tokenizer, task: str, samples: list, setting: Setting,
-                  done: set | None = None, emit: Callable[[dict], None] = lambda record: None) -> list[dict]:
-    """Answer every sample under the current scheme; one record per sample."""
+                  done: set | None = None, emit: Callable[[dict], None] = lambda record: None,
+                  question_in_decode: bool = True) -> list[dict]:
+    """Answer every sample under the current scheme; one record per sample.
+
+    ``question_in_decode=False`` prefills the question with the context (TidalDecode's and RULER's
+    needle protocol: only the answer is decoded) instead of feeding it through the decode path.
+    """
     from eval.tasks.needle import needle_correct
     from eval.tasks.passkey import passkey_correct
 
@@ -66,12 +71,14 @@ def run_retrieval(model, tokenizer, task: str, samples: list, setting: Setting,
         if done is not None and key in done:
             continue
         start = time.perf_counter()
-        generation = retrieval_generate(model, tokenizer, sample.context, sample.question)
+        generation = retrieval_generate(model, tokenizer, sample.context, sample.question,
+                                        question_in_decode=question_in_decode)
         record = {"task": task, "setting": setting.label, "method": setting.method, "budget": setting.budget,
                   "coverage": setting.coverage, "length": sample.target_tokens + ANSWER_ROOM,
                   "depth": sample.depth, "seed": sample.seed, "num_tokens": sample.num_tokens,
                   "expected": sample.passkey, "generation": generation.text,
                   "correct": bool(correct(generation.text, sample.passkey)),
+                  "question_phase": "decode" if question_in_decode else "prefill",
                   "token_sparsity": generation.token_sparsity, "seconds": round(time.perf_counter() - start, 3)}
         records.append(record)
         emit(record)

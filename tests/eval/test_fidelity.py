@@ -104,3 +104,18 @@ def test_a_failing_setting_is_reported_and_the_others_run(tiny_podkit_dir, tmp_p
     result = json.loads((out / "fidelity.json").read_text())
     assert "simulated kernel failure" in result["failures"]["quest@64"]
     assert set(result["summary"]["ppl"]) == {"dense", "tidal@64", "streaming@64", "token_sparse@0.005", "pod_zero_shot"}
+
+
+def test_question_phase_is_recorded_and_not_mixed_in_one_out(tiny_podkit_dir, tmp_path, fake_text_cache):
+    from eval.fidelity import main
+
+    out = tmp_path / "fidelity"
+    argv = ["--reduced", "--model", str(tiny_podkit_dir), "--device", "cpu", "--out", str(out), "--lengths", "160",
+            "--depths", "1", "--no-calibrate", "--tasks", "passkey", "--settings", "dense", "tidal@64"]
+    result = main(argv + ["--question-phase", "prefill"])
+    records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
+    assert {r["question_phase"] for r in records} == {"prefill"} and len(records) == 2
+    assert result["question_phase"] == "prefill"
+    with pytest.raises(SystemExit, match="--question-phase decode differs"):
+        main(argv)
+    assert len((out / "records.jsonl").read_text().splitlines()) == 2
