@@ -301,7 +301,10 @@ def main(argv: list[str] | None = None) -> dict:
     records = load_records(records_path)
     done = {record_key(r) for r in records}
 
+    device_name = _device_name(args.device)
+
     def emit(record: dict) -> None:
+        record["device"] = device_name   # a resumed sweep may finish on another machine
         records.append(record)
         with open(records_path, "a") as handle:
             handle.write(json.dumps(record) + "\n")
@@ -361,11 +364,23 @@ def write_outputs(out: Path, records: list[dict], meta: dict) -> dict:
     markdown = (f"Command: `{meta.get('command', '')}`  \nDate: {meta.get('date')}, device: {meta.get('device')} "
                 f"({meta.get('device_name')}), dtype {meta.get('dtype')}, torch {meta.get('torch')}, "
                 f"{meta.get('seconds', 0):.0f} s\n\nCalibration: {json.dumps(meta.get('calibration', {}))}\n\n"
-                + plots.markdown_tables(summary)
+                + _provenance(records) + plots.markdown_tables(summary)
                 + "\n**Targets (issue 6):**\n\n" + ("\n".join(targets) or "- (not measured in this run)") + "\n")
     (out / "fidelity.md").write_text(markdown)
     print(markdown)
     return result
+
+
+def _provenance(records: list[dict]) -> str:
+    """Which device produced which settings' records, when a sweep was resumed on another machine."""
+    by_device: dict[str, set[str]] = {}
+    for record in records:
+        by_device.setdefault(record.get("device", "unrecorded"), set()).add(record["setting"])
+    if len(by_device) < 2:
+        return ""
+    counts = {device: sum(r.get("device", "unrecorded") == device for r in records) for device in by_device}
+    lines = [f"- {device}: {counts[device]} records ({', '.join(sorted(settings))})" for device, settings in by_device.items()]
+    return "Records by device (the sweep was resumed on another machine):\n\n" + "\n".join(lines) + "\n\n"
 
 
 def replot(out: Path) -> dict:

@@ -119,3 +119,20 @@ def test_question_phase_is_recorded_and_not_mixed_in_one_out(tiny_podkit_dir, tm
     with pytest.raises(SystemExit, match="--question-phase decode differs"):
         main(argv)
     assert len((out / "records.jsonl").read_text().splitlines()) == 2
+
+
+def test_markdown_names_the_devices_of_a_resumed_sweep(tmp_path):
+    from eval.fidelity import write_outputs
+
+    def record(setting, device, correct):
+        return {"task": "passkey", "setting": setting, "length": 2048, "depth": 0.5, "seed": 0, "correct": correct,
+                "device": device}
+
+    records = [record("dense", "NVIDIA H200", True), record("tidal@128", "NVIDIA H200", False),
+               record("tidal@128[all]", "x86_64 CPU, 2 threads", True)]
+    write_outputs(tmp_path, records, {"command": "python -m eval.fidelity"})
+    markdown = (tmp_path / "fidelity.md").read_text()
+    assert "- NVIDIA H200: 2 records (dense, tidal@128)" in markdown
+    assert "- x86_64 CPU, 2 threads: 1 records (tidal@128[all])" in markdown
+    write_outputs(tmp_path, records[:2], {})
+    assert "Records by device" not in (tmp_path / "fidelity.md").read_text()
