@@ -39,7 +39,7 @@ import platform
 import sys
 import time
 import traceback
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -79,14 +79,9 @@ REDUCED = SweepPlan(passkey_lengths=[1024], ppl_lengths=[2048], depths=3, budget
 
 
 def build_settings(plan: SweepPlan, calibration: dict[str, Any], *,
-                   tidal_ablation: list[tuple[str, list[int]]] | None = None,
-                   ablation_budget: int = 128) -> tuple[list[schemes.Setting], list[schemes.Setting]]:
-    """(settings for passkey and perplexity, settings for perplexity only).
-
-    ``tidal_ablation``: extra TidalDecode settings at ``ablation_budget``, one per (name, selection
-    layers) pair (labelled ``tidal@128[2,8,16]``, ``tidal@128[all]``): how many re-selections the position-persistence premise
-    needs on this model, next to the calibrated pair.
-    """
+                   extra: list[schemes.Setting] | None = None) -> tuple[list[schemes.Setting], list[schemes.Setting]]:
+    """(settings for passkey and perplexity, settings for perplexity only); ``extra`` (variants such
+    as ``tidal@128[2,16]``) are run on both tasks after the plan's settings."""
     tidal_extra = {"tidal_selection_layers": calibration["tidal_selection_layers"]} \
         if calibration.get("tidal_selection_layers") else {}
     sparse_extra = {"token_sparse_sparse_layers": calibration["token_sparse_layers"]} \
@@ -99,19 +94,22 @@ def build_settings(plan: SweepPlan, calibration: dict[str, Any], *,
         both.append(schemes.token_sparse(coverage, **sparse_extra))
     pod_extra = {"pod_sink_tokens": POD_SINK, "pod_recent_window": POD_RECENT}
     both.append(schemes.pod_zero_shot(calibration.get("pod_blocks_file"), **pod_extra))
-    for name, layers in tidal_ablation or []:
-        setting = schemes.budgeted("tidal", ablation_budget, tidal_selection_layers=list(layers))
-        both.append(replace(setting, label=f"{setting.label}[{name}]"))
+    both.extend(extra or [])
     ppl_only = [schemes.budgeted("tidal", budget, **tidal_extra) for budget in plan.ppl_only_tidal_budgets]
     return both, ppl_only
 
 
-def parse_layer_lists(specs: list[str] | None, num_layers: int, full_layers: list[int]) -> list[tuple[str, list[int]]]:
-    """``["2", "2,12", "all"]`` -> (name, layers) pairs; ``all`` = every layer that is not a full layer."""
-    lists = []
+def tidal_ablation_settings(specs: list[str] | None, num_layers: int, full_layers: list[int],
+                            budget: int = 128) -> list[schemes.Setting]:
+    """``--tidal-ablation 2 2,12 all`` -> TidalDecode@``budget`` variants with those selection layers
+    (``all`` = every layer that is not a full layer), labelled ``tidal@128[2,12]``: how many
+    re-selections the position-persistence premise needs on this model. Selection layers attend
+    densely, so ``all`` is dense attention: the ablation's ceiling, not a sparse setting."""
+    settings = []
     for spec in specs or []:
         if spec == "all":
-            lists.append(("all", [layer for layer in range(num_layers) if layer not in full_layers]))
+            layers = [layer for layer in range(num_layers) if layer not in full_layers]
+            settings.append(schemes.variant(schemes.budgeted("tidal", budget), "all", tidal_selection_layers=layers))
             continue
         try:
             layers = [int(part) for part in spec.split(",")]
@@ -121,8 +119,25 @@ def parse_layer_lists(specs: list[str] | None, num_layers: int, full_layers: lis
         if bad or not layers:
             raise SystemExit(f"--tidal-ablation {spec!r} is invalid: layers must be in [0, {num_layers}) and not "
                              f"in the full layers {full_layers}")
-        lists.append((",".join(map(str, layers)), layers))
-    return lists
+        settings.append(schemes.variant(schemes.budgeted("tidal", budget), ",".join(map(str, layers)),
+                                        tidal_selection_layers=layers))
+    return settings
+
+
+def variant_settings(specs: list[str] | None, model, base) -> list[schemes.Setting]:
+    """``--variants quest@128:quest_page_size=1 ...``, each checked against the model now (before any
+    heavy work) so a bad key or value fails with the config's own message."""
+    settings = []
+    for spec in specs or []:
+        try:
+            setting = schemes.parse_variant(spec)
+            overrides = {k: v for k, v in setting.overrides.items() if k != "pod_blocks_file"}
+            model.set_sparse_attention(base, **overrides)
+        except ValueError as error:
+            raise SystemExit(f"--variants {spec!r} is invalid: {error}")
+        settings.append(setting)
+    model.set_sparse_attention(base)
+    return settings
 
 
 def calibrate(model, tokenizer, plan: SweepPlan, out: Path) -> dict[str, Any]:
@@ -241,6 +256,9 @@ def main(argv: list[str] | None = None) -> dict:
                              "find the needle is sparse) or prefill it with the context (only the answer is decoded)")
     parser.add_argument("--tidal-ablation", nargs="*", default=None, metavar="LAYERS",
                         help="extra TidalDecode@128 settings with these selection layers, e.g. 2 2,12 2,8,16,24 all")
+    parser.add_argument("--variants", nargs="*", default=None, metavar="SETTING:KEY=VALUE",
+                        help="extra settings: a setting plus flat overrides joined by '+', e.g. "
+                             "quest@128:quest_page_size=1 (exact per-head top-128) tidal@128:tidal_selection=kv_group")
     parser.add_argument("--calibration-length", type=int, default=None)
     parser.add_argument("--calibration-samples", type=int, default=None)
     parser.add_argument("--no-calibrate", action="store_true", help="use config defaults instead of calibrating")
@@ -278,7 +296,8 @@ def main(argv: list[str] | None = None) -> dict:
     model = load_model(args.model, device=args.device, dtype=args.dtype)
     tokenizer = load_tokenizer(args.model)
     base = model.sparse_config
-    ablation = parse_layer_lists(args.tidal_ablation, model.config.num_hidden_layers, base.tidal.full_layers)
+    extra = tidal_ablation_settings(args.tidal_ablation, model.config.num_hidden_layers, base.tidal.full_layers)
+    extra += variant_settings(args.variants, model, base)
     calibration_path = out / "calibration" / "summary.json"
     if args.no_calibrate:
         calibration: dict[str, Any] = {}
@@ -292,7 +311,7 @@ def main(argv: list[str] | None = None) -> dict:
         calibration["pod_blocks_file"] = args.pod_blocks
     print("calibration:", json.dumps(calibration))
 
-    both, ppl_only = build_settings(plan, calibration, tidal_ablation=ablation)
+    both, ppl_only = build_settings(plan, calibration, extra=extra)
     if args.settings:
         wanted = set(args.settings)
         both = [s for s in both if s.label in wanted]

@@ -11,7 +11,7 @@ sparse_models.config, so the fidelity sweep, ``eval.quality`` and the lm-eval mo
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 BUDGETED_DECODE_SCHEMES = ("tidal", "quest", "streaming", "pod+tidal")
@@ -86,3 +86,44 @@ def parse_setting(label: str, **extra: Any) -> Setting:
         return budgeted(method, int(value), **extra)
     raise ValueError(f"setting={label!r} is not understood: expected dense, pod, token_sparse@TAU or "
                      f"<{'|'.join(BUDGETED_DECODE_SCHEMES)}>@BUDGET")
+
+
+def variant(setting: Setting, name: str, **overrides: Any) -> Setting:
+    """``setting`` with ``overrides`` on top, labelled ``<label>[<name>]`` (e.g. ``tidal@128[2,16]``)."""
+    return replace(setting, label=f"{setting.label}[{name}]", overrides=setting.overrides | overrides)
+
+
+def _parse_value(text: str) -> Any:
+    """``"1"`` -> 1, ``"0.5"`` -> 0.5, ``"2,4,6"`` -> [2, 4, 6], ``"none"`` -> None, ``"true"`` -> True, else the text."""
+    lowered = text.lower()
+    if lowered in ("none", "null"):
+        return None
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    if "," in text:
+        return [_parse_value(part) for part in text.split(",")]
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return text
+
+
+def parse_variant(spec: str) -> Setting:
+    """``"quest@128:quest_page_size=1"`` -> quest@128 with that flat override, labelled
+    ``quest@128[quest_page_size=1]``; several overrides are joined by ``+``."""
+    from sparse_models.config import is_override_key
+
+    base, _, rest = spec.partition(":")
+    overrides: dict[str, Any] = {}
+    for item in rest.split("+") if rest else []:
+        key, equals, value = item.partition("=")
+        if not equals or not is_override_key(key):
+            raise ValueError(f"setting variant {spec!r} is invalid: {item!r} is not <flat override>=<value> "
+                             f"(e.g. quest_page_size=1, tidal_selection_layers=2,16)")
+        overrides[key] = _parse_value(value)
+    if not overrides:
+        raise ValueError(f"setting variant {spec!r} is invalid: expected <setting>:<key>=<value>[+<key>=<value>...], "
+                         f"e.g. quest@128:quest_page_size=1")
+    return variant(parse_setting(base), rest, **overrides)

@@ -136,3 +136,33 @@ def test_markdown_names_the_devices_of_a_resumed_sweep(tmp_path):
     assert "- x86_64 CPU, 2 threads: 1 records (tidal@128[all])" in markdown
     write_outputs(tmp_path, records[:2], {})
     assert "Records by device" not in (tmp_path / "fidelity.md").read_text()
+
+
+def test_variants_add_labelled_settings_and_bad_ones_fail_first(tiny_podkit_dir, tmp_path, fake_text_cache):
+    from eval.fidelity import main
+
+    out = tmp_path / "fidelity"
+    argv = ["--reduced", "--model", str(tiny_podkit_dir), "--device", "cpu", "--out", str(out), "--lengths", "160",
+            "--decode-tokens", "4", "--no-calibrate", "--tasks", "ppl"]
+    result = main(argv + ["--settings", "quest@64[quest_page_size=1]", "tidal@64[tidal_selection=kv_group+tidal_selection_layers=2,4]",
+                          "--variants", "quest@64:quest_page_size=1",
+                          "tidal@64:tidal_selection=kv_group+tidal_selection_layers=2,4"])
+    assert result["settings"]["quest@64[quest_page_size=1]"] == {"decode_scheme": "quest", "quest_budget": 64,
+                                                                 "quest_page_size": 1}
+    assert result["settings"]["tidal@64[tidal_selection=kv_group+tidal_selection_layers=2,4]"]["tidal_selection_layers"] == [2, 4]
+    for spec, message in (("quest@64:quest_page_size=0", "quest.page_size"), ("quest@64:nonsense=1", "flat override"),
+                          ("quest@64", "expected <setting>"), ("bogus@3:quest_page_size=1", "not understood")):
+        with pytest.raises(SystemExit, match=message):
+            main(argv + ["--out", str(tmp_path / "bad"), "--variants", spec])
+        assert not (tmp_path / "bad" / "records.jsonl").exists()
+
+
+def test_parse_variant_values():
+    from eval.schemes import parse_variant
+
+    setting = parse_variant("tidal@128:tidal_selection_layers=2,16+tidal_correction_period=none+tidal_selection=kv_group")
+    assert setting.label == "tidal@128[tidal_selection_layers=2,16+tidal_correction_period=none+tidal_selection=kv_group]"
+    assert setting.overrides == {"decode_scheme": "tidal", "tidal_budget": 128, "tidal_selection_layers": [2, 16],
+                                 "tidal_correction_period": None, "tidal_selection": "kv_group"}
+    assert setting.method == "tidal" and setting.budget == 128
+    assert parse_variant("token_sparse@0.005:token_sparse_window=64").overrides["token_sparse_window"] == 64
