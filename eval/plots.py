@@ -2,8 +2,8 @@
 
 * :func:`plot_passkey_grid`: one panel per setting, needle depth (y) x context length (x), colour =
   accuracy (the usual needle-in-a-haystack picture);
-* :func:`plot_perplexity`: decode-phase and prefill-phase perplexity against context length, one line
-  per setting, dense dashed;
+* :func:`plot_perplexity`: decode-phase perplexity against context length, one panel per method with
+  dense dashed in each, and a prefill-phase panel;
 * :func:`markdown_tables`: the tables that go to BENCHMARKS.md.
 """
 
@@ -76,27 +76,53 @@ def plot_passkey_grid(records: list[dict], path: str | Path, task: str = "passke
 
 
 def plot_perplexity(summary: dict, path: str | Path) -> Path | None:
+    """Decode-phase perplexity against context length, one panel per method (budgets and variants as
+    separate lines, dense dashed in each), plus a prefill-phase panel with the settings that change it."""
     table = summary.get("ppl")
     if not table:
         return None
     plt = _plt()
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
-    for ax, field, title in ((axes[0], "decode_ppl", "decode phase (last tokens, one decode step each)"),
-                             (axes[1], "prefill_ppl", "prefill phase (teacher-forced prefill logits)")):
-        for setting in _order(table):
-            points = sorted((int(n), v[field]) for n, v in table[setting].items() if v.get(field) is not None)
-            if not points:
-                continue
-            style = {"linestyle": "--", "color": "black", "linewidth": 2} if setting == "dense" else {"marker": "o",
-                                                                                                      "markersize": 3}
-            ax.plot([p[0] for p in points], [p[1] for p in points], label=setting, **style)
+    groups: dict[str, list[str]] = {}
+    for setting in _order(table):
+        if setting != "dense":
+            groups.setdefault(setting.partition("@")[0], []).append(setting)
+    dense = table.get("dense", {})
+
+    def points(setting: str, field: str) -> list[tuple[int, float]]:
+        return sorted((int(n), v[field]) for n, v in table[setting].items() if v.get(field) is not None)
+
+    def draw(ax, settings: list[str], field: str, title: str) -> None:
+        dense_points = points("dense", field) if dense else []
+        if dense_points:
+            ax.plot(*zip(*dense_points), linestyle="--", color="black", linewidth=2, label="dense")
+        colours = plt.get_cmap("viridis")
+        for index, setting in enumerate(settings):
+            line = points(setting, field)
+            if line:
+                ax.plot(*zip(*line), marker="o", markersize=3, label=setting,
+                        color=colours(index / max(len(settings) - 1, 1) * 0.9))
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
-        ax.set_xlabel("context length (tokens)")
-        ax.set_ylabel("perplexity")
+        ax.set_xlabel("context length (tokens)", fontsize=8)
+        ax.set_ylabel("perplexity", fontsize=8)
         ax.set_title(title, fontsize=9)
-    axes[1].legend(fontsize=6, ncol=2)
-    fig.suptitle("Perplexity on held-out text (Emma)", fontsize=10)
+        ax.legend(fontsize=6)
+
+    prefill_changed = [s for s in _order(table) if s != "dense" and any(
+        abs(v.get("prefill_ppl", 0) - dense.get(n, {}).get("prefill_ppl", 0)) > 1e-6 * max(v.get("prefill_ppl", 1), 1)
+        for n, v in table[s].items())]
+    panels = [(settings, "decode_ppl", f"{method}: decode phase") for method, settings in groups.items()]
+    panels.append((prefill_changed, "prefill_ppl", "prefill phase (settings that change it)"))
+    cols = min(3, len(panels))
+    rows = math.ceil(len(panels) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.4 * cols, 3.4 * rows), squeeze=False)
+    for index in range(rows * cols):
+        ax = axes[index // cols][index % cols]
+        if index < len(panels):
+            draw(ax, *panels[index])
+        else:
+            ax.axis("off")
+    fig.suptitle("Perplexity on held-out text (Emma); decode phase = last tokens, one decode step each", fontsize=10)
     fig.tight_layout()
     return save_figure(fig, path)
 
