@@ -47,6 +47,24 @@ def test_covering_budget_equals_dense(scheme, group):
         torch.testing.assert_close(a, b, atol=2e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("group", [1, 3])
+def test_tidal_selection_at_every_layer_is_dense_whatever_the_budget(group):
+    """A TidalDecode selection layer attends to every key before it selects, so with every non-full
+    layer a selection layer nothing is sparse, even at budget 2 (BENCHMARKS.md's ``tidal@128[all]``
+    ablation equals dense for this reason; it is not evidence about the sparse path)."""
+    prompts, conts = random_prompts([12, 7]), random_prompts([4, 4])
+    config = SparseAttentionConfig.from_dict({"decode_scheme": "tidal",
+                                              "tidal": {"budget": 2, "full_layers": [0], "selection_layers": [1, 2, 3]}})
+    dense = run_model(tiny_model(group, 4, None, seed=7), prompts, conts)
+    every_layer = run_model(tiny_model(group, 4, config, seed=7), prompts, conts)
+    for a, b in zip(dense[1], every_layer[1]):
+        torch.testing.assert_close(a, b, atol=2e-5, rtol=1e-5)
+    sparse = SparseAttentionConfig.from_dict({"decode_scheme": "tidal",
+                                              "tidal": {"budget": 2, "full_layers": [0], "selection_layers": [1]}})
+    reused = run_model(tiny_model(group, 4, sparse, seed=7), prompts, conts)
+    assert any(not torch.allclose(a, b, atol=1e-3) for a, b in zip(dense[1], reused[1]))
+
+
 def _reference_pair(family):
     common = dict(vocab_size=53, hidden_size=48, intermediate_size=80, num_hidden_layers=3, num_attention_heads=6,
                   num_key_value_heads=2, max_position_embeddings=256)
