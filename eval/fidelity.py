@@ -350,7 +350,7 @@ def main(argv: list[str] | None = None) -> dict:
     apply_overrides(model, base, {})
 
     command = "python -m eval.fidelity " + " ".join(argv if argv is not None else sys.argv[1:])
-    meta = {"model": args.model, "device": args.device, "device_name": _device_name(args.device), "dtype": args.dtype,
+    meta = {"model": args.model, "device": args.device, "device_name": device_name, "dtype": args.dtype,
             "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"), "reduced": args.reduced,
             "plan": plan.__dict__, "calibration": calibration, "command": command,
             "question_phase": args.question_phase,
@@ -392,13 +392,13 @@ def write_outputs(out: Path, records: list[dict], meta: dict) -> dict:
 
 def _provenance(records: list[dict]) -> str:
     """Which device produced which settings' records, when a sweep was resumed on another machine."""
-    by_device: dict[str, set[str]] = {}
+    by_device: dict[str, list[str]] = {}
     for record in records:
-        by_device.setdefault(record.get("device", "unrecorded"), set()).add(record["setting"])
+        by_device.setdefault(record.get("device", "unrecorded"), []).append(record["setting"])
     if len(by_device) < 2:
         return ""
-    counts = {device: sum(r.get("device", "unrecorded") == device for r in records) for device in by_device}
-    lines = [f"- {device}: {counts[device]} records ({', '.join(sorted(settings))})" for device, settings in by_device.items()]
+    lines = [f"- {device}: {len(settings)} records ({', '.join(sorted(set(settings)))})"
+             for device, settings in by_device.items()]
     return "Records by device (the sweep was resumed on another machine):\n\n" + "\n".join(lines) + "\n\n"
 
 

@@ -93,27 +93,10 @@ def variant(setting: Setting, name: str, **overrides: Any) -> Setting:
     return replace(setting, label=f"{setting.label}[{name}]", overrides=setting.overrides | overrides)
 
 
-def _parse_value(text: str) -> Any:
-    """``"1"`` -> 1, ``"0.5"`` -> 0.5, ``"2,4,6"`` -> [2, 4, 6], ``"none"`` -> None, ``"true"`` -> True, else the text."""
-    lowered = text.lower()
-    if lowered in ("none", "null"):
-        return None
-    if lowered in ("true", "false"):
-        return lowered == "true"
-    if "," in text:
-        return [_parse_value(part) for part in text.split(",")]
-    for cast in (int, float):
-        try:
-            return cast(text)
-        except ValueError:
-            pass
-    return text
-
-
 def parse_variant(spec: str) -> Setting:
     """``"quest@128:quest_page_size=1"`` -> quest@128 with that flat override, labelled
     ``quest@128[quest_page_size=1]``; several overrides are joined by ``+``."""
-    from sparse_models.config import is_override_key
+    from sparse_models.config import is_override_key, parse_override_value
 
     base, _, rest = spec.partition(":")
     overrides: dict[str, Any] = {}
@@ -122,7 +105,7 @@ def parse_variant(spec: str) -> Setting:
         if not equals or not is_override_key(key):
             raise ValueError(f"setting variant {spec!r} is invalid: {item!r} is not <flat override>=<value> "
                              f"(e.g. quest_page_size=1, tidal_selection_layers=2,16)")
-        overrides[key] = _parse_value(value)
+        overrides[key] = parse_override_value(value)
     if not overrides:
         raise ValueError(f"setting variant {spec!r} is invalid: expected <setting>:<key>=<value>[+<key>=<value>...], "
                          f"e.g. quest@128:quest_page_size=1")

@@ -105,6 +105,25 @@ def check_index_tensor(name: str, t, ndim: int, shape_doc: str, device: torch.de
         raise ValueError(f"{name} is on {t.device} but q is on {device}; they must match")
 
 
+def check_query_and_cache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[int, ...]:
+    """Checks shared by the decode launchers: q ``[B,Hq,D]``, k/v caches ``[B,Hkv,N,D]`` of one float
+    dtype and device, a supported head dim and GQA ratio. Returns ``(B, Hq, Hkv, N, D, G)``."""
+    check_float("q", q, 3, "[B,Hq,D]")
+    check_float("k_cache", k_cache, 4, "[B,Hkv,N,D]")
+    check_float("v_cache", v_cache, 4, "[B,Hkv,N,D]")
+    check_same("k_cache", k_cache, "q", q)
+    check_same("v_cache", v_cache, "q", q)
+    B, Hq, D = q.shape
+    if k_cache.shape[0] != B or k_cache.shape[3] != D:
+        raise ValueError(f"k_cache shape {tuple(k_cache.shape)} does not match q [B={B},Hq={Hq},D={D}]; "
+                         f"expected [B,Hkv,N,D]")
+    if v_cache.shape != k_cache.shape:
+        raise ValueError(f"v_cache shape {tuple(v_cache.shape)} must equal k_cache shape {tuple(k_cache.shape)}")
+    check_head_dim(D)
+    Hkv, N = k_cache.shape[1], k_cache.shape[2]
+    return B, Hq, Hkv, N, D, check_gqa(Hq, Hkv)
+
+
 def check_head_dim(D: int) -> None:
     if D < 1 or D > MAX_HEAD_DIM:
         raise ValueError(f"head dim D={D} is not supported; allowed: 1..{MAX_HEAD_DIM}")

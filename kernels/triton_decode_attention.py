@@ -111,27 +111,14 @@ def _decode_split_kernel(
 
 
 def _check_decode_inputs(q, k_cache, v_cache, seq_lens):
-    C.check_float("q", q, 3, "[B,Hq,D]")
-    C.check_float("k_cache", k_cache, 4, "[B,Hkv,N,D]")
-    C.check_float("v_cache", v_cache, 4, "[B,Hkv,N,D]")
-    C.check_same("k_cache", k_cache, "q", q)
-    C.check_same("v_cache", v_cache, "q", q)
-    B, Hq, D = q.shape
-    if k_cache.shape[0] != B or k_cache.shape[3] != D:
-        raise ValueError(f"k_cache shape {tuple(k_cache.shape)} does not match q [B={B},Hq={Hq},D={D}]; "
-                         f"expected [B,Hkv,N,D]")
-    if v_cache.shape != k_cache.shape:
-        raise ValueError(f"v_cache shape {tuple(v_cache.shape)} must equal k_cache shape {tuple(k_cache.shape)}")
-    C.check_head_dim(D)
-    G = C.check_gqa(Hq, k_cache.shape[1])
+    B, Hq, Hkv, N, D, G = C.check_query_and_cache(q, k_cache, v_cache)
     C.check_index_tensor("seq_lens", seq_lens, 1, "[B]", q.device)
     if seq_lens.shape[0] != B:
         raise ValueError(f"seq_lens has {seq_lens.shape[0]} entries but the batch is B={B}")
-    N = k_cache.shape[2]
     if N < 1:
         raise ValueError(f"k_cache has capacity N={N}; it must hold at least the current token")
     C.check_seq_lens_values(seq_lens, N)
-    return B, Hq, k_cache.shape[1], N, D, G
+    return B, Hq, Hkv, N, D, G
 
 
 def _launch_decode(q, k_cache, v_cache, seq_lens, scale, scores, exclude_last, lse_out=None,

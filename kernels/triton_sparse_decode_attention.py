@@ -92,20 +92,7 @@ def _sparse_decode_split_kernel(
 
 
 def _check_inputs(q, k_cache, v_cache, indices):
-    C.check_float("q", q, 3, "[B,Hq,D]")
-    C.check_float("k_cache", k_cache, 4, "[B,Hkv,N,D]")
-    C.check_float("v_cache", v_cache, 4, "[B,Hkv,N,D]")
-    C.check_same("k_cache", k_cache, "q", q)
-    C.check_same("v_cache", v_cache, "q", q)
-    B, Hq, D = q.shape
-    if k_cache.shape[0] != B or k_cache.shape[3] != D:
-        raise ValueError(f"k_cache shape {tuple(k_cache.shape)} does not match q [B={B},Hq={Hq},D={D}]; "
-                         f"expected [B,Hkv,N,D]")
-    if v_cache.shape != k_cache.shape:
-        raise ValueError(f"v_cache shape {tuple(v_cache.shape)} must equal k_cache shape {tuple(k_cache.shape)}")
-    C.check_head_dim(D)
-    Hkv, N = k_cache.shape[1], k_cache.shape[2]
-    G = C.check_gqa(Hq, Hkv)
+    B, Hq, Hkv, N, D, G = C.check_query_and_cache(q, k_cache, v_cache)
     C.check_index_tensor("indices", indices, 3, "[B,Hs,K]", q.device)
     if indices.shape[0] != B or indices.shape[1] not in (Hq, Hkv):
         raise ValueError(f"indices shape {tuple(indices.shape)} must be [B={B}, Hs, K] with Hs = Hq={Hq} "

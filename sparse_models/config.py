@@ -300,6 +300,19 @@ def is_override_key(key: str) -> bool:
     return _override_target(key) is not None
 
 
+def parse_override_value(text: str) -> Any:
+    """A flat override's value from command-line text: JSON first (``1``, ``0.5``, ``true``, ``null``,
+    ``[2, 16]``), then a comma list of such values (``2,16`` -> ``[2, 16]``), ``none`` -> None, else
+    the text itself (``kv_group``)."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        pass
+    if "," in text:
+        return [parse_override_value(part.strip()) for part in text.split(",")]
+    return None if text.lower() == "none" else text
+
+
 def _override_target(key: str) -> tuple[str | None, str] | None:
     if key in ("prefill_scheme", "decode_scheme"):
         return None, key

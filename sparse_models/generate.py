@@ -19,7 +19,7 @@ import sys
 import warnings
 from pathlib import Path
 
-from .config import DECODE_SCHEMES, PREFILL_SCHEMES, ConfigError
+from .config import DECODE_SCHEMES, PREFILL_SCHEMES, ConfigError, parse_override_value
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -59,13 +59,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def _value(text: str):
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        return text
-
-
 def scheme_overrides(args) -> dict:
     """Flat SparseAttentionConfig overrides from the CLI options."""
     overrides = {}
@@ -83,7 +76,7 @@ def scheme_overrides(args) -> dict:
         if "=" not in item:
             raise ConfigError(f"--set {item!r} is invalid: expected KEY=VALUE, e.g. tidal_selection=kv_group")
         key, value = item.split("=", 1)
-        overrides[key.strip()] = _value(value.strip())
+        overrides[key.strip()] = parse_override_value(value.strip())
     if args.budget is not None:
         scheme = overrides.get("decode_scheme", args.decode_scheme)
         key = {"tidal": "tidal_budget", "pod+tidal": "tidal_budget", "quest": "quest_budget",
