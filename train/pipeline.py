@@ -71,6 +71,19 @@ def _barrier() -> None:
         torch.distributed.barrier()
 
 
+def _shutdown_distributed() -> None:
+    """Leave the process group on every rank once the collective part is over.
+
+    Ranks other than 0 exit while rank 0 still exports and pushes; a rank that exits with a live gloo
+    group can abort in its C++ teardown ("terminate called without an active exception", exit -6)
+    which fails the whole ``deepspeed`` launch although rank 0 finished. Destroying the group first
+    makes the exit orderly.
+    """
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        _barrier()
+        torch.distributed.destroy_process_group()
+
+
 def run_pipeline(recipe: Recipe, stages: list[str], local_rank: int | None = None) -> int:
     from train.models import load_model, load_tokenizer, model_source, public_model_name
     from train.trainer import world_info
@@ -127,6 +140,7 @@ def run_pipeline(recipe: Recipe, stages: list[str], local_rank: int | None = Non
         from transformers.integrations.deepspeed import unset_hf_deepspeed_config
 
         unset_hf_deepspeed_config()
+    _shutdown_distributed()  # export, eval and push are rank 0 only: no collective after this point
     if rank != 0:
         return 0
 
