@@ -1,0 +1,82 @@
+"""eval.needle_token_sparse: the kept-share bookkeeping, and that the recomputed Token Sparse indices
+are the ones the model's own prefill used (same kept counts as model.token_sparse_stats)."""
+
+import pytest
+import torch
+
+from eval.needle_token_sparse import PROTOCOLS, analyse_prompts, build_prompts, kept_shares, main, summarise
+from eval.tasks.passkey import passkey_grid
+
+
+@pytest.fixture(scope="module")
+def tiny_token_sparse():
+    from sparse_models import PodkitLlamaConfig, PodkitLlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = PodkitLlamaConfig(vocab_size=400, hidden_size=48, intermediate_size=64, num_hidden_layers=4,
+                               num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=2048)
+    model = PodkitLlamaForCausalLM(config).eval()
+    model.set_sparse_attention(prefill_scheme="token_sparse", token_sparse_coverage=0.3, token_sparse_window=8,
+                               token_sparse_min_tokens=16, token_sparse_sparse_layers=[1, 3])
+    return model
+
+
+def test_kept_shares_counts_key_tokens_and_prefix():
+    # 2 heads, 12 tokens, window 4 -> prefix [0, 8); head 0 keeps 0..3, head 1 keeps 2,5 (+ the window)
+    window = [8, 9, 10, 11]
+    indices = torch.tensor([[[0, 1, 2, 3] + window, [2, 5] + window + [-1, -1]]])
+    key, prefix = kept_shares(indices, 12, 4, key_positions=[2, 5, 9])
+    assert key == pytest.approx((2 + 3) / 6)   # head 0 keeps keys 2 and 9; head 1 keeps 2, 5 and 9
+    assert prefix == pytest.approx((4 + 2) / 16)
+
+
+def test_recomputed_indices_match_the_prefill_stats(tiny_token_sparse, tiny_tokenizer):
+    prompts = build_prompts(tiny_tokenizer, passkey_grid(tiny_tokenizer, [160], 2))
+    result = analyse_prompts(tiny_token_sparse, prompts, progress=False)
+    assert result["sparse_layers"] == [1, 3] and len(result["records"]) == 2 * len(PROTOCOLS)
+    for record in result["records"]:
+        # rerun the same prefill through the model and compare with what its attention kept
+        from sparse_models import capture_attention_inputs
+
+        prompt = next(p for p in prompts if p["depth"] == record["depth"])
+        ids = torch.tensor([prompt["ids"][record["protocol"]]])
+        capture_attention_inputs(tiny_token_sparse, ids, layers=[1, 3])
+        stats = tiny_token_sparse.token_sparse_stats
+        for layer, values in record["layers"].items():
+            prefix_len = ids.shape[1] - 8
+            assert values["sparse"] == stats.layers[layer].sparse[0]
+            assert round(values["prefix"] * prefix_len) + 8 == stats.layers[layer].kept[0]
+    assert any(v["prefix"] < 1.0 for r in result["records"] for v in r["layers"].values())
+    summary = summarise(result)
+    assert set(summary["by_length"]) == set(PROTOCOLS)
+    assert summary["by_length"]["decode"]["160"]["prompts"] == 2
+
+
+def test_dense_coverage_keeps_every_key(tiny_token_sparse, tiny_tokenizer):
+    prompts = build_prompts(tiny_tokenizer, passkey_grid(tiny_tokenizer, [160], 1))
+    tiny_token_sparse.set_sparse_attention(token_sparse_coverage=0.0)
+    try:
+        result = analyse_prompts(tiny_token_sparse, prompts, progress=False)
+    finally:
+        tiny_token_sparse.set_sparse_attention(token_sparse_coverage=0.3)
+    for record in result["records"]:
+        assert record["key_kept"] == 1.0 and record["prefix_kept"] == 1.0
+
+
+def test_needs_the_token_sparse_prefill(tiny_tokenizer):
+    from sparse_models import PodkitLlamaConfig, PodkitLlamaForCausalLM
+
+    model = PodkitLlamaForCausalLM(PodkitLlamaConfig(vocab_size=400, hidden_size=48, intermediate_size=64,
+                                                     num_hidden_layers=2, num_attention_heads=6,
+                                                     num_key_value_heads=2))
+    with pytest.raises(ValueError, match="prefill_scheme"):
+        analyse_prompts(model, [], progress=False)
+
+
+def test_cli_rejects_bad_input_before_loading(capsys, tmp_path):
+    with pytest.raises(SystemExit):
+        main(["--coverage", "1.5"])
+    assert "--coverage" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--calibration", str(tmp_path / "missing.json")])
+    assert "--calibration" in capsys.readouterr().err
