@@ -60,13 +60,13 @@ def podkit_class(model_type: str):
 
 
 def parse_override_value(value: Any) -> Any:
-    """Command-line values arrive as strings: '[15, 16]' / 'null' / 'none' become lists / None."""
+    """Command-line values (lm-eval model_args, ``--set``) arrive as strings: parse them as
+    ``sparse_models.config.parse_override_value`` does ('0.005' -> 0.005, '[15, 16]' / '15,16' ->
+    a list, 'none' / 'null' -> None); values that are already typed pass through."""
     if isinstance(value, str):
-        text = value.strip()
-        if text.lower() in ("none", "null"):
-            return None
-        if text[:1] in "[{":
-            return json.loads(text)
+        from sparse_models.config import parse_override_value as parse_text
+
+        return parse_text(value.strip())
     return value
 
 

@@ -181,7 +181,7 @@ def main(argv: list[str] | None = None) -> dict:
     from eval.models import load_model, load_tokenizer
     from eval.tasks.passkey import passkey_grid
 
-    model = load_model(args.model, device=args.device, **{k: json.dumps(v) for k, v in overrides.items()})
+    model = load_model(args.model, device=args.device, **overrides)
     tokenizer = load_tokenizer(args.model)
     prompts = build_prompts(tokenizer, passkey_grid(tokenizer, args.lengths, args.depths))
     result = analyse_prompts(model, prompts)
