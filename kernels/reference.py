@@ -227,8 +227,14 @@ def sparse_prefill_attention(q, k, v, indices, *, scale=None):
     pos = torch.arange(s, device=q.device)
     causal = pos[None, :] <= pos[:, None]  # [S, S]
     mask = causal[None, None] & kept[:, :, None, :] & kept[:, :, :, None]
-    logits = torch.einsum("bhsd,bhnd->bhsn", q.to(ct), kk) * _scale(scale, head_dim)
-    out, _ = _masked_softmax_attend(logits, mask, vv)
+    if ct == torch.float32:
+        # Same math through SDPA (as prefill_attention): no [B, Hq, S, S] fp32 logits and probabilities,
+        # which made an 8K CPU prefill take minutes. A kept query always sees itself; the rows SDPA
+        # returns as NaN (no valid key) are exactly the dropped queries, zeroed below.
+        out = F.scaled_dot_product_attention(q.to(ct), kk, vv, attn_mask=mask, scale=_scale(scale, head_dim))
+    else:
+        logits = torch.einsum("bhsd,bhnd->bhsn", q.to(ct), kk) * _scale(scale, head_dim)
+        out, _ = _masked_softmax_attend(logits, mask, vv)
     out = out.masked_fill(~kept.unsqueeze(-1), 0.0)
     return out.to(q.dtype)
 

@@ -108,13 +108,14 @@ def test_prefill_matches_sdpa_and_offsets(group):
 
 
 @pytest.mark.parametrize("group", GROUPS)
-def test_sparse_prefill_matches_loop(group):
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])  # fp32 takes the SDPA path
+def test_sparse_prefill_matches_loop(group, dtype):
     b, hkv, d, s, kk = 2, 1, 8, 23, 9
     hq = hkv * group
     q, k, v = _rand(b, hq, s, d), _rand(b, hkv, s, d), _rand(b, hkv, s, d)
     idx = torch.sort(torch.stack([torch.stack([torch.randperm(s)[:kk] for _ in range(hq)]) for _ in range(b)]), -1).values
     idx[0, 0, :3] = -1  # padding
-    out = ref.sparse_prefill_attention(q, k, v, idx)
+    out = ref.sparse_prefill_attention(q.to(dtype), k.to(dtype), v.to(dtype), idx).double()
     for bi in range(b):
         for h in range(hq):
             kept = [int(t) for t in idx[bi, h] if t >= 0]
@@ -124,7 +125,8 @@ def test_sparse_prefill_matches_loop(group):
                     continue
                 keys = [j for j in kept if j <= i]
                 expect = _attend(q[bi, h, i], k[bi, h // group, keys], v[bi, h // group, keys])
-                torch.testing.assert_close(out[bi, h, i], expect)
+                tolerance = {} if dtype == torch.float64 else {"rtol": 1e-5, "atol": 1e-5}
+                torch.testing.assert_close(out[bi, h, i], expect, **tolerance)
 
 
 def test_token_sparse_scores_matches_loop():
