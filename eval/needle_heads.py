@@ -372,7 +372,7 @@ def main(argv: list[str] | None = None) -> dict:
     tokenizer = load_tokenizer(args.model)
     try:
         selection_sources(model, args.selection_layers, args.full_layers)  # validates the layers before any forward
-    except Exception as error:  # ConfigError: names the field and what is allowed
+    except ValueError as error:  # ConfigError: names the field, the value and what is allowed
         parser.error(str(error))
     samples = passkey_grid(tokenizer, args.lengths, args.depths, haystack=args.haystack)
     prompts = [teacher_forced_prompt(tokenizer, sample) for sample in samples]
