@@ -13,8 +13,12 @@ being the scoring window). On every sparse layer it recomputes the kept position
 same prefill, so the indices are the ones the forward used) and reports the share of pass-key tokens
 kept against the share of all prefix tokens kept.
 
-    python -m eval.needle_token_sparse --lengths 2048 4096 8192 --depths 10 \\
+    python -m eval.needle_token_sparse --lengths 2048 4096 8192 --depths 3 \\
         --out eval/results/fidelity_smollm2/needle_token_sparse
+
+The summary averages the prompts whose key lies before the scoring window (at depth 1 it sits
+inside the window, which every head keeps); ``summary_with_key_in_window`` averages them all.
+``--replot`` recomputes both summaries and the PNG from the JSON's records.
 
 Writes ``<out>.json`` (format ``podkit.needle_token_sparse/1``) and ``<out>.png`` (key-token keep rate
 per sparse layer, per protocol, against the overall keep rate).
@@ -79,18 +83,23 @@ def analyse_prompts(model, prompts: list[dict], *, progress: bool = True) -> dic
                 key_share, prefix_share = kept_shares(indices, ids.shape[1], cfg.window, prompt["key_positions"])
                 per_layer[layer] = {"key": key_share, "prefix": prefix_share, "sparse": bool(sparse[0])}
             del captured
+            in_window = min(prompt["key_positions"]) >= ids.shape[1] - cfg.window
             records.append({"length": prompt["length"], "depth": prompt["depth"], "protocol": protocol,
-                            "tokens": ids.shape[1], "layers": per_layer,
+                            "tokens": ids.shape[1], "key_in_window": bool(in_window), "layers": per_layer,
                             "key_kept": sum(v["key"] for v in per_layer.values()) / len(per_layer),
                             "prefix_kept": sum(v["prefix"] for v in per_layer.values()) / len(per_layer)})
     return {"sparse_layers": layers, "coverage": cfg.coverage, "window": cfg.window, "records": records}
 
 
-def summarise(result: dict) -> dict:
-    """Means over prompts: by (protocol, length) overall, and by (protocol, layer) over all lengths."""
+def summarise(result: dict, include_key_in_window: bool = False) -> dict:
+    """Means over prompts: by (protocol, length) overall, and by (protocol, layer) over all lengths.
+    Prompts whose key sits inside the scoring window (always kept) count only with
+    ``include_key_in_window``."""
     by_length: dict = {}
     by_layer: dict = {}
     for record in result["records"]:
+        if record["key_in_window"] and not include_key_in_window:
+            continue
         cell = by_length.setdefault(record["protocol"], {}).setdefault(str(record["length"]), [])
         cell.append((record["key_kept"], record["prefix_kept"]))
         for layer, values in record["layers"].items():
@@ -136,9 +145,22 @@ def plot_summary(summary: dict, path: str | Path) -> Path:
     by_length.set_ylim(0, 102)
     by_length.legend(fontsize=7)
     by_length.grid(alpha=0.3)
-    fig.suptitle("Token Sparse Attention: are the pass-key tokens kept in the sparse layers?", fontsize=10)
+    fig.suptitle("Token Sparse Attention: are the pass-key tokens kept in the sparse layers? (prompts with the key "
+                 "before the scoring window)", fontsize=10)
     fig.tight_layout()
     return save_figure(fig, path)
+
+
+def write_outputs(payload: dict, out: Path) -> tuple[Path, Path]:
+    """(Re)compute the summaries from ``payload["records"]``, write ``<out>.json`` atomically and the PNG."""
+    payload["summary"] = summarise(payload)
+    payload["summary_with_key_in_window"] = summarise(payload, include_key_in_window=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    json_path = out.with_suffix(".json")
+    tmp = json_path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(payload, indent=1))
+    tmp.replace(json_path)
+    return json_path, plot_summary(payload["summary"], out.with_suffix(".png"))
 
 
 def build_prompts(tokenizer, samples) -> list[dict]:
@@ -165,7 +187,15 @@ def main(argv: list[str] | None = None) -> dict:
                         help="fidelity calibration summary whose token_sparse_layers to use ('none': config default)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--out", default="outputs/needle_token_sparse", help="output path without suffix")
+    parser.add_argument("--replot", action="store_true", help="recompute the summaries and the PNG from <out>.json")
     args = parser.parse_args(argv)
+    out = Path(args.out)
+    if args.replot:
+        payload = json.loads(out.with_suffix(".json").read_text())
+        if payload.get("format") != NEEDLE_TOKEN_SPARSE_FORMAT:
+            parser.error(f"{out.with_suffix('.json')}: not a needle_token_sparse file (format {payload.get('format')!r})")
+        print("wrote {} and {}".format(*write_outputs(payload, out)))
+        return payload
     if not 0.0 < args.coverage < 1.0:
         parser.error(f"--coverage {args.coverage} is invalid: expected a number in (0, 1)")
     bad = [n for n in args.lengths if n < 16]
@@ -185,16 +215,11 @@ def main(argv: list[str] | None = None) -> dict:
     tokenizer = load_tokenizer(args.model)
     prompts = build_prompts(tokenizer, passkey_grid(tokenizer, args.lengths, args.depths))
     result = analyse_prompts(model, prompts)
-    summary = summarise(result)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     payload = {"format": NEEDLE_TOKEN_SPARSE_FORMAT, "model": args.model, "lengths": args.lengths,
                "depths": args.depths, "device": str(args.device), "coverage": result["coverage"],
-               "window": result["window"], "sparse_layers": result["sparse_layers"], "summary": summary,
-               "records": result["records"]}
-    json_path = out.with_suffix(".json")
-    json_path.write_text(json.dumps(payload, indent=1))
-    png_path = plot_summary(summary, out.with_suffix(".png"))
+               "window": result["window"], "sparse_layers": result["sparse_layers"], "records": result["records"]}
+    json_path, png_path = write_outputs(payload, out)
+    summary = payload["summary"]
     for protocol in PROTOCOLS:
         cells = summary["by_length"][protocol]
         print(f"question in {protocol}: " + ", ".join(

@@ -47,9 +47,29 @@ def test_recomputed_indices_match_the_prefill_stats(tiny_token_sparse, tiny_toke
             assert values["sparse"] == stats.layers[layer].sparse[0]
             assert round(values["prefix"] * prefix_len) + 8 == stats.layers[layer].kept[0]
     assert any(v["prefix"] < 1.0 for r in result["records"] for v in r["layers"].values())
+    for record in result["records"]:
+        prompt = next(p for p in prompts if p["depth"] == record["depth"])
+        assert record["key_in_window"] == (min(prompt["key_positions"]) >= record["tokens"] - 8)
     summary = summarise(result)
     assert set(summary["by_length"]) == set(PROTOCOLS)
-    assert summary["by_length"]["decode"]["160"]["prompts"] == 2
+    outside = sum(not r["key_in_window"] for r in result["records"] if r["protocol"] == "decode")
+    assert summary["by_length"]["decode"]["160"]["prompts"] == outside
+    assert summarise(result, include_key_in_window=True)["by_length"]["decode"]["160"]["prompts"] == 2
+
+
+def test_replot_recomputes_the_summaries(tmp_path):
+    from eval.needle_token_sparse import NEEDLE_TOKEN_SPARSE_FORMAT, write_outputs
+
+    pytest.importorskip("matplotlib")
+    layers = {"3": {"key": 0.5, "prefix": 0.8, "sparse": True}}
+    records = [{"length": 2048, "depth": d, "protocol": p, "tokens": 2048, "key_in_window": d == 1.0,
+                "layers": layers if d < 1 else {"3": {"key": 1.0, "prefix": 0.8, "sparse": True}},
+                "key_kept": 0.5 if d < 1 else 1.0, "prefix_kept": 0.8} for d in (0.0, 1.0) for p in PROTOCOLS]
+    payload = {"format": NEEDLE_TOKEN_SPARSE_FORMAT, "records": records, "summary": {"stale": True}}
+    write_outputs(payload, tmp_path / "nts")
+    assert main(["--replot", "--out", str(tmp_path / "nts")])["summary"]["by_length"]["decode"]["2048"] == \
+        {"key_kept": 0.5, "prefix_kept": 0.8, "prompts": 1}
+    assert (tmp_path / "nts.png").stat().st_size > 0
 
 
 def test_dense_coverage_keeps_every_key(tiny_token_sparse, tiny_tokenizer):
