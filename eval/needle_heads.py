@@ -258,12 +258,9 @@ def write_needle_heads_json(path: str | Path, result: dict, **metadata) -> Path:
         "kept": {name: {str(b): matrix(x) for b, x in per.items()} for name, per in result["kept"].items()},
         "prompts": result["prompts"],
     }
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(payload, indent=1))
-    tmp.replace(path)
-    return path
+    from sparse_models.calibration.outputs import write_json
+
+    return write_json(path, payload)
 
 
 def result_from_json(path: str | Path) -> dict:
@@ -289,7 +286,7 @@ def plot_needle_heads(result: dict, path: str | Path, budget: int = 128) -> Path
     import matplotlib.pyplot as plt
     from matplotlib.patches import Rectangle
 
-    from sparse_models.calibration.figures import save_figure
+    from sparse_models.calibration.outputs import save_figure
 
     if budget not in result["budgets"]:
         budget = result["budgets"][len(result["budgets"]) // 2]

@@ -119,32 +119,23 @@ def plot_summary(summary: dict, path: str | Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from sparse_models.calibration.figures import save_figure
+    from sparse_models.calibration.outputs import save_figure
 
-    fig, (by_layer, by_length) = plt.subplots(1, 2, figsize=(12, 4.2))
-    for protocol, style in zip(PROTOCOLS, ("-", "--")):
-        cells = summary["by_layer"].get(protocol, {})
-        layers = sorted(cells, key=int)
-        by_layer.plot([int(x) for x in layers], [100 * cells[x]["key_kept"] for x in layers], style, marker="o",
-                      label=f"pass-key tokens, question in {protocol}")
-        by_layer.plot([int(x) for x in layers], [100 * cells[x]["prefix_kept"] for x in layers], style, marker=".",
-                      color="tab:gray", label=f"all prefix tokens, question in {protocol}")
-        lengths = summary["by_length"].get(protocol, {})
-        names = sorted(lengths, key=int)
-        by_length.plot([int(n) for n in names], [100 * lengths[n]["key_kept"] for n in names], style, marker="o",
-                       label=f"pass-key tokens, question in {protocol}")
-        by_length.plot([int(n) for n in names], [100 * lengths[n]["prefix_kept"] for n in names], style, marker=".",
-                       color="tab:gray", label=f"all prefix tokens, question in {protocol}")
-    by_layer.set_xlabel("sparse layer")
-    by_layer.set_ylabel("% kept (mean over heads and prompts)")
-    by_layer.set_ylim(0, 102)
-    by_layer.legend(fontsize=7)
-    by_layer.grid(alpha=0.3)
-    by_length.set_xscale("log", base=2)
-    by_length.set_xlabel("context length (tokens)")
-    by_length.set_ylim(0, 102)
-    by_length.legend(fontsize=7)
-    by_length.grid(alpha=0.3)
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
+    for ax, grouping, xlabel in zip(axes, ("by_layer", "by_length"), ("sparse layer", "context length (tokens)")):
+        for protocol, style in zip(PROTOCOLS, ("-", "--")):
+            cells = summary[grouping].get(protocol, {})
+            xs = sorted(cells, key=int)
+            for field, marker, color, what in (("key_kept", "o", None, "pass-key tokens"),
+                                               ("prefix_kept", ".", "tab:gray", "all prefix tokens")):
+                ax.plot([int(x) for x in xs], [100 * cells[x][field] for x in xs], style, marker=marker, color=color,
+                        label=f"{what}, question in {protocol}")
+        ax.set_xlabel(xlabel)
+        ax.set_ylim(0, 102)
+        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("% kept (mean over heads and prompts)")
+    axes[1].set_xscale("log", base=2)
     fig.suptitle("Token Sparse Attention: are the pass-key tokens kept in the sparse layers? (prompts with the key "
                  "before the scoring window)", fontsize=10)
     fig.tight_layout()
@@ -155,12 +146,9 @@ def write_outputs(payload: dict, out: Path) -> tuple[Path, Path]:
     """(Re)compute the summaries from ``payload["records"]``, write ``<out>.json`` atomically and the PNG."""
     payload["summary"] = summarise(payload)
     payload["summary_with_key_in_window"] = summarise(payload, include_key_in_window=True)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    json_path = out.with_suffix(".json")
-    tmp = json_path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(payload, indent=1))
-    tmp.replace(json_path)
-    return json_path, plot_summary(payload["summary"], out.with_suffix(".png"))
+    from sparse_models.calibration.outputs import write_json
+
+    return write_json(out.with_suffix(".json"), payload), plot_summary(payload["summary"], out.with_suffix(".png"))
 
 
 def build_prompts(tokenizer, samples) -> list[dict]:

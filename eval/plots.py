@@ -13,7 +13,7 @@ import math
 from collections import defaultdict
 from pathlib import Path
 
-from sparse_models.calibration.figures import save_figure
+from sparse_models.calibration.outputs import save_figure
 
 
 def _plt():

@@ -30,7 +30,7 @@ from typing import Callable, Iterable
 
 import torch
 
-from .figures import save_figure
+from .outputs import save_figure, write_json
 
 BLOCKS_FORMAT = "podkit.pod_blocks/1"
 
@@ -215,11 +215,7 @@ def write_blocks_json(path: str | Path, anchor_layers: list[list[int]], similari
     }
     if similarity is not None:
         payload["similarity"] = [[[round(float(x), 6) for x in row] for row in head] for head in similarity]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(payload, indent=1))
-    tmp.replace(path)
-    return path
+    return write_json(path, payload)
 
 
 def read_blocks_json(path: str | Path) -> dict:

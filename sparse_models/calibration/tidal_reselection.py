@@ -34,7 +34,7 @@ from typing import Callable, Iterable
 
 import torch
 
-from .figures import save_figure
+from .outputs import save_figure, write_json
 
 RESELECTION_FORMAT = "podkit.tidal_reselection/1"
 
@@ -167,12 +167,7 @@ def write_reselection_json(path: str | Path, result: dict, **metadata) -> Path:
         "mass": matrix(result["mass"]),
         **metadata,
     }
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(payload, indent=1))
-    tmp.replace(path)
-    return path
+    return write_json(path, payload)
 
 
 def read_selection_layers(path: str | Path) -> list[int]:

@@ -29,7 +29,7 @@ from typing import Iterable
 
 import torch
 
-from .figures import save_figure
+from .outputs import save_figure, write_json
 
 DRIFT_FORMAT = "podkit.token_sparse_drift/1"
 EPS = 1e-8
@@ -165,12 +165,7 @@ def write_drift_json(path: str | Path, result: dict, **metadata) -> Path:
         "bucket_drift": [[None if v != v else round(float(v), 6) for v in row] for row in result["bucket_drift"]],
         **metadata,
     }
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(payload, indent=1))
-    tmp.replace(path)
-    return path
+    return write_json(path, payload)
 
 
 def read_sparse_layers(path: str | Path) -> list[int]:
