@@ -129,6 +129,10 @@ class TrainSection:
     report_to: list[str] = field(default_factory=lambda: ["tensorboard"])
     export_dir: str | None = None             # default: <output_dir>/export
     sequence_parallel_size: int = 1           # Ulysses SP: ranks sharing each sequence (train/sequence_parallel.py)
+    objective: str = "lm"                     # "lm", "distill" (KL to the dense teacher) or "lm+distill"
+    distill_weight: float = 0.5               # w in (1 - w) * lm + w * distill, for "lm+distill"
+    distill_temperature: float = 1.0          # T: both distributions softened by T, the KL scaled by T^2
+    loss_chunk_tokens: int | None = 4096      # tokens per LM-head chunk (train/losses.py); null: all at once
 
 
 @dataclass
@@ -154,6 +158,9 @@ class EvalSection:
 
     perplexity: bool = True
     max_tokens: int = 16384                   # held-out tokens scored per model
+    out_of_domain: list[str] = field(default_factory=list)  # more held-out sources, scored beside data.eval
+    every_steps: int | None = None            # learning curve: held-out ppl every N optimizer steps
+    curve_max_tokens: int = 8192              # held-out tokens per source at each learning-curve point
     context_length: int | None = None         # default: data.context_length
     batch_size: int = 1
 
@@ -430,6 +437,7 @@ def _check_values(r: Recipe, problems: list[str]) -> None:
         add(f"train.num_train_epochs={t.num_train_epochs} with train.max_steps=-1: nothing would be trained")
     if t.save_total_limit is not None and t.save_total_limit < 1:
         add(f"train.save_total_limit={t.save_total_limit}: expected an integer >= 1 or null")
+    _check_objective(r, problems)
     _check_sequence_parallel(r, problems)
     reporters = ("tensorboard", "none")
     for reporter in t.report_to:
@@ -444,6 +452,10 @@ def _check_values(r: Recipe, problems: list[str]) -> None:
         add(f"eval.max_tokens={e.max_tokens}: expected an integer >= 1")
     if e.batch_size < 1:
         add(f"eval.batch_size={e.batch_size}: expected an integer >= 1")
+    if e.every_steps is not None and e.every_steps < 1:
+        add(f"eval.every_steps={e.every_steps}: expected an integer >= 1, or null for no learning curve")
+    if e.curve_max_tokens < 1:
+        add(f"eval.curve_max_tokens={e.curve_max_tokens}: expected an integer >= 1")
     if e.context_length is not None:
         if e.context_length < 2:
             add(f"eval.context_length={e.context_length}: expected an integer >= 2 or null")
@@ -451,6 +463,24 @@ def _check_values(r: Recipe, problems: list[str]) -> None:
             add(f"eval.max_tokens={e.max_tokens} is below eval.context_length={e.context_length}: no window to score")
     elif e.max_tokens < d.context_length and e.perplexity:
         add(f"eval.max_tokens={e.max_tokens} is below the eval context length {d.context_length}: no window to score")
+
+
+def _check_objective(r: Recipe, problems: list[str]) -> None:
+    """train.objective and its knobs (train/losses.py)."""
+    from train.losses import OBJECTIVES
+
+    t, add = r.train, problems.append
+    if t.objective not in OBJECTIVES:
+        add(f"train.objective={t.objective!r}: expected one of {', '.join(OBJECTIVES)}")
+    if not 0.0 <= t.distill_weight <= 1.0:
+        add(f"train.distill_weight={t.distill_weight}: expected a number in [0, 1] (weight of the KL term)")
+    if t.distill_temperature <= 0:
+        add(f"train.distill_temperature={t.distill_temperature}: expected a positive number (1 = no softening)")
+    if t.loss_chunk_tokens is not None and t.loss_chunk_tokens < 1:
+        add(f"train.loss_chunk_tokens={t.loss_chunk_tokens}: expected an integer >= 1, or null for no chunking")
+    if t.objective != "lm" and t.sequence_parallel_size > 1:
+        add(f"train.objective={t.objective!r} with train.sequence_parallel_size={t.sequence_parallel_size}: "
+            f"distillation under sequence parallelism is not supported; use objective lm or SP size 1")
 
 
 def _check_sequence_parallel(r: Recipe, problems: list[str]) -> None:
@@ -546,7 +576,9 @@ def _check_environment(r: Recipe, problems: list[str]) -> None:
         add(f"pod.blocks_file={r.pod.blocks_file!r} does not exist: run the exploration once "
             f"(train/pod.py RECIPE --stages explore) or set pod.blocks_file: null")
 
-    for key, source in (("data.train", r.data.train), ("data.eval", r.data.eval)):
+    sources = [("data.train", r.data.train), ("data.eval", r.data.eval)]
+    sources += [(f"eval.out_of_domain[{i}]", source) for i, source in enumerate(r.eval.out_of_domain)]
+    for key, source in sources:
         if not source:
             continue
         if source.startswith(EMBEDDED_DATA_PREFIX):
