@@ -16,13 +16,18 @@ import torch
 
 
 @torch.no_grad()
-def perplexity(model, windows: torch.Tensor, batch_size: int = 1) -> dict:
-    """``{"ppl", "nll", "tokens", "seconds"}`` of ``model`` on ``windows [W, S]`` int64."""
+def perplexity(model, windows: torch.Tensor, batch_size: int = 1, desc: str | None = None) -> dict:
+    """``{"ppl", "nll", "tokens", "seconds"}`` of ``model`` on ``windows [W, S]`` int64.
+
+    ``desc``: label of a progress bar over the windows (stderr; a CPU model takes minutes); None: no bar."""
+    from tqdm.auto import tqdm
+
     model.eval()
     device = next(model.parameters()).device
     total_nll, total_tokens = 0.0, 0
     start = time.perf_counter()
-    for i in range(0, windows.shape[0], batch_size):
+    for i in tqdm(range(0, windows.shape[0], batch_size), desc=desc, unit="batch" if batch_size > 1 else "window",
+                  disable=desc is None, mininterval=1.0):
         ids = windows[i:i + batch_size].to(device)
         logits = model(input_ids=ids, use_cache=False).logits.float()
         nll = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1),

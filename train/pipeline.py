@@ -94,8 +94,14 @@ def run_pipeline(recipe: Recipe, stages: list[str], local_rank: int | None = Non
     prepare_launch_environment(recipe)
     rank, local, world = world_info()
     log = print if rank == 0 else (lambda *a, **k: None)
-    init_distributed(recipe)
+    if "train" in stages:  # before any stage: a broken checkpoint must not cost an exploration first
+        recipe, stages = _checked_resume(recipe, stages, log)
     device = torch.device(f"cuda:{local}") if torch.cuda.is_available() else torch.device("cpu")
+    if device.type == "cpu":
+        from train.threads import configure_cpu_threads
+
+        configure_cpu_threads(int(os.environ.get("LOCAL_WORLD_SIZE", world)), log=log)
+    init_distributed(recipe)
     out = Path(recipe.train.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     if local == 0:  # each host's first process prepares its cache (e.g. the embedded model's conversion) first
@@ -179,6 +185,22 @@ def run_pipeline(recipe: Recipe, stages: list[str], local_rank: int | None = Non
     return 0
 
 
+def _checked_resume(recipe: Recipe, stages: list[str], log) -> tuple[Recipe, list[str]]:
+    """Validate the resume checkpoint (train/checkpoints.py) and pin it in the recipe; when resuming,
+    the exploration the checkpoint was trained with is reused instead of being redone and rewritten."""
+    import dataclasses
+
+    from train.checkpoints import select_resume_checkpoint
+
+    resume = select_resume_checkpoint(recipe.train.resume_from_checkpoint, recipe.train.output_dir, log)
+    recipe = dataclasses.replace(recipe, train=dataclasses.replace(recipe.train, resume_from_checkpoint=resume))
+    blocks = Path(recipe.train.output_dir) / "exploration" / "blocks.json"
+    if resume and "explore" in stages and not recipe.pod.blocks_file and blocks.is_file():
+        log(f"[explore] resuming from {resume}: reusing {blocks} (the anchors it was trained with)")
+        stages = [s for s in stages if s != "explore"]
+    return recipe, stages
+
+
 def _training_dtype(recipe: Recipe) -> torch.dtype:
     from train.models import DTYPE
 
@@ -256,7 +278,7 @@ def _evaluate(recipe, source, tokenizer, anchors, export_dir: Path, device, log)
                                                            apply_recipe_config=False)))
     for name, build in candidates:
         model = build().to(device)
-        results["perplexity"][name] = perplexity(model, windows, recipe.eval.batch_size)
+        results["perplexity"][name] = perplexity(model, windows, recipe.eval.batch_size, desc=f"[eval] {name}")
         log(f"[eval] {name:<10} ppl {results['perplexity'][name]['ppl']:.3f} "
             f"({results['perplexity'][name]['seconds']:.1f}s)")
         if name == "pod_before":
