@@ -94,8 +94,14 @@ def run_pipeline(recipe: Recipe, stages: list[str], local_rank: int | None = Non
     prepare_launch_environment(recipe)
     rank, local, world = world_info()
     log = print if rank == 0 else (lambda *a, **k: None)
-    init_distributed(recipe)
+    if "train" in stages:  # before any stage: a broken checkpoint must not cost an exploration first
+        recipe, stages = _checked_resume(recipe, stages, log)
     device = torch.device(f"cuda:{local}") if torch.cuda.is_available() else torch.device("cpu")
+    if device.type == "cpu":
+        from train.threads import configure_cpu_threads
+
+        configure_cpu_threads(int(os.environ.get("LOCAL_WORLD_SIZE", world)), log=log)
+    init_distributed(recipe)
     out = Path(recipe.train.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     if local == 0:  # each host's first process prepares its cache (e.g. the embedded model's conversion) first
@@ -212,6 +218,22 @@ def _learning_curve(recipe: Recipe, tokenizer, args, log):
                                                                    recipe.train.sequence_parallel_size), log=log)
 
 
+def _checked_resume(recipe: Recipe, stages: list[str], log) -> tuple[Recipe, list[str]]:
+    """Validate the resume checkpoint (train/checkpoints.py) and pin it in the recipe; when resuming,
+    the exploration the checkpoint was trained with is reused instead of being redone and rewritten."""
+    import dataclasses
+
+    from train.checkpoints import select_resume_checkpoint
+
+    resume = select_resume_checkpoint(recipe.train.resume_from_checkpoint, recipe.train.output_dir, log)
+    recipe = dataclasses.replace(recipe, train=dataclasses.replace(recipe.train, resume_from_checkpoint=resume))
+    blocks = Path(recipe.train.output_dir) / "exploration" / "blocks.json"
+    if resume and "explore" in stages and not recipe.pod.blocks_file and blocks.is_file():
+        log(f"[explore] resuming from {resume}: reusing {blocks} (the anchors it was trained with)")
+        stages = [s for s in stages if s != "explore"]
+    return recipe, stages
+
+
 def _training_dtype(recipe: Recipe) -> torch.dtype:
     from train.models import DTYPE
 
@@ -299,7 +321,7 @@ def _evaluate(recipe, source, tokenizer, anchors, export_dir: Path, device, log)
         model = build().to(device)
         for held_out, w in windows.items():
             scores = results["sources"].setdefault(held_out, {"windows": int(w.shape[0]), "tokens_per_window": length})
-            scores[name] = perplexity(model, w, recipe.eval.batch_size)
+            scores[name] = perplexity(model, w, recipe.eval.batch_size, desc=f"[eval] {name} {held_out}")
             log(f"[eval] {name:<11} {held_out}: ppl {scores[name]['ppl']:.3f} ({scores[name]['seconds']:.1f}s)")
         if name == "pod_before":
             results["kv"] = measured_kv_bytes(model, windows[primary][0])

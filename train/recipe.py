@@ -5,7 +5,9 @@ the value parsed as a YAML scalar), and the whole thing is validated *before* an
 starts. Validation collects every problem it can find -- unknown keys, wrong types, out-of-range
 values, impossible combinations, missing files, an unwritable output directory, a context length
 above the model's positions without rope scaling -- and raises one :class:`RecipeError` whose
-``problems`` are one actionable line each. Nothing is written while validating.
+``problems`` are one actionable line each: type errors, value errors and environment problems come
+in the same pass (a field with the wrong type is judged by no later rule). Nothing is written while
+validating.
 
 The schema is plain dataclasses (no pydantic: the GPU image does not have it). Each field's type
 comes from its annotation; ranges and cross-field rules live in :func:`_check_values` and
@@ -215,6 +217,10 @@ class Recipe:
 def load_recipe(path: str | os.PathLike, overrides: list[str] | None = None, *, check_environment: bool = True) -> Recipe:
     """Read, override and validate a recipe. Raises :class:`RecipeError` listing every problem."""
     path = Path(path)
+    if path.is_dir():
+        found = sorted(str(p) for p in path.glob("*.yaml"))[:6]
+        raise RecipeError([f"recipe {str(path)!r} is a folder, not a file: pass the path of a YAML recipe"
+                           + (f", e.g. {', '.join(found)}" if found else " (see recipes/)")])
     if not path.is_file():
         raise RecipeError([f"recipe file {str(path)!r} does not exist: pass the path of a YAML recipe (see recipes/)"])
     try:
@@ -244,13 +250,35 @@ def recipe_from_dict(data: Any, overrides: list[str] | None = None, *, source_pa
             problems.append(f"{key}: expected a mapping of fields, got {type(value).__name__} {value!r}")
             continue
         setattr(recipe, key, _build_section(key, SECTIONS[key], value, problems))
-    if not problems:  # value rules assume the types are right
-        _check_values(recipe, problems)
-        if check_environment and not problems:
-            _check_environment(recipe, problems)
+    # One pass reports everything: value and environment rules run on the fields that parsed (a field
+    # with a wrong type keeps its default), and drop what repeats a field already reported.
+    _extend_unreported(problems, _check_values, recipe)
+    if check_environment:
+        _extend_unreported(problems, _check_environment, recipe)
     if problems:
         raise RecipeError(problems)
     return recipe
+
+
+_SUBJECT = re.compile(r"^([a-z_]+\.[a-z_0-9]+)\b")
+
+
+def _extend_unreported(problems: list[str], check, recipe: "Recipe") -> None:
+    """Run ``check(recipe, found)`` and add its problems, except those about a field already reported
+    (a line starting with that ``section.field``, or mentioning a field whose value had the wrong type:
+    the rule saw the default instead of the user's value)."""
+    reported = {m.group(1) for m in map(_SUBJECT.match, problems) if m}
+    mistyped = {m.group(1) for p in problems if ": expected" in p and (m := _SUBJECT.match(p))
+                and "unknown field" not in p}
+    found: list[str] = []
+    check(recipe, found)
+    for problem in found:
+        subject = _SUBJECT.match(problem)
+        if subject and subject.group(1) in reported:
+            continue
+        if any(re.search(rf"\b{re.escape(key)}\b", problem) for key in mistyped):
+            continue
+        problems.append(problem)
 
 
 def _apply_override(data: dict, override: str, problems: list[str]) -> None:

@@ -1,8 +1,8 @@
 """The training stage: transformers Trainer (+ DeepSpeed ZeRO-2/3) on the POD model.
 
 What the recipe's ``train`` section becomes (:func:`training_arguments`), LoRA wrapping (peft),
-per-step loss records (``<output_dir>/losses.jsonl``: the raw micro-batch losses of this rank,
-averaged per optimizer step -- the resume test compares these), and the run itself
+per-step loss records (``<output_dir>/losses.jsonl``: this rank's loss per optimizer step, the number
+the Trainer logs, also under gradient accumulation -- the resume test compares these), and the run itself
 (:func:`train_model`): ``resume_from_checkpoint`` = null / "auto" (latest ``checkpoint-N`` in
 output_dir) / a path. The trained weights (or the LoRA adapter) go to ``<output_dir>/trained`` via
 ``trainer.save_model`` (under ZeRO-3 that gathers the 16-bit weights: the DeepSpeed configs set
@@ -83,7 +83,8 @@ def _loss_trainer_class():
     from transformers import Trainer, TrainerCallback
 
     class LossRecorder(TrainerCallback):
-        """Writes {"step", "loss"} per optimizer step to losses.jsonl (rank-local micro-batch mean), plus the
+        """Writes {"step", "loss"} per optimizer step to losses.jsonl: the sum of the step's micro-batch
+        contributions (PodTrainer.training_step), i.e. the loss the Trainer logs for this rank; plus the
         objective's parts ("lm", "kl": mean cross-entropy and KL per token) when train/objective.py runs."""
 
         def __init__(self, path: Path, buffer: list, terms: list):
@@ -91,7 +92,7 @@ def _loss_trainer_class():
 
         def on_step_end(self, args, state, control, **kwargs):
             if self.buffer:
-                record = {"step": state.global_step, "loss": sum(self.buffer) / len(self.buffer)}
+                record = {"step": state.global_step, "loss": sum(self.buffer)}
                 if self.terms:
                     record["lm"] = sum(t.lm for t in self.terms) / len(self.terms)
                     record["kl"] = sum(t.kl for t in self.terms) / len(self.terms)
@@ -102,7 +103,7 @@ def _loss_trainer_class():
                         f.write(json.dumps(record) + "\n")
 
     class PodTrainer(Trainer):
-        """Trainer that records each micro-batch's unscaled loss for the per-step record."""
+        """Trainer that records each optimizer step's loss (losses.jsonl) and saves checkpoints crash-safely."""
 
         def __init__(self, *args, loss_log: Path, sequence_parallel=None, **kwargs):
             super().__init__(*args, **kwargs)
@@ -117,6 +118,40 @@ def _loss_trainer_class():
         def train(self, resume_from_checkpoint=None, **kwargs):
             self._resume_checkpoint = resume_from_checkpoint
             return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
+
+        def training_step(self, model, inputs, *args, **kwargs):
+            """Record what this micro-batch adds to the Trainer's logged loss (scaled for gradient accumulation:
+            the per-step sum is the number the Trainer logs). Under SP, compute_loss recorded the whole rows'
+            loss; it is scaled the same way."""
+            mark = len(self._micro_losses)
+            loss = super().training_step(model, inputs, *args, **kwargs)
+            recorded = self._micro_losses[mark:]
+            del self._micro_losses[mark:]
+            accumulation = getattr(self, "current_gradient_accumulation_steps", self.args.gradient_accumulation_steps)
+            self._micro_losses.append(recorded[-1] / accumulation if self.sequence_parallel is not None and recorded
+                                      else float(loss.detach().float()))
+            return loss
+
+        # checkpoints (train/checkpoints.py): crash-safe saving, tied-weight warning, schedule on resume
+        def _get_output_dir(self, trial):
+            return getattr(self, "_checkpoint_staging", None) or super()._get_output_dir(trial)
+
+        def _save_checkpoint(self, model, trial):
+            from train.checkpoints import save_checkpoint_atomically
+
+            save_checkpoint_atomically(self, lambda: super(PodTrainer, self)._save_checkpoint(model, trial), trial)
+
+        def _issue_warnings_after_load(self, load_result):
+            from train.checkpoints import drop_tied_missing_keys
+
+            return super()._issue_warnings_after_load(drop_tied_missing_keys(self.model, load_result))
+
+        def _load_optimizer_and_scheduler(self, checkpoint):
+            super()._load_optimizer_and_scheduler(checkpoint)
+            if checkpoint is not None and self.lr_scheduler is not None:
+                from train.checkpoints import follow_current_schedule
+
+                follow_current_schedule(self.lr_scheduler, log=print if self.args.process_index == 0 else lambda *a: None)
 
         def get_train_dataloader(self):
             loader = super().get_train_dataloader()
