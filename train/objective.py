@@ -29,12 +29,24 @@ class ObjectiveLoss:
         labels = inputs.get("labels", input_ids)
         attention_mask = inputs.get("attention_mask")
         teacher_hidden = self.teacher.hidden(input_ids, attention_mask) if self.weights.kl else None
-        out = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, skip_lm_head=True)
+        hidden = final_hidden_states(model, input_ids, attention_mask)
         student_head = _output_embeddings(model)
-        return chunked_objective_loss(out.hidden_states[-1], labels, student_head, weights=self.weights,
+        return chunked_objective_loss(hidden, labels, student_head, weights=self.weights,
                                       teacher_hidden=teacher_hidden,
                                       teacher_head=self.teacher.head if self.teacher is not None else None,
                                       temperature=self.temperature, chunk_tokens=self.chunk_tokens)
+
+
+def final_hidden_states(model, input_ids, attention_mask=None):
+    """``[B, S, H]`` after the final norm, without the LM head: podkit models skip it
+    (``skip_lm_head``); other transformers causal LMs return their hidden states with logits for no
+    position (``logits_to_keep`` = an empty index)."""
+    if hasattr(podkit_model_of(model), "sparse_config"):
+        out = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, skip_lm_head=True)
+    else:
+        out = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, output_hidden_states=True,
+                    logits_to_keep=input_ids.new_zeros(0))
+    return out.hidden_states[-1]
 
 
 def _output_embeddings(model):

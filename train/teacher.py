@@ -75,8 +75,9 @@ class FrozenCopyTeacher:
 
     @torch.no_grad()
     def hidden(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        out = self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, skip_lm_head=True)
-        return out.hidden_states[-1]
+        from train.objective import final_hidden_states
+
+        return final_hidden_states(self.model, input_ids, attention_mask)
 
     @torch.no_grad()
     def head(self, hidden: torch.Tensor) -> torch.Tensor:
