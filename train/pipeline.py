@@ -120,16 +120,13 @@ def run_pipeline(recipe: Recipe, stages: list[str], local_rank: int | None = Non
     # -- train ------------------------------------------------------------------------------
     trained = out / "trained"
     if "train" in stages:
-        from train.data import load_text_dataset, pack_dataset
+        from train.data import training_rows
         from train.trainer import train_model, training_arguments
 
         args = training_arguments(recipe)  # before the model: ZeRO-3 builds it inside zero.Init
-        with args.main_process_first(desc="tokenise + pack"):
-            dataset = load_text_dataset(recipe.data.train, config=recipe.data.train_config,
-                                        split=recipe.data.train_split, text_field=recipe.data.text_field)
-            packed = pack_dataset(dataset, tokenizer, recipe.data.context_length,
-                                  max_tokens=recipe.data.max_train_tokens, num_proc=recipe.data.num_proc)
-        log(f"[train] {len(packed)} packed sequences of {recipe.data.context_length} tokens from {recipe.data.train}")
+        with args.main_process_first(desc="tokenise into shards"):  # the shards are built once, then memory-mapped
+            packed = training_rows(recipe, tokenizer, log=log)
+        log(f"[train] {len(packed)} sequences of {recipe.data.context_length} tokens from {recipe.data.train}")
         dtype = _training_dtype(recipe)
         model = load_model(recipe, source, anchor_layers=anchors, dtype=dtype)
         sequence_parallel = None
@@ -192,17 +189,20 @@ def run_pipeline(recipe: Recipe, stages: list[str], local_rank: int | None = Non
 def held_out_sources(recipe: Recipe) -> list[str]:
     """The held-out sources scored by the eval stage and the learning curve: data.eval (in-domain), then
     eval.out_of_domain."""
-    primary = recipe.data.eval or recipe.data.train
+    from train.data import default_eval_source
+
+    primary = default_eval_source(recipe)
     return [primary] + [s for s in recipe.eval.out_of_domain if s != primary]
 
 
 def _held_out_windows(recipe: Recipe, tokenizer, source: str, max_tokens: int) -> torch.Tensor:
     from train.data import token_windows
 
-    primary = source == (recipe.data.eval or recipe.data.train)
+    primary = source == recipe.data.eval
     return token_windows(source, tokenizer, recipe.eval_context_length, max_tokens,
                          config=recipe.data.eval_config if primary else None,
-                         split=recipe.data.eval_split if primary else "train", text_field=recipe.data.text_field)
+                         split=recipe.data.eval_split if primary else "train", text_field=recipe.data.text_field,
+                         token_cache=recipe.data.token_cache)
 
 
 def _learning_curve(recipe: Recipe, tokenizer, args, log):
@@ -257,15 +257,14 @@ def _exploration(recipe, stages, source, tokenizer, rank, device, log):
         return read_blocks_json(path)["anchor_layers"], path
     anchors = None
     if rank == 0:
-        from train.data import calibration_samples, load_text_dataset, pack_dataset
+        from train.data import training_rows
         from train.explore import run_exploration
         from train.models import load_dense_reference, public_model_name
 
-        dataset = load_text_dataset(recipe.data.train, config=recipe.data.train_config, split=recipe.data.train_split,
-                                    text_field=recipe.data.text_field)
-        packed = pack_dataset(dataset, tokenizer, recipe.calibration_length,
-                              max_tokens=max(recipe.pod.calibration_samples * 50, 1) * recipe.calibration_length)
-        samples = calibration_samples(packed, recipe.pod.calibration_samples)
+        # N rows of the training mixture (seeded, by weight) at the calibration length: [N, calibration_length]
+        rows = training_rows(recipe, tokenizer, context_length=recipe.calibration_length,
+                             num_rows=recipe.pod.calibration_samples, log=log)
+        samples = torch.stack([rows[i]["input_ids"] for i in range(len(rows))])
         dense = load_dense_reference(recipe, source).to(device)
         result = run_exploration(dense, samples, last_queries=recipe.pod.last_queries, delta=recipe.pod.delta,
                                  compare_with=recipe.pod.compare_with, out_dir=out_dir,

@@ -85,10 +85,13 @@ class PodSection:
 
 @dataclass
 class DataSection:
-    """Training / held-out text. A source is ``podkit:austen`` (embedded), a Hub dataset name, or a local
-    .txt / .jsonl / .json / .parquet file or folder."""
+    """Training / held-out text. A source is ``podkit:<name>`` (embedded: ``podkit:austen``, a corpus
+    source of ``train.corpus.registry``, ``podkit:heldout-indomain`` / ``podkit:heldout-ood``), a Hub
+    dataset name, or a local .txt / .jsonl / .json / .parquet file or folder. ``train`` is one source
+    or a weighted mixture (``train.corpus.mixture``): a list of sources / ``{source, weight}``, or
+    ``"src=w,src=w"``. Training text is tokenised once into shards under ``token_cache``."""
 
-    train: str = ""
+    train: str | list[dict | str] = ""
     train_config: str | None = None
     train_split: str = "train"
     eval: str | None = None
@@ -96,8 +99,9 @@ class DataSection:
     eval_split: str = "train"
     text_field: str = "text"
     context_length: int = 2048
-    max_train_tokens: int | None = None       # cap on packed training tokens (None: all)
+    max_train_tokens: int | None = None       # training tokens drawn from the mixture (None: every row once)
     num_proc: int = 1
+    token_cache: str | None = None            # token shard folder (default $PODKIT_TOKEN_CACHE or $PODKIT_CACHE/tokens)
 
 
 @dataclass
@@ -424,6 +428,13 @@ def _check_values(r: Recipe, problems: list[str]) -> None:
     d = r.data
     if not d.train:
         add("data.train is missing: set podkit:austen, a Hub dataset name, or a local .txt/.jsonl/.parquet path")
+    else:
+        from train.corpus.mixture import MixError, parse_mix
+
+        try:
+            parse_mix(d.train, "data.train")
+        except MixError as error:
+            problems.extend(error.problems)
     if d.context_length < 2:
         add(f"data.context_length={d.context_length}: expected an integer >= 2")
     elif p.sink_tokens + p.recent_window >= d.context_length:
@@ -604,7 +615,11 @@ def _check_environment(r: Recipe, problems: list[str]) -> None:
         add(f"pod.blocks_file={r.pod.blocks_file!r} does not exist: run the exploration once "
             f"(train/pod.py RECIPE --stages explore) or set pod.blocks_file: null")
 
-    sources = [("data.train", r.data.train), ("data.eval", r.data.eval)]
+    from train.corpus.mixture import parse_mix
+
+    mix = parse_mix(r.data.train)
+    sources = [("data.train" if len(mix) == 1 else f"data.train[{i}]", e.source) for i, e in enumerate(mix)]
+    sources += [("data.eval", r.data.eval)]
     sources += [(f"eval.out_of_domain[{i}]", source) for i, source in enumerate(r.eval.out_of_domain)]
     for key, source in sources:
         if not source:
@@ -640,7 +655,7 @@ def _check_environment(r: Recipe, problems: list[str]) -> None:
 
 
 def _check_embedded_data(key: str, source: str, problems: list[str]) -> None:
-    from train.data import embedded_corpus_names  # the data module owns the names
+    from train.corpus.documents import podkit_names as embedded_corpus_names  # the corpus owns the names
 
     name = source[len(EMBEDDED_DATA_PREFIX):]
     if name not in embedded_corpus_names():

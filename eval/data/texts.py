@@ -14,7 +14,8 @@ Three Debian packages carry public-domain books:
 
 ``load_text(name)`` returns the text; the first call runs ``apt-get download`` (no install, no root
 needed) and ``dpkg -x`` in a temporary folder, decodes every text of that package with PyPI ``rdata``
-and writes them to the cache (``$PODKIT_TEXT_CACHE`` or ``~/.cache/podkit/texts``). Later calls, and
+and writes them to the cache (``texts/`` under podkit's cache root ``$PODKIT_CACHE``, default
+``~/.cache/podkit``; ``$PODKIT_TEXT_CACHE`` still overrides it, deprecated). Later calls, and
 machines with no network that received a copy of the cache folder, only read files.
 
     >>> from eval.data.texts import load_text, TEXT_NAMES
@@ -63,8 +64,11 @@ HELD_OUT_TEXT = "emma"
 
 
 def cache_dir() -> Path:
-    """The folder holding ``<name>.txt`` files: ``$PODKIT_TEXT_CACHE`` or ``~/.cache/podkit/texts``."""
-    return Path(os.environ.get("PODKIT_TEXT_CACHE") or Path.home() / ".cache" / "podkit" / "texts")
+    """The folder holding ``<name>.txt`` files: ``sparse_models.paths.cache_dir("texts")``
+    (``$PODKIT_CACHE/texts``, or ``$PODKIT_TEXT_CACHE`` where that deprecated variable is set)."""
+    from sparse_models.paths import cache_dir as podkit_cache_dir
+
+    return podkit_cache_dir("texts")
 
 
 def load_text(name: str) -> str:
@@ -82,7 +86,7 @@ def _fetch_package(package: str) -> None:
     for tool in ("apt-get", "dpkg"):
         if shutil.which(tool) is None:
             raise RuntimeError(f"cannot fetch Debian package {package!r}: {tool!r} is not on PATH. Copy the text "
-                               f"cache ({cache_dir()}) from a machine that has it, or set PODKIT_TEXT_CACHE.")
+                               f"cache ({cache_dir()}) from a machine that has it, or point PODKIT_CACHE at a copy.")
     out = cache_dir()
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="podkit_texts_") as tmp:

@@ -1,0 +1,175 @@
+"""One way to read the documents of any data source, and a fingerprint of what would be read.
+
+Source strings (``data.train`` entries, ``data.eval``, ``python -m train.corpus`` arguments):
+
+* ``podkit:austen`` -- the five Austen novels trained on (*Emma* is held out); ``podkit:<book>`` -- one
+  book of ``eval.data.texts`` (``emma``, ``moby_dick``, ``jargon``, ...);
+* ``podkit:<corpus source>`` -- the training split of a ``train.corpus.registry`` source
+  (``podkit:gcide``, ``podkit:shakespeare``, ...);
+* ``podkit:heldout/<corpus source>`` -- that source's held-out documents (``podkit:heldout/austen``
+  is *Emma*);
+* ``podkit:heldout-indomain`` -- *Emma* and every corpus source's held-out documents, cut into
+  ``PIECE_CHARS`` pieces taken round-robin over the sources, so that the first windows of
+  perplexity already cover every source;
+* ``podkit:heldout-ood`` -- the out-of-domain books (``registry.OOD_BOOKS``: *Moby Dick*, the Jargon
+  File), never part of any podkit training source, pieces round-robin likewise;
+* a local file or folder (``.txt``: one document per file; ``.jsonl`` / ``.json`` / ``.parquet``:
+  ``text_field``) -- e.g. text sampled from a teacher model -- or a Hub dataset name, read through
+  ``train.data.load_text_dataset``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+from train.corpus import registry
+
+PREFIX = "podkit:"
+HELDOUT_PREFIX = "heldout/"
+HELDOUT_SETS = ("heldout-indomain", "heldout-ood")
+PIECE_CHARS = 32_000  # ~8K tokens: one piece fills an 8K-context window
+AUSTEN_HELDOUT = "emma"
+
+
+def book_names() -> tuple[str, ...]:
+    from eval.data.texts import TEXT_NAMES  # the embedded books (fetched from Debian by eval.data.texts)
+
+    return tuple(TEXT_NAMES)
+
+
+def podkit_names() -> tuple[str, ...]:
+    """Every name accepted after ``podkit:``."""
+    return (("austen",) + book_names() + tuple(registry.SOURCES) + HELDOUT_SETS
+            + tuple(HELDOUT_PREFIX + n for n in ("austen",) + tuple(registry.SOURCES)))
+
+
+def _austen_training_books() -> list[str]:
+    from eval.data.texts import TEXT_SOURCES
+
+    return [n for n in book_names() if TEXT_SOURCES[n].package == "r-cran-janeaustenr" and n != AUSTEN_HELDOUT]
+
+
+def _book(name: str) -> str:
+    from eval.data.texts import load_text
+
+    return load_text(name)
+
+
+def _pieces(named_texts: list[tuple[str, list[str]]]) -> Iterator[str]:
+    """Round-robin over sources of PIECE_CHARS pieces (cut at a line break where possible)."""
+    queues = []
+    for _, texts in named_texts:
+        pieces = []
+        for text in texts:
+            start = 0
+            while start < len(text):
+                end = min(len(text), start + PIECE_CHARS)
+                cut = text.rfind("\n", start + PIECE_CHARS // 2, end) if end < len(text) else -1
+                end = cut + 1 if cut > 0 else end
+                pieces.append(text[start:end])
+                start = end
+        queues.append(pieces)
+    for index in range(max((len(q) for q in queues), default=0)):
+        for queue in queues:
+            if index < len(queue):
+                yield queue[index]
+
+
+def podkit_documents(name: str) -> Iterator[str]:
+    """Texts of ``podkit:<name>`` (see the module docstring)."""
+    if name == "austen":
+        yield from (_book(n) for n in _austen_training_books())
+    elif name in registry.SOURCES:
+        yield from (text for _, text in registry.split_documents(name, "train"))
+    elif name == "heldout/austen":
+        yield _book(AUSTEN_HELDOUT)
+    elif name.startswith(HELDOUT_PREFIX) and name[len(HELDOUT_PREFIX):] in registry.SOURCES:
+        yield from (text for _, text in registry.split_documents(name[len(HELDOUT_PREFIX):], "heldout"))
+    elif name == "heldout-indomain":
+        groups = [("austen", [_book(AUSTEN_HELDOUT)])]
+        groups += [(s, [t for _, t in registry.split_documents(s, "heldout")]) for s in registry.SOURCES]
+        yield from _pieces(groups)
+    elif name == "heldout-ood":
+        yield from _pieces([(b, [_book(b)]) for b in registry.OOD_BOOKS])
+    elif name in book_names():
+        yield _book(name)
+    else:
+        raise ValueError(f"source=podkit:{name!r} is not an embedded corpus: expected podkit:<one of "
+                         f"{', '.join(podkit_names())}>")
+
+
+def iter_documents(source: str, *, config: str | None = None, split: str = "train",
+                   text_field: str = "text") -> Iterator[str]:
+    """The documents of any source string, as texts, in a fixed order."""
+    if source.startswith(PREFIX):
+        yield from podkit_documents(source[len(PREFIX):])
+        return
+    from train.data import load_text_dataset
+
+    dataset = load_text_dataset(source, config=config, split=split, text_field=text_field)
+    for start in range(0, len(dataset), 1000):
+        yield from dataset[start:start + 1000]["text"]
+
+
+def source_fingerprint(source: str, *, config: str | None = None, split: str = "train",
+                       text_field: str = "text") -> str | None:
+    """A short hash that changes when the source's documents would change; None when the source cannot
+    be inspected here (a local path that is absent: a packed shard folder is then trusted as it is)."""
+    if source.startswith(PREFIX):
+        name = source[len(PREFIX):]
+        if name.startswith(HELDOUT_PREFIX):
+            parts = [name] + [_text_fingerprint(name[len(HELDOUT_PREFIX):])]
+        elif name == "heldout-indomain":
+            parts = [name, PIECE_CHARS, _text_fingerprint(AUSTEN_HELDOUT)] + [_text_fingerprint(s) for s in registry.SOURCES]
+        elif name == "heldout-ood":
+            parts = [name, PIECE_CHARS] + [_text_fingerprint(b) for b in registry.OOD_BOOKS]
+        elif name == "austen":
+            parts = [name] + [_text_fingerprint(b) for b in _austen_training_books()]
+        else:
+            parts = ["train", _text_fingerprint(name)]
+        if None in parts:
+            return None  # some text is not on this machine: trust existing shards (a packed folder)
+        spec = parts
+    else:
+        from train.recipe import looks_like_local_path, resolve_input_path
+
+        if looks_like_local_path(source):
+            path = resolve_input_path(source)
+            if not path.exists():
+                return None
+            files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+            spec = [[str(p.relative_to(path) if path.is_dir() else p.name), p.stat().st_size, p.stat().st_mtime_ns]
+                    for p in files] + [text_field]
+        else:
+            spec = [source, config, split, text_field]
+    return hashlib.sha256(json.dumps(spec, default=str).encode()).hexdigest()[:16]
+
+
+def _text_fingerprint(name: str) -> str | None:
+    """Content hash of a registry source (its source.json) or an embedded book (its cached .txt);
+    None when it has not been fetched on this machine."""
+    if name == "austen":
+        name = AUSTEN_HELDOUT
+    if name in registry.SOURCES:
+        meta = registry.source_folder(name) / "source.json"
+        if not meta.is_file():
+            return None
+        info = json.loads(meta.read_text())
+        if info.get("fingerprint") != registry.SOURCES[name].fingerprint():
+            return "stale"  # fetched by an older reader: never matches, so shards are rebuilt
+        return registry.SOURCES[name].fingerprint() + info["sha256"][:16]
+    from eval.data.texts import cache_dir
+
+    path = cache_dir() / f"{name}.txt"
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:16] if path.is_file() else None
+
+
+def source_slug(source: str, *, config: str | None = None, split: str = "train") -> str:
+    """A folder name for a source: readable prefix + hash of the exact string (and config/split)."""
+    key = json.dumps([source, config, split] if (config or split != "train") else source)
+    readable = "".join(c if c.isalnum() or c in "-_." else "-" for c in Path(source.rstrip("/")).name or source)
+    readable = readable.replace("podkit-", "")[:40].strip("-.") or "source"
+    return f"{readable}-{hashlib.sha256(key.encode()).hexdigest()[:10]}"

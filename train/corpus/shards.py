@@ -1,0 +1,272 @@
+"""Tokenise a source once into fixed-size, memory-mapped token shards; reuse them across runs.
+
+Layout under the token cache (``sparse_models.paths.cache_dir("tokens")``: ``$PODKIT_CACHE/tokens``, or
+``$PODKIT_TOKEN_CACHE``, or ``data.token_cache``)::
+
+    <tokenizer hash>/<source slug>/manifest.json
+                                  /shard_00000.bin ...   raw little-endian uint16 (uint32 if vocab > 65536),
+                                                         SHARD_TOKENS tokens each except the last
+                                  /doc_starts.npy        int64 [documents]: first token of each document
+
+Documents are tokenised without special tokens and each is followed by EOS, so the shards are one
+token stream with EOS separators. The manifest records the tokenizer identity (class, name, vocab,
+EOS, a hash of its full definition), the source (string, fingerprint) and counts. A folder is built
+in a temporary sibling and renamed into place, the manifest written last, under a file lock, so
+concurrent ranks build it once and a crash never leaves a half-written folder that looks valid. A
+changed tokenizer lands in another ``<tokenizer hash>`` folder; a changed source (fingerprint) is
+rebuilt in place.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterable
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+
+FORMAT_VERSION = 1
+SHARD_TOKENS = 4 * 1024 * 1024
+BATCH_CHARS = 2_000_000  # characters per tokenizer call (the fast tokenizer batches across its threads)
+
+
+def token_cache_dir(override: str | os.PathLike | None = None) -> Path:
+    from sparse_models.paths import cache_dir
+
+    return Path(override).expanduser() if override else cache_dir("tokens")
+
+
+def tokenizer_identity(tokenizer) -> dict:
+    """What identifies a tokenizer's output: its full definition hashed, plus readable fields."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        definition = backend.to_str()
+    else:
+        definition = json.dumps(sorted(tokenizer.get_vocab().items())) + type(tokenizer).__name__
+    special = json.dumps({"eos": tokenizer.eos_token_id, "added": sorted(tokenizer.get_added_vocab().items())})
+    digest = hashlib.sha256((definition + special).encode()).hexdigest()
+    return {"class": type(tokenizer).__name__, "name_or_path": str(getattr(tokenizer, "name_or_path", "")),
+            "vocab_size": len(tokenizer), "eos_token_id": tokenizer.eos_token_id, "hash": digest}
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    return np.dtype("<u2") if vocab_size <= 1 << 16 else np.dtype("<u4")
+
+
+@contextmanager
+def _locked(path: Path):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+class ShardedTokens:
+    """Read access to one built shard folder: ``total_tokens``, ``read(start, length)``.
+
+    Memory maps are opened on first read and dropped when pickled (DataLoader workers reopen them),
+    so a dataset holding this object never copies the shards."""
+
+    def __init__(self, folder: Path):
+        self.folder = Path(folder)
+        self.manifest = json.loads((self.folder / "manifest.json").read_text())
+        self.dtype = np.dtype(self.manifest["dtype"])
+        self.shard_sizes = [s["tokens"] for s in self.manifest["shards"]]
+        self.offsets = np.cumsum([0] + self.shard_sizes)
+        self.total_tokens = int(self.offsets[-1])
+        self._maps: list[np.memmap] | None = None
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["_maps"] = None
+        return state
+
+    @property
+    def source(self) -> str:
+        return self.manifest["source"]["name"]
+
+    def _shards(self) -> list[np.memmap]:
+        if self._maps is None:
+            self._maps = [np.memmap(self.folder / s["file"], dtype=self.dtype, mode="r", shape=(s["tokens"],))
+                          for s in self.manifest["shards"]]
+        return self._maps
+
+    def read(self, start: int, length: int) -> np.ndarray:
+        """Tokens ``[start, start + length)`` of the stream as int64 (may span shards)."""
+        if start < 0 or start + length > self.total_tokens:
+            raise IndexError(f"tokens [{start}, {start + length}) outside [0, {self.total_tokens}) of {self.folder}")
+        out = np.empty(length, dtype=np.int64)
+        shard = int(np.searchsorted(self.offsets, start, side="right")) - 1
+        done = 0
+        maps = self._shards()
+        while done < length:
+            local = start + done - int(self.offsets[shard])
+            take = min(length - done, self.shard_sizes[shard] - local)
+            out[done:done + take] = maps[shard][local:local + take]
+            done += take
+            shard += 1
+        return out
+
+    def doc_starts(self) -> np.ndarray:
+        return np.load(self.folder / "doc_starts.npy")
+
+
+def shard_folder(source: str, tokenizer_hash: str, *, cache: Path, config: str | None = None,
+                 split: str = "train") -> Path:
+    from train.corpus.documents import source_slug
+
+    return cache / tokenizer_hash[:16] / source_slug(source, config=config, split=split)
+
+
+def ensure_shards(source: str, tokenizer, *, cache: str | os.PathLike | None = None, config: str | None = None,
+                  split: str = "train", text_field: str = "text", shard_tokens: int = SHARD_TOKENS,
+                  log=print) -> ShardedTokens:
+    """The shards of ``source`` for ``tokenizer``: reused when the manifest matches, else (re)built."""
+    from train.corpus.documents import iter_documents, source_fingerprint
+
+    if tokenizer.eos_token_id is None:
+        raise ValueError("the tokenizer has no eos_token_id: the token stream needs a document separator")
+    identity = tokenizer_identity(tokenizer)
+    cache = token_cache_dir(cache)
+    folder = shard_folder(source, identity["hash"], cache=cache, config=config, split=split)
+    fingerprint = source_fingerprint(source, config=config, split=split, text_field=text_field)
+    with _locked(folder.with_name(folder.name + ".lock")):
+        problem = _stale(folder, identity, fingerprint)
+        if problem is None:
+            return ShardedTokens(folder)
+        log(f"[corpus] tokenising {source} into {folder} ({problem})")
+        documents = iter_documents(source, config=config, split=split, text_field=text_field)
+        _build(folder, documents, tokenizer, identity, {"name": source, "config": config, "split": split,
+                                                        "text_field": text_field, "fingerprint": fingerprint},
+               shard_tokens=shard_tokens)
+    return ShardedTokens(folder)
+
+
+def _stale(folder: Path, identity: dict, fingerprint: str | None) -> str | None:
+    """Why ``folder`` cannot be reused (None: it can)."""
+    path = folder / "manifest.json"
+    if not path.is_file():
+        return "no shards yet"
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        return f"unreadable manifest: {error}"
+    if manifest.get("format_version") != FORMAT_VERSION:
+        return f"format {manifest.get('format_version')} != {FORMAT_VERSION}"
+    if manifest["tokenizer"]["hash"] != identity["hash"]:
+        return "tokenizer changed"
+    if fingerprint is not None and manifest["source"]["fingerprint"] != fingerprint:
+        return "source changed"
+    missing = [s["file"] for s in manifest["shards"] if not (folder / s["file"]).is_file()
+               or (folder / s["file"]).stat().st_size != s["tokens"] * np.dtype(manifest["dtype"]).itemsize]
+    return f"missing or truncated shards {missing[:3]}" if missing else None
+
+
+def _batches(documents: Iterable[str]) -> Iterable[list[str]]:
+    batch, size = [], 0
+    for text in documents:
+        if not text:
+            continue
+        batch.append(text)
+        size += len(text)
+        if size >= BATCH_CHARS:
+            yield batch
+            batch, size = [], 0
+    if batch:
+        yield batch
+
+
+def _build(folder: Path, documents: Iterable[str], tokenizer, identity: dict, source: dict, *,
+           shard_tokens: int) -> None:
+    from tqdm.auto import tqdm
+
+    dtype = token_dtype(identity["vocab_size"])
+    eos = identity["eos_token_id"]
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=folder.name + ".tmp-", dir=folder.parent))
+    try:
+        buffer = np.empty(shard_tokens, dtype=dtype)
+        fill, shards, doc_starts, total = 0, [], [], 0
+
+        def flush(count: int) -> None:
+            name = f"shard_{len(shards):05d}.bin"
+            buffer[:count].tofile(tmp / name)
+            shards.append({"file": name, "tokens": int(count)})
+
+        progress = tqdm(desc=f"tokenise {source['name']}", unit="tok", unit_scale=True, mininterval=1.0)
+        for batch in _batches(documents):
+            encoded = tokenizer(batch, add_special_tokens=False, verbose=False)["input_ids"]
+            for ids in encoded:
+                doc_starts.append(total)
+                ids = np.asarray(ids + [eos], dtype=dtype)
+                total += len(ids)
+                progress.update(len(ids))
+                while len(ids):
+                    take = min(len(ids), shard_tokens - fill)
+                    buffer[fill:fill + take] = ids[:take]
+                    fill, ids = fill + take, ids[take:]
+                    if fill == shard_tokens:
+                        flush(fill)
+                        fill = 0
+        progress.close()
+        if fill:
+            flush(fill)
+        if total == 0:
+            raise ValueError(f"source {source['name']!r} holds no text: nothing to tokenise")
+        np.save(tmp / "doc_starts.npy", np.asarray(doc_starts, dtype=np.int64))
+        manifest = {"format_version": FORMAT_VERSION, "tokenizer": identity, "source": source, "dtype": dtype.str,
+                    "shard_tokens": shard_tokens, "total_tokens": total, "documents": len(doc_starts),
+                    "separator": "eos after every document", "shards": shards}
+        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+        old = folder.with_name(folder.name + f".old-{os.getpid()}")
+        if folder.exists():
+            os.replace(folder, old)
+        os.replace(tmp, folder)
+        shutil.rmtree(old, ignore_errors=True)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def pack_folder(shards: ShardedTokens, tokens: int, out_cache: Path) -> Path:
+    """Copy the first ``tokens`` tokens of ``shards`` (all if fewer) into the same layout under
+    ``out_cache`` (a token cache of its own): whole shards, the last one cut, listed in a manifest
+    that also records the size of the folder it was cut from (``packed_from``)."""
+    manifest = dict(shards.manifest)
+    count = min(int(tokens), shards.total_tokens)
+    target = out_cache / shards.folder.parent.name / shards.folder.name
+    tmp = Path(tempfile.mkdtemp(prefix=target.name + ".tmp-", dir=_mkdir(target.parent)))
+    keep, done = [], 0
+    for shard in manifest["shards"]:
+        if done >= count:
+            break
+        take = min(shard["tokens"], count - done)
+        if take == shard["tokens"]:
+            shutil.copyfile(shards.folder / shard["file"], tmp / shard["file"])
+        else:
+            shards.read(done, take).astype(shards.dtype).tofile(tmp / shard["file"])
+        keep.append({"file": shard["file"], "tokens": int(take)})
+        done += take
+    starts = shards.doc_starts()
+    np.save(tmp / "doc_starts.npy", starts[starts < count])
+    manifest.update(shards=keep, total_tokens=count, documents=int((starts < count).sum()),
+                    packed_from={"total_tokens": shards.total_tokens, "documents": shards.manifest["documents"]})
+    (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    if target.exists():
+        shutil.rmtree(target)
+    os.replace(tmp, target)
+    return target
+
+
+def _mkdir(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    return path
