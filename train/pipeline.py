@@ -166,7 +166,14 @@ def run_pipeline(recipe: Recipe, stages: list[str], local_rank: int | None = Non
         results = _evaluate(recipe, source, tokenizer, anchors, export_dir, device, log)
         (out / "results.json").write_text(json.dumps(results, indent=1))
         if (export_dir / "config.json").is_file():
+            import shutil
+
             from train.export import update_card_results
+
+            (export_dir / "eval_results.json").write_text(json.dumps(results, indent=1))  # the card's numbers
+            for name in ("learning_curve.json", "learning_curve.png"):  # the card shows the curve
+                if (out / name).is_file():
+                    shutil.copy2(out / name, export_dir / name)
 
             update_card_results(export_dir, recipe, anchors, base_model=base_name, results=results)
 
