@@ -615,9 +615,12 @@ def _check_environment(r: Recipe, problems: list[str]) -> None:
         add(f"pod.blocks_file={r.pod.blocks_file!r} does not exist: run the exploration once "
             f"(train/pod.py RECIPE --stages explore) or set pod.blocks_file: null")
 
-    from train.corpus.mixture import parse_mix
+    from train.corpus.mixture import MixError, parse_mix
 
-    mix = parse_mix(r.data.train)
+    try:
+        mix = parse_mix(r.data.train)
+    except MixError:  # reported by the value rules
+        mix = []
     sources = [("data.train" if len(mix) == 1 else f"data.train[{i}]", e.source) for i, e in enumerate(mix)]
     sources += [("data.eval", r.data.eval)]
     sources += [(f"eval.out_of_domain[{i}]", source) for i, source in enumerate(r.eval.out_of_domain)]
