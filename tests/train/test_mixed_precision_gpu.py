@@ -29,10 +29,11 @@ def tiny_assets(tmp_path_factory):
 def test_precision_combination_trains_on_gpu(name, tiny_assets, tmp_path):
     model_section, train_section, deepspeed = COMBINATIONS[name]
     model_dir, train_text, held_out = tiny_assets
-    recipe = tiny_recipe(tmp_path, model_dir, train_text, held_out, model=model_section,
+    recipe = tiny_recipe(tmp_path, model_dir, train_text, held_out,
                          train={**train_section, "objective": "lm+distill", "max_steps": 3, "save_steps": 100},
                          deepspeed={"config": deepspeed}, eval={"perplexity": True, "every_steps": 3,
                                                                  "curve_max_tokens": 128})
+    recipe["model"].update(model_section)
     path = write_recipe(tmp_path / "tiny.yaml", recipe)
     done = run(python_command(path), pipeline_env(OMP_NUM_THREADS=4, DS_ACCELERATOR="cuda"))
     out = tmp_path / "out"
