@@ -114,3 +114,19 @@ def test_cli_reports_warmup_apart_from_steady_state(tiny_checkpoint, capsys, tmp
     # a first step that captured a graph says so; without a warm-up the line says the prefill compiled
     line = timing_line(dict(timings, warmup_s=None, warmup_in_first_step=True))
     assert "no warm-up" in line and "includes graph capture" in line
+
+
+@pytest.mark.gpu
+def test_warmup_takes_graph_capture_out_of_the_timed_run_on_gpu():
+    """On CUDA the first decode step of a new batch size captures its graph; after warmup() it does not,
+    and the steady state is measured on replays only (run by the lead on the H200)."""
+    model = tiny_llama().cuda()
+    cold = GenerationEngine(model, max_seq_len=POSITIONS)
+    assert cold.use_cuda_graphs
+    first = cold.generate([[1, 2, 3]], max_new_tokens=8).timings
+    assert first["warmup_in_first_step"] is True
+    warm = GenerationEngine(model, max_seq_len=POSITIONS)
+    assert warm.warmup([[1, 2, 3]]) > 0
+    timed = warm.generate([[1, 2, 3]], max_new_tokens=8).timings
+    assert timed["warmup_in_first_step"] is False and timed["steady_ms_per_step"] > 0
+    assert timed["first_step_ms"] < first["first_step_ms"]  # capture is much slower than a replay
