@@ -182,10 +182,11 @@ def save_checkpoint_atomically(trainer, save, trial=None) -> None:
     """Run the Trainer's ``_save_checkpoint`` (``save()``) into a staging folder, then rename into place.
 
     Every rank writes its part (DeepSpeed shards) into ``<run_dir>/.checkpoint-staging/checkpoint-N``;
-    after a barrier, each node's first process renames it to ``<run_dir>/checkpoint-N`` (a rename within
-    one file system is atomic; on a shared file system the first node's rename wins), replacing a
-    previous folder of the same name only once the new one is complete. Old checkpoints are rotated
-    afterwards, as the Trainer would (``save_total_limit``).
+    after a barrier, the process that saves for the Trainer (``args.should_save``: the global main process,
+    or each node's main one with ``save_on_each_node``, the Trainer's own file-system convention) renames
+    it to ``<run_dir>/checkpoint-N`` (a rename within one file system is atomic), replacing a previous
+    folder of the same name only once the new one is complete. Old checkpoints are rotated afterwards, as
+    the Trainer would (``save_total_limit``).
     """
     from transformers.trainer_utils import rotate_checkpoints
 
@@ -193,8 +194,8 @@ def save_checkpoint_atomically(trainer, save, trial=None) -> None:
     run_dir = Path(trainer._get_output_dir(trial=trial))
     name = f"checkpoint-{trainer.state.global_step}"
     staging = run_dir / STAGING_DIR
-    first_on_node = args.local_process_index == 0
-    if first_on_node and (staging / name).exists():
+    owner = args.should_save  # exactly one process per file system renames (two would race)
+    if owner and (staging / name).exists():
         shutil.rmtree(staging / name)  # left by a crash mid-save
     trainer.accelerator.wait_for_everyone()
     trainer._checkpoint_staging = str(staging)
@@ -203,7 +204,7 @@ def save_checkpoint_atomically(trainer, save, trial=None) -> None:
     finally:
         trainer._checkpoint_staging = None
     trainer.accelerator.wait_for_everyone()
-    if first_on_node and (staging / name).exists():
+    if owner and (staging / name).exists():
         final = run_dir / name
         replaced = run_dir / f"{STAGING_DIR}-replaced-{name}"
         if final.exists():
@@ -217,7 +218,7 @@ def save_checkpoint_atomically(trainer, save, trial=None) -> None:
         except OSError:
             pass  # another rank's leftovers or a concurrent save: keep the folder
     trainer.accelerator.wait_for_everyone()
-    if args.should_save:
+    if owner:
         rotate_checkpoints(output_dir=str(run_dir), save_total_limit=args.save_total_limit,
                            best_model_checkpoint=trainer.state.best_model_checkpoint, use_mtime=True)
 
