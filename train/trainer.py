@@ -99,8 +99,9 @@ def _loss_trainer_class():
     class PodTrainer(Trainer):
         """Trainer that records each micro-batch's unscaled loss for the per-step record."""
 
-        def __init__(self, *args, loss_log: Path, sequence_parallel=None, **kwargs):
+        def __init__(self, *args, loss_log: Path, sequence_parallel=None, activation_offload=None, **kwargs):
             super().__init__(*args, **kwargs)
+            self.activation_offload = activation_offload  # CheckpointOffload or None (train/long_context.py)
             self._micro_losses: list[float] = []
             self.add_callback(LossRecorder(loss_log, self._micro_losses))
             self.sequence_parallel = sequence_parallel  # UlyssesAttention or None (train/sequence_parallel.py)
@@ -110,6 +111,12 @@ def _loss_trainer_class():
         def train(self, resume_from_checkpoint=None, **kwargs):
             self._resume_checkpoint = resume_from_checkpoint
             return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
+
+        def training_step(self, *args, **kwargs):
+            if self.activation_offload is None:
+                return super().training_step(*args, **kwargs)
+            with self.activation_offload:  # forward and backward: the offloaded layer inputs come back in backward
+                return super().training_step(*args, **kwargs)
 
         def get_train_dataloader(self):
             loader = super().get_train_dataloader()
@@ -165,6 +172,7 @@ def train_model(model, train_dataset, recipe: Recipe, args, *, tokenizer=None, l
 
         attach_sequence_parallel(model, sequence_parallel)
         collator = collate_with_position_ids  # DeepSpeed's SP data-loader adapter requires position_ids
+    offload = _enable_long_context(model, recipe, args, log)
     if recipe.train.method == "lora":
         model = wrap_lora(model, recipe)
         if args.process_index == 0:
@@ -174,7 +182,8 @@ def train_model(model, train_dataset, recipe: Recipe, args, *, tokenizer=None, l
     out = Path(recipe.train.output_dir)
     trainer = _loss_trainer_class()(model=model, args=args, train_dataset=train_dataset,
                                     data_collator=collator, processing_class=tokenizer,
-                                    loss_log=out / "losses.jsonl", sequence_parallel=sequence_parallel)
+                                    loss_log=out / "losses.jsonl", sequence_parallel=sequence_parallel,
+                                    activation_offload=offload)
     resume = resolve_resume(recipe)
     if resume and args.process_index == 0:
         log(f"[train] resuming from {resume}")
@@ -183,12 +192,39 @@ def train_model(model, train_dataset, recipe: Recipe, args, *, tokenizer=None, l
         from train.sequence_parallel import attach_sequence_parallel
 
         attach_sequence_parallel(model, None)
+    if recipe.train.tiled_mlp or offload is not None:
+        from train.long_context import attach_checkpoint_offload, disable_tiled_mlp
+
+        disable_tiled_mlp(model)
+        attach_checkpoint_offload(model, None)
     trained = out / "trained"
     trainer.save_model(str(trained))  # collective under ZeRO-3; rank 0 writes
     if args.process_index == 0:
         (trained / "train_metrics.json").write_text(json.dumps(result.metrics, indent=1))
         log(f"[train] {result.global_step} steps, final train loss {result.training_loss:.4f} -> {trained}")
     return trained
+
+
+def _enable_long_context(model, recipe: Recipe, args, log):
+    """``train.tiled_mlp`` / ``train.activation_offload`` (train/long_context.py) on ``model``; returns the
+    CheckpointOffload the trainer wraps each step in, or None."""
+    t = recipe.train
+    if not (t.tiled_mlp or t.activation_offload):
+        return None
+    from train.long_context import CheckpointOffload, attach_checkpoint_offload, enable_tiled_mlp
+
+    if t.tiled_mlp:
+        count = enable_tiled_mlp(model, t.tiled_mlp_shards)
+        if args.process_index == 0:
+            shards = t.tiled_mlp_shards or "ceil(tokens per rank / hidden_size)"
+            log(f"[train] tiled MLP in {count} layers, {shards} slices")
+    if not t.activation_offload:
+        return None
+    offload = CheckpointOffload()
+    attach_checkpoint_offload(model, offload)
+    if args.process_index == 0:
+        log("[train] checkpointed layer inputs offloaded to CPU")
+    return offload
 
 
 def world_info() -> tuple[int, int, int]:
