@@ -64,3 +64,25 @@ def test_missing_deepspeed_is_reported(tmp_path, monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "deepspeed" else real(name, *a))
     assert _problems(tmp_path, tiled_mlp=True) == [
         "train.tiled_mlp: true uses DeepSpeed's ALST components, but deepspeed is not installed (pip install deepspeed)"]
+
+
+@pytest.mark.parametrize("name", ["llama3_1_8b", "llama3_1_8b_sp"])
+def test_shipped_128k_recipes_tile_and_offload(name, monkeypatch):
+    from train.recipe import load_recipe
+
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    t = load_recipe(REPO / "recipes" / f"{name}.yaml").train
+    assert (t.tiled_mlp, t.tiled_mlp_shards, t.activation_offload, t.gradient_checkpointing) == (True, None, True, True)
+
+
+def test_two_gpu_override_of_the_sp_recipe(monkeypatch):
+    """The 2-GPU line of recipes/llama3_1_8b_sp.yaml: SP 2, ZeRO-3 with the Adam state on the CPU only."""
+    import json
+
+    from train.recipe import load_recipe
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    recipe = load_recipe(REPO / "recipes" / "llama3_1_8b_sp.yaml", [
+        "train.sequence_parallel_size=2", "deepspeed.config=recipes/deepspeed/zero3_offload_optimizer.json"])
+    zero = json.loads(recipe.deepspeed_config_path.read_text())["zero_optimization"]
+    assert zero["stage"] == 3 and zero["offload_optimizer"]["device"] == "cpu" and "offload_param" not in zero
