@@ -8,8 +8,8 @@ compute, activation checkpoint offload to CPU), switched on by the recipe
   runs on ``shards`` slices of the sequence, without autograd in the forward, and recomputes one slice
   at a time in the backward. The [B, S, intermediate] activations (gate, up, their product: 3.5x the
   hidden size each for Llama-3-8B) then exist for one slice at a time. Shards: ``train.tiled_mlp_shards``,
-  or by default ALST's rule ``ceil(S_local / hidden_size)`` (slices of about ``hidden_size`` tokens,
-  so the MLP's peak no longer depends on S). Costs one extra MLP forward per layer.
+  or by default ALST's rule ``ceil(tokens per rank / hidden_size)`` (slices of about ``hidden_size``
+  tokens, so the MLP's peak no longer depends on S). Costs one extra MLP forward per layer.
 * **Checkpoint offload** (``deepspeed.runtime.activation_checkpointing.offload_activations.
   CheckpointHiddenStatesOffload``): with gradient checkpointing the only activation kept per layer is
   the layer's input hidden state [B, S_local, hidden] (32 layers x 0.5 GiB at 64K tokens of an 8B
@@ -46,35 +46,28 @@ def _untiled_mlp(module, x: torch.Tensor) -> torch.Tensor:
     return type(module).forward(module, x)
 
 
-def tiled_mlp_shards(x: torch.Tensor, hidden_size: int, num_shards: int | None) -> int:
-    """Slices for ``x`` [B, S, hidden]: ``num_shards``, or ``ceil(S / hidden_size)`` (ALST's rule). In the
-    automatic case every rank takes the largest count (ZeRO-3 gathers the weights once per slice, so all
-    ranks must call the MLP's projections the same number of times)."""
-    if num_shards is not None:
-        return num_shards
-    shards = max(math.ceil(x.shape[-2] / hidden_size), 1)
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        count = torch.tensor(shards, device=x.device)
-        torch.distributed.all_reduce(count, op=torch.distributed.ReduceOp.MAX)
-        shards = int(count.item())
-    return shards
+def default_mlp_shards(tokens_per_rank: int, hidden_size: int) -> int:
+    """ALST's rule: ``ceil(tokens per rank / hidden_size)`` slices, i.e. slices of about ``hidden_size`` tokens."""
+    return max(math.ceil(tokens_per_rank / hidden_size), 1)
 
 
 def _tiled_forward(self, x: torch.Tensor) -> torch.Tensor:
     from deepspeed.runtime.sequence_parallel.ulysses_sp import TiledMLP
 
-    shards = tiled_mlp_shards(x, self.podkit_hidden_size, self.podkit_mlp_shards)
-    if shards == 1:
+    if self.podkit_mlp_shards == 1:
         return _untiled_mlp(self, x)
     params = [p for p in self.parameters() if p.requires_grad]
-    return TiledMLP.apply(_untiled_mlp, self, x, shards, params)
+    return TiledMLP.apply(_untiled_mlp, self, x, self.podkit_mlp_shards, params)
 
 
-def enable_tiled_mlp(model, num_shards: int | None = None) -> int:
+def enable_tiled_mlp(model, tokens_per_rank: int, num_shards: int | None = None) -> int:
     """Make every podkit decoder layer's MLP in ``model`` (plain, peft- or DeepSpeed-wrapped) a tiled MLP.
 
-    ``num_shards``: slices of the sequence, or None for ``ceil(S_local / hidden_size)``. Returns the
-    number of MLPs tiled. Undo with :func:`disable_tiled_mlp`. Weights and state dict are unchanged.
+    ``num_shards``: slices of the sequence, or None for :func:`default_mlp_shards` of ``tokens_per_rank``
+    (the training row length / the sequence-parallel size). The count is fixed here, not per call: under
+    ZeRO-3 every rank must call the MLP's projections equally often (each call gathers the weights), and a
+    per-call rule would need a collective per layer to agree. Returns the count. Weights and state dict are
+    unchanged; undo with :func:`disable_tiled_mlp`.
     """
     if num_shards is not None and (isinstance(num_shards, bool) or not isinstance(num_shards, int)
                                    or num_shards < 1):
@@ -85,22 +78,21 @@ def enable_tiled_mlp(model, num_shards: int | None = None) -> int:
     except ImportError as error:
         raise ImportError(f"train.tiled_mlp uses DeepSpeed's TiledMLP (deepspeed.runtime.sequence_parallel."
                           f"ulysses_sp); importing it failed: {error}") from error
-    count = 0
-    for decoder in _decoders(model):
+    decoders = _decoders(model)
+    shards = num_shards or default_mlp_shards(tokens_per_rank, decoders[0].config.hidden_size)
+    for decoder in decoders:
         for layer in decoder.layers:
             mlp = layer.mlp
-            mlp.podkit_hidden_size = decoder.config.hidden_size
-            mlp.podkit_mlp_shards = num_shards
+            mlp.podkit_mlp_shards = shards
             mlp.forward = types.MethodType(_tiled_forward, mlp)
-            count += 1
-    return count
+    return shards
 
 
 def disable_tiled_mlp(model) -> None:
     """Restore the plain MLP forward everywhere :func:`enable_tiled_mlp` tiled it."""
     for decoder in _decoders(model):
         for layer in decoder.layers:
-            for name in ("forward", "podkit_hidden_size", "podkit_mlp_shards"):
+            for name in ("forward", "podkit_mlp_shards"):
                 layer.mlp.__dict__.pop(name, None)
 
 

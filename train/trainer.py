@@ -214,10 +214,10 @@ def _enable_long_context(model, recipe: Recipe, args, log):
     from train.long_context import CheckpointOffload, attach_checkpoint_offload, enable_tiled_mlp
 
     if t.tiled_mlp:
-        count = enable_tiled_mlp(model, t.tiled_mlp_shards)
+        tokens_per_rank = recipe.data.context_length // t.sequence_parallel_size
+        shards = enable_tiled_mlp(model, tokens_per_rank, t.tiled_mlp_shards)
         if args.process_index == 0:
-            shards = t.tiled_mlp_shards or "ceil(tokens per rank / hidden_size)"
-            log(f"[train] tiled MLP in {count} layers, {shards} slices")
+            log(f"[train] tiled MLP: {shards} slices of the {tokens_per_rank} tokens per rank")
     if not t.activation_offload:
         return None
     offload = CheckpointOffload()

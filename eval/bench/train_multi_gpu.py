@@ -175,7 +175,7 @@ def run_worker(args) -> int:
         from train.long_context import CheckpointOffload, attach_checkpoint_offload, enable_tiled_mlp
 
         if args.tiled_mlp:
-            enable_tiled_mlp(model, args.tiled_mlp_shards)
+            enable_tiled_mlp(model, args.seq // args.sp, args.tiled_mlp_shards)
         if args.activation_offload:
             offload = CheckpointOffload()
             attach_checkpoint_offload(model, offload)

@@ -13,9 +13,9 @@ from sp_helpers import VOCAB, tiny_pod_model  # noqa: E402
 from train.long_context import (  # noqa: E402
     CheckpointOffload,
     attach_checkpoint_offload,
+    default_mlp_shards,
     disable_tiled_mlp,
     enable_tiled_mlp,
-    tiled_mlp_shards,
 )
 
 LAYERS, HEADS, KV_HEADS, HEAD_DIM = 4, 6, 2, 8  # hidden = 48
@@ -57,9 +57,9 @@ def test_tiled_mlp_equals_untiled(checkpointing, shards, monkeypatch):
     calls = []
     real_apply = ulysses_sp.TiledMLP.apply
     monkeypatch.setattr(ulysses_sp.TiledMLP, "apply", lambda *a: calls.append(a[3]) or real_apply(*a))
-    assert enable_tiled_mlp(model, shards) == LAYERS
-    tiled = _run(model, ids)
     expected = 4 if shards else 3  # ceil(101 / 48)
+    assert enable_tiled_mlp(model, SEQ, shards) == expected
+    tiled = _run(model, ids)
     # once per layer in the forward, and again in the backward's recomputation with checkpointing
     assert calls == [expected] * LAYERS * (2 if checkpointing else 1)
     _assert_same(tiled, plain)
@@ -71,15 +71,15 @@ def test_tiled_mlp_equals_untiled(checkpointing, shards, monkeypatch):
 
 def test_tiled_mlp_survives_deepcopy_and_rejects_bad_shards():
     model, ids = _model_and_ids(False)
-    enable_tiled_mlp(model, 2)
+    enable_tiled_mlp(model, SEQ, 2)
     twin = copy.deepcopy(model)
     assert twin.model.layers[1].mlp.forward.__self__ is twin.model.layers[1].mlp
     with pytest.raises(ValueError, match=r"train.tiled_mlp_shards=0: expected an integer >= 1"):
-        enable_tiled_mlp(model, 0)
-    assert tiled_mlp_shards(torch.zeros(1, 7, 48), 48, None) == 1
-    assert tiled_mlp_shards(torch.zeros(1, 97, 48), 48, None) == 3
+        enable_tiled_mlp(model, SEQ, 0)
+    assert (default_mlp_shards(7, 48), default_mlp_shards(96, 48), default_mlp_shards(97, 48)) == (1, 2, 3)
+    assert enable_tiled_mlp(model, 40) == 1  # one slice: the plain MLP, no recomputation
     with pytest.raises(TypeError, match="holds no podkit decoder"):
-        enable_tiled_mlp(torch.nn.Linear(2, 2))
+        enable_tiled_mlp(torch.nn.Linear(2, 2), SEQ)
 
 
 def _offload_on_cpu(monkeypatch) -> CheckpointOffload:
@@ -97,7 +97,7 @@ def test_checkpoint_offload_equals_plain_checkpointing(tiled, monkeypatch):
     offload = _offload_on_cpu(monkeypatch)
     attach_checkpoint_offload(model, offload)
     if tiled:
-        enable_tiled_mlp(model)
+        enable_tiled_mlp(model, SEQ)
     with offload:
         got = _run(model, ids)
         stats = offload.stats
@@ -143,7 +143,7 @@ def test_pipeline_with_tiling_and_offload_matches_plain(tmp_path):
                        train={**train, "sequence_parallel_size": 2, "tiled_mlp": True, "tiled_mlp_shards": 3,
                               "activation_offload": True, "gradient_checkpointing": True})
     done = run(deepspeed_command(write_recipe(tmp_path / "long.yaml", long), "--stages", "explore,train"), env)
-    assert "[train] tiled MLP in 4 layers, 3 slices" in done.stdout, done.stdout[-3000:]
+    assert "[train] tiled MLP: 3 slices of the 32 tokens per rank" in done.stdout, done.stdout[-3000:]
     assert "[train] checkpointed layer inputs offloaded to CPU" in done.stdout
     reference, tiled = _losses(tmp_path / "one" / "out"), _losses(tmp_path / "long" / "out")
     assert sorted(reference) == sorted(tiled) == [1, 2, 3]
