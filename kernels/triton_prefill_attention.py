@@ -181,7 +181,6 @@ def prefill_attention_triton(q, k, v, q_offsets, kv_lens, *, scale=None, return_
     return (out, lse) if return_lse else out
 
 
-
 def dense_causal_attention_sdpa(q, k, v, kv_lens, scale):
     """Differentiable causal attention of a fresh prefill: q [B, Hq, S, D], k/v [B, Hkv, S, D], kv_lens [B]
     -> out [B, Hq, S, D] (0 on rows ``>= kv_lens``). GQA without copying k/v (``enable_gqa``).
