@@ -341,6 +341,10 @@ def main(argv=None) -> int:
     scratch.unlink(missing_ok=True)
     out.write_text(json.dumps(report, indent=1))
     print(f"-> {out}")
+    if args.find_max_context and any(r["peak_memory_gib_max_rank"] is not None for r in report["rows"]):
+        from eval.bench.memory_plot import _label, plot_memory_vs_context
+
+        print(f"-> {plot_memory_vs_context({_label(report): report}, out.with_suffix('.png'))}")
     return 0 if not report["failures"] or args.find_max_context and report.get("longest_trainable_context") else 1
 
 
