@@ -170,6 +170,7 @@ class EvalSection:
     out_of_domain: list[str] = field(default_factory=list)  # more held-out sources, scored beside data.eval
     every_steps: int | None = None            # learning curve: held-out ppl every N optimizer steps
     curve_max_tokens: int = 8192              # held-out tokens per source at each learning-curve point
+    report_note: str | None = None            # printed after the results (e.g. where a bigger run stands)
     context_length: int | None = None         # default: data.context_length
     batch_size: int = 1
 
