@@ -26,11 +26,12 @@ def _text(seed: int, words: int = 300) -> str:
 
 
 def _tokenizer(vocab_size: int = 300, extra: str = ""):
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<pad>", "</s>", "<unk>"],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator([_text(i) for i in range(20)] + [extra], trainer)
@@ -238,3 +239,15 @@ def test_extract_readers(tmp_path):
 
     page = "<html><head><style>x{}</style></head><body><h1>Title</h1><p>One &amp; two</p><script>no</script></body>"
     assert extract.html_to_text(page) == "Title\n\nOne & two\n"
+
+
+def test_heldout_windows_for_evaluation_come_from_shards(fake_source):
+    from train.data import token_windows
+
+    tokenizer = _tokenizer()
+    windows = token_windows("podkit:heldout/toy", tokenizer, 32, 10**6)
+    stream = ensure_shards("podkit:heldout/toy", tokenizer, log=pytest.fail)  # built by token_windows, reused
+    assert windows.shape == (stream.total_tokens // 32, 32) and windows.dtype.is_floating_point is False
+    np.testing.assert_array_equal(windows.flatten().numpy(), stream.read(0, windows.numel()))
+    held_text = "".join(text for _, text in registry.split_documents("toy", "heldout"))
+    assert tokenizer.decode(windows[0]) in held_text
