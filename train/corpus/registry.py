@@ -99,6 +99,15 @@ SOURCES: dict[str, CorpusSource] = {s.name: s for s in [
                  "MIT OR Apache-2.0", "The Rust Programming Language, the Reference, the Rustonomicon, Rust by "
                  "Example and other Rust books (HTML pages as text)",
                  exclude=(r"(^|/)(print|toc|404|index)\.html$",)),
+    CorpusSource("rust-std-docs", "deb", "rust-doc", "html_files", ("usr/share/doc/rust-doc/html/std/**/*.html",),
+                 "MIT OR Apache-2.0", "the Rust 1.63 standard library API documentation (std only: core and alloc "
+                 "re-exported there would be duplicates; platform intrinsics and SIMD left out)",
+                 exclude=(r"/(arch|intrinsics|os|simd)/", r"(^|/)all\.html$")),
+    CorpusSource("ghc-docs", "deb", "ghc-doc", "html_files",
+                 ("usr/share/doc/ghc-doc/html/users_guide/**/*.html", "usr/share/doc/ghc-doc/html/libraries/**/*.html"),
+                 "BSD-3-Clause (GHC and its boot libraries)",
+                 "the GHC 9.0 user's guide and the Haddock documentation of its libraries (no source listings)",
+                 exclude=(r"/src/", r"(^|/)(doc-index[^/]*|index|search|genindex)\.html$")),
     CorpusSource("linux-docs", "deb", "linux-doc-6.1", "text_files",
                  ("usr/share/doc/linux-doc-6.1/Documentation/**/*.rst.gz", "usr/share/doc/linux-doc-6.1/Documentation/**/*.txt.gz",
                   "usr/share/doc/linux-doc-6.1/Documentation/**/*.rst", "usr/share/doc/linux-doc-6.1/Documentation/**/*.txt"),
