@@ -251,3 +251,25 @@ def test_heldout_windows_for_evaluation_come_from_shards(fake_source):
     np.testing.assert_array_equal(windows.flatten().numpy(), stream.read(0, windows.numel()))
     held_text = "".join(text for _, text in registry.split_documents("toy", "heldout"))
     assert tokenizer.decode(windows[0]) in held_text
+
+
+def test_source_fetched_by_the_build_is_not_rebuilt_next_time(cache, fake_source, monkeypatch):
+    """A registry source materialised during the first build records its fingerprint then."""
+    folder = registry.source_folder("toy")
+    saved = {p.name: p.read_bytes() for p in folder.iterdir()}
+    for p in folder.iterdir():
+        p.unlink()
+    folder.rmdir()
+
+    def fake_materialise(name, log=print):
+        folder.mkdir(parents=True, exist_ok=True)
+        for file, data in saved.items():
+            (folder / file).write_bytes(data)
+        return folder
+
+    monkeypatch.setattr(registry, "materialise", fake_materialise)
+    assert documents.source_fingerprint("podkit:toy") is None
+    tokenizer = _tokenizer()
+    first = ensure_shards("podkit:toy", tokenizer, log=lambda _: None)
+    assert first.manifest["source"]["fingerprint"] == documents.source_fingerprint("podkit:toy") is not None
+    ensure_shards("podkit:toy", tokenizer, log=pytest.fail)

@@ -145,9 +145,11 @@ def ensure_shards(source: str, tokenizer, *, cache: str | os.PathLike | None = N
             return ShardedTokens(folder)
         log(f"[corpus] tokenising {source} into {folder} ({problem})")
         documents = iter_documents(source, config=config, split=split, text_field=text_field)
+        # a source fetched by this very build has a fingerprint only afterwards: record that one
         _build(folder, documents, tokenizer, identity, {"name": source, "config": config, "split": split,
                                                         "text_field": text_field, "fingerprint": fingerprint},
-               shard_tokens=shard_tokens)
+               shard_tokens=shard_tokens,
+               fingerprint_after=lambda: source_fingerprint(source, config=config, split=split, text_field=text_field))
     return ShardedTokens(folder)
 
 
@@ -186,7 +188,7 @@ def _batches(documents: Iterable[str]) -> Iterable[list[str]]:
 
 
 def _build(folder: Path, documents: Iterable[str], tokenizer, identity: dict, source: dict, *,
-           shard_tokens: int) -> None:
+           shard_tokens: int, fingerprint_after=None) -> None:
     from tqdm.auto import tqdm
 
     dtype = token_dtype(identity["vocab_size"])
@@ -223,6 +225,8 @@ def _build(folder: Path, documents: Iterable[str], tokenizer, identity: dict, so
         if total == 0:
             raise ValueError(f"source {source['name']!r} holds no text: nothing to tokenise")
         np.save(tmp / "doc_starts.npy", np.asarray(doc_starts, dtype=np.int64))
+        if source["fingerprint"] is None and fingerprint_after is not None:
+            source = dict(source, fingerprint=fingerprint_after())
         manifest = {"format_version": FORMAT_VERSION, "tokenizer": identity, "source": source, "dtype": dtype.str,
                     "shard_tokens": shard_tokens, "total_tokens": total, "documents": len(doc_starts),
                     "separator": "eos after every document", "shards": shards}
