@@ -22,6 +22,7 @@ only acts on generated tokens after the first (and not at all on log-likelihood 
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from lm_eval.api.registry import register_model
@@ -44,6 +45,14 @@ def split_model_args(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, 
     return overrides, rest
 
 
+class _PrebuiltModelNotice(logging.Filter):
+    """Drops HFLM's warning that ``pretrained`` is not a string: podkit builds the model itself (the scheme
+    overrides apply at load time, eval.models.load_model) and hands HFLM the object, by design."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "model kwarg is not of type `str`" not in record.getMessage()
+
+
 @register_model("podkit")
 class PodkitLM(HFLM):
     """HFLM over a podkit model (sparse_models classes) built by :func:`eval.models.load_model`."""
@@ -63,4 +72,11 @@ class PodkitLM(HFLM):
         tokenizer = load_tokenizer(pretrained)
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
-        super().__init__(pretrained=model, tokenizer=tokenizer, device=device, **rest)
+        rest.setdefault("backend", "causal")  # podkit_* model types are causal LMs that lm-eval's registry lacks
+        hf_logger = logging.getLogger("lm_eval.models.huggingface")
+        notice = _PrebuiltModelNotice()
+        hf_logger.addFilter(notice)
+        try:
+            super().__init__(pretrained=model, tokenizer=tokenizer, device=device, **rest)
+        finally:
+            hf_logger.removeFilter(notice)

@@ -137,22 +137,45 @@ def summarise(records: Iterable[dict]) -> dict[str, Any]:
     return summary
 
 
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m eval.quality`` (every option documented)."""
+    parser = argparse.ArgumentParser(
+        prog="python -m eval.quality", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="podkit's local long-context tasks without lm-eval: retrieval accuracy and perplexity "
+                    "per scheme setting, each scheme in its own phase (see eval/runner.py).",
+        epilog="example:\n  python -m eval.quality passkey ppl --model default --settings dense tidal@128 "
+               "quest@128 \\\n      --lengths 2048 4096 --depths 10 --out outputs/quality.json")
+    parser.add_argument("tasks", nargs="+", choices=TASKS, metavar="TASK",
+                        help=f"one or more of {', '.join(TASKS)}: passkey (synthetic filler haystack), passkey_text "
+                             f"(Moby Dick haystack), needle (QA in Pride and Prejudice), ppl (held-out Emma)")
+    parser.add_argument("--model", default="default",
+                        help="'default' (the embedded SmolLM2-135M-Instruct) or a checkpoint folder")
+    parser.add_argument("--settings", nargs="+", default=["dense"], metavar="SETTING",
+                        help="scheme settings to compare: dense | tidal@B | quest@B | streaming@B | pod+tidal@B | "
+                             "token_sparse@TAU | pod (B: token budget, TAU: coverage); default: dense")
+    parser.add_argument("--lengths", nargs="+", type=int, default=[2048, 4096, 8192], metavar="TOKENS",
+                        help="prompt lengths in tokens (context + question + answer room); default: 2048 4096 8192")
+    parser.add_argument("--depths", type=int, default=10,
+                        help="needle / pass-key depths per length, evenly spaced from 0%% to 100%% (default: 10)")
+    parser.add_argument("--samples-per-cell", type=int, default=1,
+                        help="retrieval samples per (length, depth) cell, each with its own key (default: 1)")
+    parser.add_argument("--ppl-windows", type=int, default=1,
+                        help="held-out windows per length for the ppl task (default: 1)")
+    parser.add_argument("--decode-tokens", type=int, default=256,
+                        help="last tokens of each ppl window scored one decode step at a time (default: 256)")
+    parser.add_argument("--pod-blocks", default=None, metavar="JSON",
+                        help="POD blocks JSON (an exploration's blocks.json) for the 'pod' setting")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                        help="cuda or cpu (default: cuda when a GPU is visible)")
+    parser.add_argument("--dtype", default="auto",
+                        help="auto (bfloat16 on CUDA, float32 on CPU), float32, bfloat16 or float16")
+    parser.add_argument("--out", default=None, metavar="JSON",
+                        help="also write every record and the summary to this JSON file")
+    return parser
+
+
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description="podkit local long-context tasks (no lm-eval needed)")
-    parser.add_argument("tasks", nargs="+", choices=TASKS)
-    parser.add_argument("--model", default="default", help="'default' (SmolLM2-135M-Instruct) or a checkpoint folder")
-    parser.add_argument("--settings", nargs="+", default=["dense"],
-                        help="dense | tidal@B | quest@B | streaming@B | pod+tidal@B | token_sparse@TAU | pod")
-    parser.add_argument("--lengths", nargs="+", type=int, default=[2048, 4096, 8192])
-    parser.add_argument("--depths", type=int, default=10)
-    parser.add_argument("--samples-per-cell", type=int, default=1)
-    parser.add_argument("--ppl-windows", type=int, default=1)
-    parser.add_argument("--decode-tokens", type=int, default=256, help="ppl tokens scored through decode steps")
-    parser.add_argument("--pod-blocks", default=None, help="POD blocks JSON for the 'pod' setting")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--dtype", default="auto")
-    parser.add_argument("--out", default=None, help="JSON file for records + summary")
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
 
     from eval.models import load_model, load_tokenizer
 

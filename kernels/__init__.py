@@ -12,6 +12,8 @@ from __future__ import annotations
 import importlib
 import os
 
+import torch
+
 from . import reference
 
 __all__ = [
@@ -45,6 +47,11 @@ _TRITON_IMPLEMENTATIONS = {
 }
 
 
+# Triton ops with a backward (an autograd.Function, or a differentiable fallback inside the launcher). The
+# others are forward-only kernels: their outputs carry no grad_fn, so under autograd they would cut the graph.
+_DIFFERENTIABLE_TRITON_OPS = frozenset({"prefill_attention", "pod_prefill_attention"})
+
+
 def use_triton(tensor) -> bool:
     """Whether ops on ``tensor`` run the Triton kernel (CUDA and not forced to the reference)."""
     return bool(getattr(tensor, "is_cuda", False)) and os.environ.get("PODKIT_FORCE_REFERENCE", "0") != "1"
@@ -63,6 +70,12 @@ def _dispatch(op: str):
     def op_fn(*args, **kwargs):
         first = args[0] if args else next(iter(kwargs.values()))
         if use_triton(first):
+            if op not in _DIFFERENTIABLE_TRITON_OPS and torch.is_grad_enabled() and any(
+                    isinstance(a, torch.Tensor) and a.requires_grad for a in (*args, *kwargs.values())):
+                raise RuntimeError(f"kernels.{op}: the Triton kernel is forward only, and an input requires grad "
+                                   f"with grad mode on (its gradient would silently be lost); run it under "
+                                   f"torch.no_grad(), or set PODKIT_FORCE_REFERENCE=1 to get the differentiable "
+                                   f"PyTorch reference")
             return triton_implementation(op)(*args, **kwargs)
         return reference_fn(*args, **kwargs)
 

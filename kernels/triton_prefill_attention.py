@@ -9,6 +9,15 @@ Layout (ARCHITECTURE.md, "slot = position"):
     query ``i`` of sequence ``b`` sits at position ``q_offsets[b] + i`` and sees keys
     ``j <= q_offsets[b] + i`` with ``j < kv_lens[b]``. Rows at positions ``>= kv_lens[b]``
     (padding) output 0 and get ``lse = -inf``.
+
+Gradients. The kernel above is forward only. When autograd needs gradients (training: grad mode on
+and q, k or v requiring grad) a fresh prefill (every ``q_offsets`` 0, ``N == S``) runs
+:class:`DensePrefillAttentionFunction`: POD's Triton forward and FlashAttention-2 backward
+(``triton_pod_prefill_attention.py``) with every pair proximal (``sink = 0``, ``recent = S``), which
+is exactly causal attention over the own keys. A chunk after a cached past with gradients (no training
+path does this) takes the differentiable PyTorch reference. Without this, the output of the kernel was a
+leaf without ``grad_fn`` and the q/k/v projections of every dense layer (and of POD's anchor layers)
+silently got no gradient on CUDA.
 """
 
 from __future__ import annotations
@@ -17,6 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import reference
 from ._prefill_common import (
     LOG2_E,
     check_float_tensor,
@@ -27,6 +37,7 @@ from ._prefill_common import (
     head_dim_block,
     resolve_scale,
 )
+from .triton_pod_prefill_attention import _pod_backward, _pod_forward
 
 
 def _configs():
@@ -146,6 +157,10 @@ def prefill_attention_triton(q, k, v, q_offsets, kv_lens, *, scale=None, return_
     q_offsets = check_int_vector("q_offsets", q_offsets, batch, q.device, low=0, high=None)
     kv_lens = check_int_vector("kv_lens", kv_lens, batch, q.device, low=0, high=num_keys)
     scale = resolve_scale(scale, head_dim)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        if num_keys == seq_q and not bool((q_offsets != 0).any()):
+            return DensePrefillAttentionFunction.apply(q, k, v, kv_lens, scale, return_lse)
+        return reference.prefill_attention(q, k, v, q_offsets, kv_lens, scale=scale, return_lse=return_lse)
 
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty((batch, num_q_heads, seq_q), device=q.device, dtype=torch.float32)
@@ -164,3 +179,33 @@ def prefill_attention_triton(q, k, v, q_offsets, kv_lens, *, scale=None, return_
         WRITE_LSE=return_lse, DOT_PRECISION=dot_precision(q.dtype),
     )
     return (out, lse) if return_lse else out
+
+
+class DensePrefillAttentionFunction(torch.autograd.Function):
+    """Differentiable causal attention of a fresh prefill: q [B, Hq, S, D], k/v [B, Hkv, S, D], kv_lens [B]
+    -> out [B, Hq, S, D] (, lse [B, Hq, S], not differentiable).
+
+    POD's kernels with every pair proximal (``sink = 0``, ``recent = S``: ``i - j < S`` holds for every
+    ``j <= i``), so the forward walks only own-key blocks and the backward's distant phase is empty; the
+    anchor-key gradient it allocates is discarded.
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, kv_lens, scale, return_lse):
+        recent = max(q.shape[2], 1)
+        out, lse2, _ = _pod_forward(q, k, k, v, kv_lens, 0, recent, scale, False)
+        ctx.save_for_backward(q, k, v, kv_lens, out, lse2)
+        ctx.window = (recent, scale)
+        if not return_lse:
+            return out
+        # lse2 is log2-domain with +inf on padding rows; the public lse is natural log with -inf there
+        lse = torch.where(torch.isfinite(lse2), lse2 / LOG2_E, torch.full_like(lse2, float("-inf")))
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, *unused_lse_grad):
+        q, k, v, kv_lens, out, lse2 = ctx.saved_tensors
+        recent, scale = ctx.window
+        dq, dk, _, dv = _pod_backward(dout, q, k, k, v, kv_lens, out, lse2, 0, recent, scale)
+        return dq, dk, dv, None, None, None

@@ -61,6 +61,18 @@ class ForwardState:
     capture_layers: set | None = None
 
 
+def _autocast_inputs(*tensors):
+    """Under autocast, attention runs in the autocast dtype, as torch SDPA does (it is on autocast's
+    lower-precision list). Needed because RoPE (fp32 cos/sin times a bf16 projection) promotes q and k
+    back to fp32 while v stays bf16, and the kernels require one dtype. No-op outside autocast."""
+    reference = tensors[0]
+    device_type = reference.device.type
+    if not torch.is_autocast_enabled(device_type):
+        return tensors
+    dtype = torch.get_autocast_dtype(device_type)
+    return tuple(t.to(dtype) if t is not None and t.is_floating_point() else t for t in tensors)
+
+
 def layer_attention(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: ForwardState,
                     k_anchor: torch.Tensor | None = None, q_anchor: torch.Tensor | None = None) -> torch.Tensor:
     """Attention of one layer. q [B, Hq, S, D], k/v [B, Hkv, S, D] post-RoPE (packed layout).
@@ -69,6 +81,7 @@ def layer_attention(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     ``q_anchor`` [B, Hq, S, D]: the anchor queries (``pod.sharing="scores"`` only).
     Returns [B, Hq, S, D].
     """
+    q, k, v, k_anchor, q_anchor = _autocast_inputs(q, k, v, k_anchor, q_anchor)
     if state.capture is not None and (state.capture_layers is None or layer in state.capture_layers):
         state.capture[layer] = (q.detach(), k.detach())
     if state.config.pod.sharing == "scores" and state.phase != "prefill":

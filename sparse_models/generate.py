@@ -7,8 +7,15 @@
 or a ``.jsonl`` file with one ``{"prompt": ...}`` per line (a ragged batch). ``--budget`` is the token
 budget of the chosen sparse decode scheme (TidalDecode, Quest; StreamingLLM's window). Any other scheme
 field goes through ``--set key=value`` (flat override names: ``tidal_selection=kv_group``,
-``pod_recent_window=4080``, ``tidal_correction_period=128``...). Errors (prompt longer than the cache,
-unknown scheme, bad values) are printed on one line with exit status 2.
+``pod_recent_window=4080``, ``tidal_correction_period=128``...). Errors (prompt longer than the cache or
+than the model's ``max_position_embeddings``, unknown scheme, bad values) are printed on one line with exit
+status 2 before any generation; ``--truncate-prompt`` keeps the last tokens of a too-long prompt instead
+(announced on stderr).
+
+Timing (stderr, and ``--json``): the warm-up (Triton kernel compilation or loading from its on-disk cache,
+CUDA-graph capture, torch.compile; a short generation on the same prompts, on by default on CUDA) is
+reported apart from the timed run: prefill seconds, the first decode step, and the steady-state ms per
+decode step. Compiled kernels persist under ``$PODKIT_CACHE/compile`` (sparse_models/engine/compile_cache.py).
 """
 
 from __future__ import annotations
@@ -54,6 +61,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--compile", action="store_true",
                    help="torch.compile the non-attention parts of the decode step (fewer kernels; the first step "
                         "compiles for tens of seconds)")
+    warm = p.add_mutually_exclusive_group()
+    warm.add_argument("--warmup", dest="warmup", action="store_true", default=None,
+                      help="before the timed run, generate 3 tokens on the same prompts to compile kernels and "
+                           "capture graphs, reported separately (default on CUDA)")
+    warm.add_argument("--no-warmup", dest="warmup", action="store_false")
+    p.add_argument("--truncate-prompt", action="store_true",
+                   help="keep the last (max_position_embeddings - max-new-tokens) tokens of a longer prompt "
+                        "instead of stopping with an error (announced on stderr)")
     p.add_argument("--stream", action="store_true", help="print tokens as they are generated (batch of one)")
     p.add_argument("--json", type=Path, default=None, help="also write prompts, outputs and timings here")
     return p.parse_args(argv)
@@ -152,6 +167,8 @@ def main(argv=None) -> int:
         import torch
 
         from .engine import EngineError, GenerationEngine, SamplingConfig
+        from .engine.compile_cache import enable_persistent_compile_caches
+        from .engine.engine import fit_to_positions
 
         overrides = scheme_overrides(args)
         prompts = read_prompts(args)
@@ -160,6 +177,7 @@ def main(argv=None) -> int:
             raise EngineError(f"--device {device!r} but no CUDA GPU is visible")
         dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if device.startswith("cuda")
                                                                 else torch.float32)
+        enable_persistent_compile_caches()
         model, tokenizer = load_model_and_tokenizer(args.model, device, dtype)
         if args.chat:
             texts = [tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
@@ -167,6 +185,15 @@ def main(argv=None) -> int:
         else:
             texts = prompts
         ids = [tokenizer.encode(t, add_special_tokens=not args.chat) for t in texts]
+        max_positions = getattr(model.config, "max_position_embeddings", None)
+        try:  # before any work: positions beyond the model's range give garbage
+            ids, truncated = fit_to_positions(ids, args.max_new_tokens, max_positions, args.truncate_prompt)
+        except EngineError as err:
+            raise EngineError(str(err).replace("truncate_prompts=True; CLI: ", "")) from None
+        for i, length in truncated.items():
+            print(f"warning: --truncate-prompt: prompt {i} has {length} tokens; kept its last {len(ids[i])} "
+                  f"(max_position_embeddings={max_positions} - --max-new-tokens {args.max_new_tokens})",
+                  file=sys.stderr)
         capacity = args.max_seq_len or max(len(i) for i in ids) + args.max_new_tokens
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", RuntimeWarning)
@@ -189,6 +216,8 @@ def main(argv=None) -> int:
                 sys.stdout.write(tokenizer.decode(emitted)[len(previous):])
                 sys.stdout.flush()
 
+        warmup = device.startswith("cuda") if args.warmup is None else args.warmup
+        warmup_s = engine.warmup(ids) if warmup else None
         result = engine.generate(ids, max_new_tokens=args.max_new_tokens, sampling=sampling,
                                  stop_token_ids=stop_ids(args, tokenizer), on_tokens=stream)
     except (EngineError, ConfigError, FileNotFoundError, ValueError) as err:
@@ -202,16 +231,37 @@ def main(argv=None) -> int:
             if len(prompts) > 1:
                 print(f"--- [{i}] ({result.finish_reasons[i]})")
             print(prompt + out)
-    t = result.timings
-    ms = f"{t['ms_per_step']:.2f} ms/step" if t["ms_per_step"] else "no decode steps"
+    t = dict(result.timings, warmup_s=warmup_s)
     print(f"[podkit engine: decode={engine.config.decode_scheme} prefill={engine.config.prefill_scheme} "
-          f"graphs={engine.use_cuda_graphs} device={device} | prefill {t['prefill_s']:.3f} s, "
-          f"{t['decode_steps']} steps, {ms}]", file=sys.stderr)
+          f"graphs={engine.use_cuda_graphs} device={device} | {timing_line(t)}]", file=sys.stderr)
     if args.json:
         args.json.write_text(json.dumps({"prompts": prompts, "outputs": outputs, "tokens": result.tokens,
                                          "finish_reasons": result.finish_reasons, "timings": t,
+                                         "truncated_prompts": truncated,
                                          "sparse_attention": engine.config.to_dict()}, indent=2))
     return 0
+
+
+def timing_line(t: dict) -> str:
+    """The timings of GenerationEngine.generate (+ ``warmup_s``) as one line: warm-up apart from the
+    steady state, so that compilation and graph capture are not read as per-token cost."""
+    parts = []
+    if t.get("warmup_s") is not None:
+        parts.append(f"warm-up {t['warmup_s']:.2f} s (kernel compile/load, graph capture; not counted below)")
+    else:
+        parts.append("no warm-up (the prefill includes kernel compilation on first use; --warmup to separate it)")
+    parts.append(f"prefill {t['prefill_s']:.3f} s")
+    if not t["decode_steps"]:
+        parts.append("no decode steps")
+        return ", ".join(parts)
+    first = f"first step {t['first_step_ms']:.1f} ms"
+    if t.get("warmup_in_first_step"):
+        first += " (includes graph capture / compilation)"
+    parts.append(first)
+    steady = (f"{t['steady_ms_per_step']:.2f} ms/token steady" if t["steady_ms_per_step"] is not None
+              else "steady state not measured (1 step)")
+    parts.append(f"{t['decode_steps']} decode steps, {steady}")
+    return ", ".join(parts)
 
 
 if __name__ == "__main__":

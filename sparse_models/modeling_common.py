@@ -268,12 +268,19 @@ class PodkitCausalLMMixin:
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, cache=None, past_key_values=None,
                 inputs_embeds=None, labels=None, use_cache=None, logits_to_keep=0, output_hidden_states=None,
                 output_attentions=None, return_dict=None, **kwargs):
-        """Logits [B, S, V] in the caller's layout (zeros at padding); loss with ``labels`` (-100 ignored)."""
+        """Logits [B, S, V] in the caller's layout (zeros at padding); loss with ``labels`` (-100 ignored).
+
+        ``skip_lm_head=True``: no logits; ``hidden_states`` is ``(final hidden [B, S, H],)`` instead."""
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, cache=cache,
                          past_key_values=past_key_values, inputs_embeds=inputs_embeds, use_cache=use_cache,
                          output_hidden_states=output_hidden_states, output_attentions=output_attentions,
                          capture=kwargs.pop("capture", None), capture_layers=kwargs.pop("capture_layers", None))
         hidden = out.last_hidden_state
+        if kwargs.pop("skip_lm_head", False):
+            # Training losses that chunk the LM head themselves (train/losses.py) take the final hidden
+            # states [B, S, H] and never materialise [B, S, V] logits here.
+            return CausalLMOutputWithPast(logits=None, hidden_states=(hidden,),
+                                          **{CACHE_FIELD: getattr(out, CACHE_FIELD)})
         if isinstance(logits_to_keep, int):
             hidden = hidden[:, -logits_to_keep:] if logits_to_keep > 0 else hidden
         else:

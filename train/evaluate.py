@@ -16,19 +16,33 @@ import torch
 
 
 @torch.no_grad()
-def perplexity(model, windows: torch.Tensor, batch_size: int = 1) -> dict:
-    """``{"ppl", "nll", "tokens", "seconds"}`` of ``model`` on ``windows [W, S]`` int64."""
+def perplexity(model, windows: torch.Tensor, batch_size: int = 1, desc: str | None = None,
+               chunk_tokens: int | None = 4096) -> dict:
+    """``{"ppl", "nll", "tokens", "seconds"}`` of ``model`` on ``windows [W, S]`` int64.
+
+    ``desc``: label of a progress bar over the windows (stderr; a CPU model takes minutes); None: no bar.
+    The LM head runs ``chunk_tokens`` positions at a time (train/losses.py), so a long window never
+    holds its full ``[S, vocab]`` fp32 logits."""
+    from tqdm.auto import tqdm
+
+    from train.losses import ObjectiveWeights, chunked_objective_loss
+    from train.teacher import podkit_model_of
+
+    was_training = model.training
     model.eval()
     device = next(model.parameters()).device
+    head = podkit_model_of(model).get_output_embeddings()
     total_nll, total_tokens = 0.0, 0
     start = time.perf_counter()
-    for i in range(0, windows.shape[0], batch_size):
+    for i in tqdm(range(0, windows.shape[0], batch_size), desc=desc, unit="batch" if batch_size > 1 else "window",
+                  disable=desc is None, mininterval=1.0):
         ids = windows[i:i + batch_size].to(device)
-        logits = model(input_ids=ids, use_cache=False).logits.float()
-        nll = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1),
-                                                reduction="sum")
-        total_nll += float(nll)
-        total_tokens += ids[:, 1:].numel()
+        hidden = model(input_ids=ids, use_cache=False, skip_lm_head=True).hidden_states[-1]
+        terms = chunked_objective_loss(hidden, ids, head, weights=ObjectiveWeights(1.0, 0.0), chunk_tokens=chunk_tokens)
+        total_nll += terms.lm * terms.tokens
+        total_tokens += terms.tokens
+    if was_training:
+        model.train()
     mean = total_nll / total_tokens
     return {"ppl": math.exp(mean), "nll": mean, "tokens": total_tokens, "seconds": time.perf_counter() - start}
 

@@ -117,12 +117,31 @@ def write_model_card(export_dir: Path, recipe: Recipe, anchor_layers: list[list[
              f"- **Blocks:** delta={p.delta} ({p.compare_with}); {num_layers * num_kv - shared} anchor and {shared} "
              f"shared (layer, KV head) units of {num_layers * num_kv}",
              f"- **KV saving** (closed form at {length} tokens): {100 * saving:.1f}% of the dense KV cache", ""]
+    if recipe.train.objective != "lm":
+        lines.insert(len(lines) - 1,  # after the bullet list, before its blank line
+                     f"- **Objective:** {recipe.train.objective} (token-level KL to the dense starting model, "
+                     f"T={recipe.train.distill_temperature:g}"
+                     + (f", weight {recipe.train.distill_weight:g}" if recipe.train.objective == "lm+distill" else "")
+                     + ")")
     if results:
-        lines += ["## Evaluation", "", "| model | held-out perplexity |", "|---|---|"]
-        for key, label in (("dense", "dense base"), ("pod_before", "POD before adaptation"),
-                           ("pod_after", "POD after adaptation (this model)")):
-            if key in results.get("perplexity", {}):
-                lines.append(f"| {label} | {results['perplexity'][key]['ppl']:.3f} |")
+        lines += ["## Evaluation", ""]
+        labels = (("dense", "dense base"), ("pod_before", "POD before adaptation"),
+                  ("pod_after", "POD after adaptation (this model)"), ("dense_after", "this model run densely"))
+        sources = results.get("sources") or {results.get("data", "held-out text"): results.get("perplexity", {})}
+        names = list(sources)
+        lines += ["Held-out perplexity (text never trained on; gap to the dense base in brackets):", "",
+                  "| model | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+        for key, label in labels:
+            cells = []
+            for name in names:
+                scores = sources[name]
+                if key not in scores:
+                    cells.append("-")
+                    continue
+                gap = 100 * (scores[key]["ppl"] / scores["dense"]["ppl"] - 1) if "dense" in scores else None
+                cells.append(f"{scores[key]['ppl']:.3f}" + (f" ({gap:+.1f}%)" if gap is not None and key != "dense" else ""))
+            if any(c != "-" for c in cells):
+                lines.append(f"| {label} | " + " | ".join(cells) + " |")
         if "kv" in results:
             kv = results["kv"]
             lines += ["", f"Measured KV cache at {kv['tokens']} tokens: {kv['kv_bytes']:,} bytes vs "
@@ -130,6 +149,16 @@ def write_model_card(export_dir: Path, recipe: Recipe, anchor_layers: list[list[
         if results.get("data"):
             lines += ["", f"Held-out text: {results['data']}."]
         lines.append("")
+    if (export_dir / "learning_curve.png").is_file():
+        lines += ["## Learning curve", "", "Held-out perplexity gap to the dense base during adaptation (POD solid, the "
+                  "same weights run densely dotted); the numbers are in `learning_curve.json`.", "",
+                  "![learning curve](learning_curve.png)", ""]
+    chain = export_dir / "chain.json"
+    if chain.is_file():
+        import json
+
+        lines += ["## Through the serving chain", ""] + [f"- {line}" for line in json.loads(chain.read_text()).get(
+            "summary", [])] + [""]
     lines += ["## Block map (per KV head: [first layer, last layer] of each block)", "", "```"]
     lines += [f"kv head {h}: {b}" for h, b in enumerate(blocks)]
     lines += ["```", "", "## Loading", "", "With podkit installed:", "", "```python",

@@ -94,8 +94,14 @@ def run_pipeline(recipe: Recipe, stages: list[str], local_rank: int | None = Non
     prepare_launch_environment(recipe)
     rank, local, world = world_info()
     log = print if rank == 0 else (lambda *a, **k: None)
-    init_distributed(recipe)
+    if "train" in stages:  # before any stage: a broken checkpoint must not cost an exploration first
+        recipe, stages = _checked_resume(recipe, stages, log)
     device = torch.device(f"cuda:{local}") if torch.cuda.is_available() else torch.device("cpu")
+    if device.type == "cpu":
+        from train.threads import configure_cpu_threads
+
+        configure_cpu_threads(int(os.environ.get("LOCAL_WORLD_SIZE", world)), log=log)
+    init_distributed(recipe)
     out = Path(recipe.train.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     if local == 0:  # each host's first process prepares its cache (e.g. the embedded model's conversion) first
@@ -131,7 +137,11 @@ def run_pipeline(recipe: Recipe, stages: list[str], local_rank: int | None = Non
             log(f"[train] Ulysses sequence parallelism: {sequence_parallel.size} ranks per sequence "
                 f"({recipe.data.context_length // sequence_parallel.size} tokens each), "
                 f"{world // sequence_parallel.size} data-parallel replica(s)")
-        train_model(model, packed, recipe, args, tokenizer=tokenizer, log=log, sequence_parallel=sequence_parallel)
+        callbacks = []
+        if recipe.eval.every_steps:
+            callbacks.append(_learning_curve(recipe, tokenizer, args, log))
+        train_model(model, packed, recipe, args, tokenizer=tokenizer, log=log, sequence_parallel=sequence_parallel,
+                    teacher_factory=lambda: load_model(recipe, source, dtype=dtype), callbacks=callbacks)
         del model
         _barrier()
         from transformers.integrations.deepspeed import unset_hf_deepspeed_config
@@ -156,7 +166,14 @@ def run_pipeline(recipe: Recipe, stages: list[str], local_rank: int | None = Non
         results = _evaluate(recipe, source, tokenizer, anchors, export_dir, device, log)
         (out / "results.json").write_text(json.dumps(results, indent=1))
         if (export_dir / "config.json").is_file():
+            import shutil
+
             from train.export import update_card_results
+
+            (export_dir / "eval_results.json").write_text(json.dumps(results, indent=1))  # the card's numbers
+            for name in ("learning_curve.json", "learning_curve.png"):  # the card shows the curve
+                if (out / name).is_file():
+                    shutil.copy2(out / name, export_dir / name)
 
             update_card_results(export_dir, recipe, anchors, base_model=base_name, results=results)
 
@@ -174,6 +191,54 @@ def run_pipeline(recipe: Recipe, stages: list[str], local_rank: int | None = Non
     log(f"[podkit] done in {time.perf_counter() - started_wall:.0f}s wall, "
         f"{time.process_time() - started_cpu:.0f}s CPU (this process)")
     return 0
+
+
+def held_out_sources(recipe: Recipe) -> list[str]:
+    """The held-out sources scored by the eval stage and the learning curve: data.eval (in-domain), then
+    eval.out_of_domain."""
+    from train.data import default_eval_source
+
+    primary = default_eval_source(recipe)
+    return [primary] + [s for s in recipe.eval.out_of_domain if s != primary]
+
+
+def _held_out_windows(recipe: Recipe, tokenizer, source: str, max_tokens: int) -> torch.Tensor:
+    from train.data import token_windows
+
+    primary = source == recipe.data.eval
+    return token_windows(source, tokenizer, recipe.eval_context_length, max_tokens,
+                         config=recipe.data.eval_config if primary else None,
+                         split=recipe.data.eval_split if primary else "train", text_field=recipe.data.text_field,
+                         token_cache=recipe.data.token_cache)
+
+
+def _learning_curve(recipe: Recipe, tokenizer, args, log):
+    from train.learning_curve import learning_curve_callback, tokens_per_step
+
+    windows = {source: _held_out_windows(recipe, tokenizer, source, recipe.eval.curve_max_tokens)
+               for source in held_out_sources(recipe)}
+    log(f"[curve] held-out ppl every {recipe.eval.every_steps} steps on "
+        + ", ".join(f"{s} ({w.shape[0]} x {w.shape[1]})" for s, w in windows.items()))
+    return learning_curve_callback(windows, recipe.eval.every_steps, Path(recipe.train.output_dir),
+                                   objective=recipe.train.objective, batch_size=recipe.eval.batch_size,
+                                   tokens_per_step=tokens_per_step(args, recipe.data.context_length,
+                                                                   recipe.train.sequence_parallel_size), log=log)
+
+
+def _checked_resume(recipe: Recipe, stages: list[str], log) -> tuple[Recipe, list[str]]:
+    """Validate the resume checkpoint (train/checkpoints.py) and pin it in the recipe; when resuming,
+    the exploration the checkpoint was trained with is reused instead of being redone and rewritten."""
+    import dataclasses
+
+    from train.checkpoints import select_resume_checkpoint
+
+    resume = select_resume_checkpoint(recipe.train.resume_from_checkpoint, recipe.train.output_dir, log)
+    recipe = dataclasses.replace(recipe, train=dataclasses.replace(recipe.train, resume_from_checkpoint=resume))
+    blocks = Path(recipe.train.output_dir) / "exploration" / "blocks.json"
+    if resume and "explore" in stages and not recipe.pod.blocks_file and blocks.is_file():
+        log(f"[explore] resuming from {resume}: reusing {blocks} (the anchors it was trained with)")
+        stages = [s for s in stages if s != "explore"]
+    return recipe, stages
 
 
 def _training_dtype(recipe: Recipe) -> torch.dtype:
@@ -234,44 +299,60 @@ def _load_adapted(recipe, source, trained: Path, anchors):
 
 
 def _evaluate(recipe, source, tokenizer, anchors, export_dir: Path, device, log) -> dict:
+    """Held-out perplexity of dense / POD before / POD after / adapted-run-densely on every held-out
+    source, and the KV bytes POD saves. ``perplexity`` holds the first source's (data.eval) scores;
+    ``sources`` all of them."""
     from sparse_models.calibration.pod_similarity import kv_saving_fraction
-    from train.data import default_eval_source, token_windows
     from train.evaluate import measured_kv_bytes, perplexity
     from train.models import load_dense_reference, load_model
 
-    held_out = default_eval_source(recipe)
     length = recipe.eval_context_length
-    windows = token_windows(held_out, tokenizer, length, recipe.eval.max_tokens, config=recipe.data.eval_config,
-                            split=recipe.data.eval_split, text_field=recipe.data.text_field,
-                            token_cache=recipe.data.token_cache)
-    log(f"[eval] held-out perplexity on {held_out}: {windows.shape[0]} windows x {length} tokens")
-    results = {"data": f"{held_out}, {windows.shape[0]} x {length} tokens", "perplexity": {}}
+    windows = {name: _held_out_windows(recipe, tokenizer, name, recipe.eval.max_tokens)
+               for name in held_out_sources(recipe)}
+    for name, w in windows.items():
+        log(f"[eval] held-out perplexity on {name}: {w.shape[0]} windows x {length} tokens")
+    primary = next(iter(windows))
+    results = {"data": f"{primary}, {windows[primary].shape[0]} x {length} tokens", "sources": {}}
     candidates = [("dense", lambda: load_dense_reference(recipe, source)),
                   ("pod_before", lambda: load_model(recipe, source, anchor_layers=anchors))]
     if (export_dir / "config.json").is_file():
-        candidates.append(("pod_after", lambda: load_model(recipe, str(export_dir), anchor_layers=anchors,
-                                                           apply_recipe_config=False)))
+        def adapted(dense: bool):
+            model = load_model(recipe, str(export_dir), anchor_layers=anchors, apply_recipe_config=False)
+            if dense:
+                model.set_sparse_attention(prefill_scheme="dense", decode_scheme="dense")
+            return model
+
+        candidates += [("pod_after", lambda: adapted(False)), ("dense_after", lambda: adapted(True))]
     for name, build in candidates:
         model = build().to(device)
-        results["perplexity"][name] = perplexity(model, windows, recipe.eval.batch_size)
-        log(f"[eval] {name:<10} ppl {results['perplexity'][name]['ppl']:.3f} "
-            f"({results['perplexity'][name]['seconds']:.1f}s)")
+        for held_out, w in windows.items():
+            scores = results["sources"].setdefault(held_out, {"windows": int(w.shape[0]), "tokens_per_window": length})
+            scores[name] = perplexity(model, w, recipe.eval.batch_size, desc=f"[eval] {name} {held_out}")
+            log(f"[eval] {name:<11} {held_out}: ppl {scores[name]['ppl']:.3f} ({scores[name]['seconds']:.1f}s)")
         if name == "pod_before":
-            results["kv"] = measured_kv_bytes(model, windows[0])
+            results["kv"] = measured_kv_bytes(model, windows[primary][0])
         del model
+    results["perplexity"] = {k: v for k, v in results["sources"][primary].items() if isinstance(v, dict)}
     p = recipe.pod
     results["kv"]["closed_form_saving"] = kv_saving_fraction(anchors, length, p.sink_tokens, p.recent_window)
-    ppl = results["perplexity"]
-    lines = [f"held-out perplexity ({results['data']}):",
-             f"  dense                  {ppl['dense']['ppl']:.3f}",
-             f"  POD before adaptation  {ppl['pod_before']['ppl']:.3f}"]
-    if "pod_after" in ppl:
-        gap = ppl["pod_before"]["ppl"] - ppl["dense"]["ppl"]
-        closed = (ppl["pod_before"]["ppl"] - ppl["pod_after"]["ppl"]) / gap if gap > 0 else float("nan")
-        lines.append(f"  POD after adaptation   {ppl['pod_after']['ppl']:.3f}  "
-                     f"({100 * (ppl['pod_after']['ppl'] / ppl['dense']['ppl'] - 1):+.1f}% vs dense, "
-                     f"{100 * closed:.0f}% of the zero-shot gap closed)")
-        results["gap_closed"] = closed
+    lines = []
+    for held_out, scores in results["sources"].items():
+        dense = scores["dense"]["ppl"]
+        lines += [f"held-out perplexity ({held_out}, {scores['windows']} x {length} tokens):",
+                  f"  dense                  {dense:.3f}",
+                  f"  POD before adaptation  {scores['pod_before']['ppl']:.3f}  "
+                  f"({100 * (scores['pod_before']['ppl'] / dense - 1):+.1f}% vs dense)"]
+        if "pod_after" in scores:
+            gap = scores["pod_before"]["ppl"] - dense
+            closed = (scores["pod_before"]["ppl"] - scores["pod_after"]["ppl"]) / gap if gap > 0 else float("nan")
+            lines.append(f"  POD after adaptation   {scores['pod_after']['ppl']:.3f}  "
+                         f"({100 * (scores['pod_after']['ppl'] / dense - 1):+.1f}% vs dense, "
+                         f"{100 * closed:.0f}% of the zero-shot gap closed)")
+            lines.append(f"  adapted, run densely   {scores['dense_after']['ppl']:.3f}  "
+                         f"({100 * (scores['dense_after']['ppl'] / dense - 1):+.1f}% vs dense)")
+            scores["gap_closed"] = closed
+    if "gap_closed" in results["sources"][primary]:
+        results["gap_closed"] = results["sources"][primary]["gap_closed"]
     kv = results["kv"]
     lines.append(f"KV cache at {kv['tokens']} tokens: {kv['kv_bytes']:,} bytes with POD vs {kv['dense_kv_bytes']:,} "
                  f"dense -> {kv['dense_kv_bytes'] - kv['kv_bytes']:,} bytes saved ({100 * kv['saving']:.1f}%; "

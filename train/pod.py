@@ -59,9 +59,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{len(error.problems)} problem(s) in {args.recipe}; nothing was run or written.", file=sys.stderr)
         return 2
 
+    from train.checkpoints import CheckpointError
     from train.pipeline import run_pipeline
 
-    return run_pipeline(recipe, stages=args.stages, local_rank=args.local_rank)
+    try:
+        return run_pipeline(recipe, stages=args.stages, local_rank=args.local_rank)
+    except CheckpointError as error:
+        print(f"checkpoint error: {error}", file=sys.stderr)
+        print("nothing was run or written.", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -5,7 +5,9 @@ the value parsed as a YAML scalar), and the whole thing is validated *before* an
 starts. Validation collects every problem it can find -- unknown keys, wrong types, out-of-range
 values, impossible combinations, missing files, an unwritable output directory, a context length
 above the model's positions without rope scaling -- and raises one :class:`RecipeError` whose
-``problems`` are one actionable line each. Nothing is written while validating.
+``problems`` are one actionable line each: type errors, value errors and environment problems come
+in the same pass (a field with the wrong type is judged by no later rule). Nothing is written while
+validating.
 
 The schema is plain dataclasses (no pydantic: the GPU image does not have it). Each field's type
 comes from its annotation; ranges and cross-field rules live in :func:`_check_values` and
@@ -133,6 +135,10 @@ class TrainSection:
     report_to: list[str] = field(default_factory=lambda: ["tensorboard"])
     export_dir: str | None = None             # default: <output_dir>/export
     sequence_parallel_size: int = 1           # Ulysses SP: ranks sharing each sequence (train/sequence_parallel.py)
+    objective: str = "lm"                     # "lm", "distill" (KL to the dense teacher) or "lm+distill"
+    distill_weight: float = 0.5               # w in (1 - w) * lm + w * distill, for "lm+distill"
+    distill_temperature: float = 1.0          # T: both distributions softened by T, the KL scaled by T^2
+    loss_chunk_tokens: int | None = 4096      # tokens per LM-head chunk (train/losses.py); null: all at once
 
 
 @dataclass
@@ -158,6 +164,9 @@ class EvalSection:
 
     perplexity: bool = True
     max_tokens: int = 16384                   # held-out tokens scored per model
+    out_of_domain: list[str] = field(default_factory=list)  # more held-out sources, scored beside data.eval
+    every_steps: int | None = None            # learning curve: held-out ppl every N optimizer steps
+    curve_max_tokens: int = 8192              # held-out tokens per source at each learning-curve point
     context_length: int | None = None         # default: data.context_length
     batch_size: int = 1
 
@@ -212,6 +221,10 @@ class Recipe:
 def load_recipe(path: str | os.PathLike, overrides: list[str] | None = None, *, check_environment: bool = True) -> Recipe:
     """Read, override and validate a recipe. Raises :class:`RecipeError` listing every problem."""
     path = Path(path)
+    if path.is_dir():
+        found = sorted(str(p) for p in path.glob("*.yaml"))[:6]
+        raise RecipeError([f"recipe {str(path)!r} is a folder, not a file: pass the path of a YAML recipe"
+                           + (f", e.g. {', '.join(found)}" if found else " (see recipes/)")])
     if not path.is_file():
         raise RecipeError([f"recipe file {str(path)!r} does not exist: pass the path of a YAML recipe (see recipes/)"])
     try:
@@ -241,13 +254,35 @@ def recipe_from_dict(data: Any, overrides: list[str] | None = None, *, source_pa
             problems.append(f"{key}: expected a mapping of fields, got {type(value).__name__} {value!r}")
             continue
         setattr(recipe, key, _build_section(key, SECTIONS[key], value, problems))
-    if not problems:  # value rules assume the types are right
-        _check_values(recipe, problems)
-        if check_environment and not problems:
-            _check_environment(recipe, problems)
+    # One pass reports everything: value and environment rules run on the fields that parsed (a field
+    # with a wrong type keeps its default), and drop what repeats a field already reported.
+    _extend_unreported(problems, _check_values, recipe)
+    if check_environment:
+        _extend_unreported(problems, _check_environment, recipe)
     if problems:
         raise RecipeError(problems)
     return recipe
+
+
+_SUBJECT = re.compile(r"^([a-z_]+\.[a-z_0-9]+)\b")
+
+
+def _extend_unreported(problems: list[str], check, recipe: "Recipe") -> None:
+    """Run ``check(recipe, found)`` and add its problems, except those about a field already reported
+    (a line starting with that ``section.field``, or mentioning a field whose value had the wrong type:
+    the rule saw the default instead of the user's value)."""
+    reported = {m.group(1) for m in map(_SUBJECT.match, problems) if m}
+    mistyped = {m.group(1) for p in problems if ": expected" in p and (m := _SUBJECT.match(p))
+                and "unknown field" not in p}
+    found: list[str] = []
+    check(recipe, found)
+    for problem in found:
+        subject = _SUBJECT.match(problem)
+        if subject and subject.group(1) in reported:
+            continue
+        if any(re.search(rf"\b{re.escape(key)}\b", problem) for key in mistyped):
+            continue
+        problems.append(problem)
 
 
 def _apply_override(data: dict, override: str, problems: list[str]) -> None:
@@ -441,6 +476,7 @@ def _check_values(r: Recipe, problems: list[str]) -> None:
         add(f"train.num_train_epochs={t.num_train_epochs} with train.max_steps=-1: nothing would be trained")
     if t.save_total_limit is not None and t.save_total_limit < 1:
         add(f"train.save_total_limit={t.save_total_limit}: expected an integer >= 1 or null")
+    _check_objective(r, problems)
     _check_sequence_parallel(r, problems)
     reporters = ("tensorboard", "none")
     for reporter in t.report_to:
@@ -455,6 +491,10 @@ def _check_values(r: Recipe, problems: list[str]) -> None:
         add(f"eval.max_tokens={e.max_tokens}: expected an integer >= 1")
     if e.batch_size < 1:
         add(f"eval.batch_size={e.batch_size}: expected an integer >= 1")
+    if e.every_steps is not None and e.every_steps < 1:
+        add(f"eval.every_steps={e.every_steps}: expected an integer >= 1, or null for no learning curve")
+    if e.curve_max_tokens < 1:
+        add(f"eval.curve_max_tokens={e.curve_max_tokens}: expected an integer >= 1")
     if e.context_length is not None:
         if e.context_length < 2:
             add(f"eval.context_length={e.context_length}: expected an integer >= 2 or null")
@@ -462,6 +502,24 @@ def _check_values(r: Recipe, problems: list[str]) -> None:
             add(f"eval.max_tokens={e.max_tokens} is below eval.context_length={e.context_length}: no window to score")
     elif e.max_tokens < d.context_length and e.perplexity:
         add(f"eval.max_tokens={e.max_tokens} is below the eval context length {d.context_length}: no window to score")
+
+
+def _check_objective(r: Recipe, problems: list[str]) -> None:
+    """train.objective and its knobs (train/losses.py)."""
+    from train.losses import OBJECTIVES
+
+    t, add = r.train, problems.append
+    if t.objective not in OBJECTIVES:
+        add(f"train.objective={t.objective!r}: expected one of {', '.join(OBJECTIVES)}")
+    if not 0.0 <= t.distill_weight <= 1.0:
+        add(f"train.distill_weight={t.distill_weight}: expected a number in [0, 1] (weight of the KL term)")
+    if t.distill_temperature <= 0:
+        add(f"train.distill_temperature={t.distill_temperature}: expected a positive number (1 = no softening)")
+    if t.loss_chunk_tokens is not None and t.loss_chunk_tokens < 1:
+        add(f"train.loss_chunk_tokens={t.loss_chunk_tokens}: expected an integer >= 1, or null for no chunking")
+    if t.objective != "lm" and t.sequence_parallel_size > 1:
+        add(f"train.objective={t.objective!r} with train.sequence_parallel_size={t.sequence_parallel_size}: "
+            f"distillation under sequence parallelism is not supported; use objective lm or SP size 1")
 
 
 def _check_sequence_parallel(r: Recipe, problems: list[str]) -> None:
@@ -557,11 +615,16 @@ def _check_environment(r: Recipe, problems: list[str]) -> None:
         add(f"pod.blocks_file={r.pod.blocks_file!r} does not exist: run the exploration once "
             f"(train/pod.py RECIPE --stages explore) or set pod.blocks_file: null")
 
-    from train.corpus.mixture import parse_mix
+    from train.corpus.mixture import MixError, parse_mix
 
-    mix = parse_mix(r.data.train)
+    try:
+        mix = parse_mix(r.data.train)
+    except MixError:  # reported by the value rules
+        mix = []
     sources = [("data.train" if len(mix) == 1 else f"data.train[{i}]", e.source) for i, e in enumerate(mix)]
-    for key, source in sources + [("data.eval", r.data.eval)]:
+    sources += [("data.eval", r.data.eval)]
+    sources += [(f"eval.out_of_domain[{i}]", source) for i, source in enumerate(r.eval.out_of_domain)]
+    for key, source in sources:
         if not source:
             continue
         if source.startswith(EMBEDDED_DATA_PREFIX):

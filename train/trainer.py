@@ -1,8 +1,8 @@
 """The training stage: transformers Trainer (+ DeepSpeed ZeRO-2/3) on the POD model.
 
 What the recipe's ``train`` section becomes (:func:`training_arguments`), LoRA wrapping (peft),
-per-step loss records (``<output_dir>/losses.jsonl``: the raw micro-batch losses of this rank,
-averaged per optimizer step -- the resume test compares these), and the run itself
+per-step loss records (``<output_dir>/losses.jsonl``: this rank's loss per optimizer step, the number
+the Trainer logs, also under gradient accumulation -- the resume test compares these), and the run itself
 (:func:`train_model`): ``resume_from_checkpoint`` = null / "auto" (latest ``checkpoint-N`` in
 output_dir) / a path. The trained weights (or the LoRA adapter) go to ``<output_dir>/trained`` via
 ``trainer.save_model`` (under ZeRO-3 that gathers the 16-bit weights: the DeepSpeed configs set
@@ -83,26 +83,34 @@ def _loss_trainer_class():
     from transformers import Trainer, TrainerCallback
 
     class LossRecorder(TrainerCallback):
-        """Writes {"step", "loss", "lr"} per optimizer step to losses.jsonl (rank-local micro-batch mean)."""
+        """Writes {"step", "loss"} per optimizer step to losses.jsonl: the sum of the step's micro-batch
+        contributions (PodTrainer.training_step), i.e. the loss the Trainer logs for this rank; plus the
+        objective's parts ("lm", "kl": mean cross-entropy and KL per token) when train/objective.py runs."""
 
-        def __init__(self, path: Path, buffer: list):
-            self.path, self.buffer = path, buffer
+        def __init__(self, path: Path, buffer: list, terms: list):
+            self.path, self.buffer, self.terms = path, buffer, terms
 
         def on_step_end(self, args, state, control, **kwargs):
             if self.buffer:
-                loss = sum(self.buffer) / len(self.buffer)
+                record = {"step": state.global_step, "loss": sum(self.buffer)}
+                if self.terms:
+                    record["lm"] = sum(t.lm for t in self.terms) / len(self.terms)
+                    record["kl"] = sum(t.kl for t in self.terms) / len(self.terms)
                 self.buffer.clear()
+                self.terms.clear()
                 if args.process_index == 0:
                     with self.path.open("a") as f:
-                        f.write(json.dumps({"step": state.global_step, "loss": loss}) + "\n")
+                        f.write(json.dumps(record) + "\n")
 
     class PodTrainer(Trainer):
-        """Trainer that records each micro-batch's unscaled loss for the per-step record."""
+        """Trainer that records each optimizer step's loss (losses.jsonl) and saves checkpoints crash-safely."""
 
         def __init__(self, *args, loss_log: Path, sequence_parallel=None, **kwargs):
             super().__init__(*args, **kwargs)
             self._micro_losses: list[float] = []
-            self.add_callback(LossRecorder(loss_log, self._micro_losses))
+            self._micro_terms: list = []
+            self.objective_loss = None  # train/objective.py ObjectiveLoss, set by train_model
+            self.add_callback(LossRecorder(loss_log, self._micro_losses, self._micro_terms))
             self.sequence_parallel = sequence_parallel  # UlyssesAttention or None (train/sequence_parallel.py)
             if sequence_parallel is not None:
                 self.model_accepts_loss_kwargs = False  # the SP loss normalises by the whole rows' token count
@@ -110,6 +118,40 @@ def _loss_trainer_class():
         def train(self, resume_from_checkpoint=None, **kwargs):
             self._resume_checkpoint = resume_from_checkpoint
             return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
+
+        def training_step(self, model, inputs, *args, **kwargs):
+            """Record what this micro-batch adds to the Trainer's logged loss (scaled for gradient accumulation:
+            the per-step sum is the number the Trainer logs). Under SP, compute_loss recorded the whole rows'
+            loss; it is scaled the same way."""
+            mark = len(self._micro_losses)
+            loss = super().training_step(model, inputs, *args, **kwargs)
+            recorded = self._micro_losses[mark:]
+            del self._micro_losses[mark:]
+            accumulation = getattr(self, "current_gradient_accumulation_steps", self.args.gradient_accumulation_steps)
+            self._micro_losses.append(recorded[-1] / accumulation if self.sequence_parallel is not None and recorded
+                                      else float(loss.detach().float()))
+            return loss
+
+        # checkpoints (train/checkpoints.py): crash-safe saving, tied-weight warning, schedule on resume
+        def _get_output_dir(self, trial):
+            return getattr(self, "_checkpoint_staging", None) or super()._get_output_dir(trial)
+
+        def _save_checkpoint(self, model, trial):
+            from train.checkpoints import save_checkpoint_atomically
+
+            save_checkpoint_atomically(self, lambda: super(PodTrainer, self)._save_checkpoint(model, trial), trial)
+
+        def _issue_warnings_after_load(self, load_result):
+            from train.checkpoints import drop_tied_missing_keys
+
+            return super()._issue_warnings_after_load(drop_tied_missing_keys(self.model, load_result))
+
+        def _load_optimizer_and_scheduler(self, checkpoint):
+            super()._load_optimizer_and_scheduler(checkpoint)
+            if checkpoint is not None and self.lr_scheduler is not None:
+                from train.checkpoints import follow_current_schedule
+
+                follow_current_schedule(self.lr_scheduler, log=print if self.args.process_index == 0 else lambda *a: None)
 
         def get_train_dataloader(self):
             loader = super().get_train_dataloader()
@@ -132,6 +174,11 @@ def _loss_trainer_class():
                 loss, row_loss, outputs = sequence_parallel_loss(model, inputs, self.sequence_parallel)
                 self._micro_losses.append(float(row_loss))  # the whole rows' loss, not this rank's slice
                 return (loss, outputs) if return_outputs else loss
+            if self.objective_loss is not None and model.training:
+                terms = self.objective_loss(model, inputs)  # the micro-batch's mean; the Trainer divides by GA
+                self._micro_losses.append(float(terms.loss.detach()))
+                self._micro_terms.append(terms)
+                return (terms.loss, None) if return_outputs else terms.loss
             result = super().compute_loss(model, inputs, return_outputs=return_outputs, **kwargs)
             loss = result[0] if return_outputs else result
             if model.training:
@@ -151,12 +198,45 @@ def resolve_resume(recipe: Recipe) -> str | None:
     return resume
 
 
+def build_objective(trainer, recipe: Recipe, *, teacher_factory=None, log=print):
+    """The ObjectiveLoss for ``train.objective`` (None: the model's own loss, unchunked ``lm``).
+
+    ``teacher_factory()``: loads the dense starting model for full fine-tuning (under ZeRO-3 it must
+    run while the Trainer's DeepSpeed config is active, so the copy is built inside ``zero.Init``).
+    """
+    from train.objective import ObjectiveLoss
+
+    t = recipe.train
+    if t.objective == "lm" and t.loss_chunk_tokens is None:
+        return None
+    teacher = None
+    if t.objective != "lm":
+        from train.teacher import LoraTeacher, build_frozen_copy_teacher
+
+        if t.method == "lora":
+            teacher = LoraTeacher(trainer.model)
+            log("[train] distillation teacher: the base model with its LoRA adapters disabled, dense attention")
+        else:
+            if teacher_factory is None:
+                raise ValueError(f"train.objective={t.objective!r} with train.method='full' needs a teacher_factory")
+            ds = getattr(trainer.args, "hf_deepspeed_config", None)
+            dtype = torch.bfloat16 if t.bf16 else None
+            teacher = build_frozen_copy_teacher(teacher_factory(), device=trainer.args.device, dtype=dtype,
+                                                deepspeed_config=ds.config if ds is not None else None)
+            log(f"[train] distillation teacher: a frozen dense copy of the starting weights "
+                f"({'ZeRO-3 sharded' if ds is not None and ds.is_zero3() else 'on ' + str(trainer.args.device)})")
+    return ObjectiveLoss(t.objective, teacher=teacher, distill_weight=t.distill_weight,
+                         temperature=t.distill_temperature, chunk_tokens=t.loss_chunk_tokens)
+
+
 def train_model(model, train_dataset, recipe: Recipe, args, *, tokenizer=None, log=print,
-                sequence_parallel=None) -> Path:
+                sequence_parallel=None, teacher_factory=None, callbacks=()) -> Path:
     """Train; returns ``<output_dir>/trained`` (weights, or the adapter for LoRA).
 
     ``sequence_parallel``: the UlyssesAttention of ``train.sequence_parallel_size > 1``
-    (train/sequence_parallel.py), attached to the model for training and detached afterwards."""
+    (train/sequence_parallel.py), attached to the model for training and detached afterwards.
+    ``teacher_factory``: see :func:`build_objective`. ``callbacks``: extra Trainer callbacks (the
+    learning curve)."""
     from transformers import default_data_collator
 
     collator = default_data_collator
@@ -174,7 +254,12 @@ def train_model(model, train_dataset, recipe: Recipe, args, *, tokenizer=None, l
     out = Path(recipe.train.output_dir)
     trainer = _loss_trainer_class()(model=model, args=args, train_dataset=train_dataset,
                                     data_collator=collator, processing_class=tokenizer,
-                                    loss_log=out / "losses.jsonl", sequence_parallel=sequence_parallel)
+                                    loss_log=out / "losses.jsonl", sequence_parallel=sequence_parallel,
+                                    callbacks=list(callbacks) or None)
+    if sequence_parallel is None:
+        trainer.objective_loss = build_objective(trainer, recipe, teacher_factory=teacher_factory, log=log)
+        if trainer.objective_loss is not None:
+            trainer.model_accepts_loss_kwargs = False  # a per-micro-batch mean: the Trainer divides by GA
     resume = resolve_resume(recipe)
     if resume and args.process_index == 0:
         log(f"[train] resuming from {resume}")

@@ -39,8 +39,14 @@ class GenerationResult:
 
     tokens: new token ids per prompt (a stop token, when hit, is included and ends the row).
     finish_reasons: "stop" or "length" per prompt.
-    timings: prefill_s, decode_s, decode_steps, ms_per_step (wall clock, synchronised).
-    stats: scheme statistics (e.g. Token Sparse kept fractions per layer).
+    timings: wall clock, synchronised: ``prefill_s``, ``decode_s``, ``decode_steps``, ``ms_per_step`` (all
+        steps); ``first_step_ms`` (the first decode step alone: it holds the CUDA-graph capture of a new
+        batch size and the first torch.compile run), ``warmup_in_first_step`` (whether it did), and
+        ``steady_ms_per_step`` (steps 2..N: the steady-state cost per token; None below 2 steps). A first
+        ``generate`` also compiles the Triton kernels inside its prefill: run :meth:`GenerationEngine.warmup`
+        first to keep that out of ``prefill_s``.
+    stats: scheme statistics (e.g. Token Sparse kept fractions per layer); ``truncated_prompts``:
+        ``{prompt index: original length}`` when ``truncate_prompts`` cut a prompt.
     """
 
     tokens: list[list[int]]
@@ -66,6 +72,36 @@ def _resolve_config(model, sparse_config, overrides) -> SparseAttentionConfig:
         return sparse_config.with_overrides(**overrides) if overrides else sparse_config
     except ConfigError as err:
         raise EngineError(str(err)) from err
+
+
+def fit_to_positions(prompts: list[list[int]], max_new_tokens: int, max_positions: int | None,
+                     truncate: bool = False) -> tuple[list[list[int]], dict[int, int]]:
+    """Check prompt + new tokens against the model's ``max_position_embeddings``, before any work.
+
+    Beyond it, RoPE positions were never trained and the output is garbage (issue 16: a 9,001-token
+    prompt to an 8,192-position model ran for minutes and printed nonsense). ``truncate``: keep the
+    last ``max_positions - max_new_tokens`` tokens of a longer prompt (the end usually holds the
+    question) instead of raising. Returns (prompts, {index: original length} of the truncated ones).
+    """
+    if not max_positions:
+        return prompts, {}
+    room = max_positions - max_new_tokens
+    if room < 1:
+        raise EngineError(f"max_new_tokens={max_new_tokens} leaves no room for a prompt within the model's "
+                          f"max_position_embeddings={max_positions}: lower max_new_tokens")
+    fitted, truncated = [], {}
+    for i, prompt in enumerate(prompts):
+        if len(prompt) > room:
+            if not truncate:
+                raise EngineError(f"prompt {i} has {len(prompt)} tokens + max_new_tokens={max_new_tokens} = "
+                                  f"{len(prompt) + max_new_tokens} > the model's max_position_embeddings="
+                                  f"{max_positions} (positions it was never trained on give garbage): shorten "
+                                  f"the prompt, lower max_new_tokens, or truncate it to its last {room} tokens "
+                                  f"(truncate_prompts=True; CLI: --truncate-prompt)")
+            truncated[i] = len(prompt)
+            prompt = prompt[len(prompt) - room:]
+        fitted.append(prompt)
+    return fitted, truncated
 
 
 def _synchronize(device: torch.device) -> None:
@@ -149,6 +185,7 @@ class GenerationEngine:
         self._input_ids = torch.zeros(max_batch_size, dtype=torch.long, device=device)
         self._graphs: dict[int, GraphedStep] = {}
         self._graph_pool = None
+        self._compiled_ran = False
 
     # ------------------------------------------------------------------------------------------
 
@@ -163,7 +200,28 @@ class GenerationEngine:
     def kv_bytes(self) -> dict:
         return self.cache.kv_bytes()
 
-    def _check_prompts(self, prompts, max_new_tokens: int) -> list[list[int]]:
+    @property
+    def max_positions(self) -> int | None:
+        """The model's ``max_position_embeddings`` (None when its config has none)."""
+        return getattr(self.model.config, "max_position_embeddings", None)
+
+    def warmup(self, prompts, decode_steps: int = 2) -> float:
+        """Compile kernels and capture CUDA graphs on ``prompts`` (the ones about to be generated, so that
+        the same kernel shapes compile) with ``decode_steps`` decode steps; returns the seconds it took.
+
+        The first call of each Triton kernel shape compiles it (or loads it from Triton's on-disk cache),
+        the first decode step of a batch size captures its CUDA graph, and ``compile_layers`` compiles on
+        its first call: timings of a later :meth:`generate` then measure the steady state. TidalDecode's
+        KV correction (every T steps) is not warmed up. Truncation is applied as in ``generate``."""
+        device = self.cache.device
+        _synchronize(device)
+        start = time.perf_counter()
+        self.generate(prompts, max_new_tokens=decode_steps + 1, truncate_prompts=True, _announce=False)
+        _synchronize(device)
+        return time.perf_counter() - start
+
+    def _check_prompts(self, prompts, max_new_tokens: int, truncate: bool = False,
+                       announce: bool = True) -> tuple[list[list[int]], dict[int, int]]:
         if isinstance(prompts, torch.Tensor):
             if prompts.dim() != 2:
                 raise EngineError(f"prompts tensor has shape {tuple(prompts.shape)}: expected [batch, length] "
@@ -185,13 +243,19 @@ class GenerationEngine:
                 raise EngineError(f"prompt {i} is empty: every prompt needs at least one token")
             if any(not isinstance(t, int) or not 0 <= t < self.parts.vocab_size for t in p):
                 raise EngineError(f"prompt {i} holds ids outside [0, {self.parts.vocab_size}) (vocab_size)")
+            out.append(p)
+        out, truncated = fit_to_positions(out, max_new_tokens, self.max_positions, truncate)
+        if truncated and announce:
+            warnings.warn("; ".join(f"prompt {i} truncated from {n} to its last {len(out[i])} tokens (the model's "
+                                    f"max_position_embeddings={self.max_positions} - max_new_tokens={max_new_tokens})"
+                                    for i, n in truncated.items()), RuntimeWarning, stacklevel=3)
+        for i, p in enumerate(out):
             if len(p) + max_new_tokens > self.capacity:
                 raise EngineError(f"prompt {i} has {len(p)} tokens + max_new_tokens={max_new_tokens} = "
                                   f"{len(p) + max_new_tokens} > the cache capacity max_seq_len={self.capacity}: "
                                   f"shorten the prompt, lower max_new_tokens or build the engine with a larger "
                                   f"max_seq_len")
-            out.append(p)
-        return out
+        return out, truncated
 
     # ------------------------------------------------------------------------------------------
 
@@ -245,8 +309,8 @@ class GenerationEngine:
 
     @torch.no_grad()
     def generate(self, prompts, *, max_new_tokens: int, sampling: SamplingConfig | None = None,
-                 stop_token_ids: Sequence[int] = (), on_tokens: Callable[[int, list], None] | None = None
-                 ) -> GenerationResult:
+                 stop_token_ids: Sequence[int] = (), on_tokens: Callable[[int, list], None] | None = None,
+                 truncate_prompts: bool = False, _announce: bool = True) -> GenerationResult:
         """Generate up to ``max_new_tokens`` per prompt.
 
         Args:
@@ -255,8 +319,10 @@ class GenerationEngine:
             stop_token_ids: a row ends after emitting one of these (it is included).
             on_tokens: streaming callback ``on_tokens(step, new)``; ``new[b]`` is the token row b emitted
                 at this step, or None once the row has finished.
+            truncate_prompts: a prompt that would run past the model's ``max_position_embeddings`` keeps
+                its last tokens (announced with a RuntimeWarning) instead of raising :class:`EngineError`.
         """
-        prompts = self._check_prompts(prompts, max_new_tokens)
+        prompts, truncated = self._check_prompts(prompts, max_new_tokens, truncate_prompts, _announce)
         sampling = sampling or SamplingConfig()
         device = self.cache.device
         generator = None
@@ -271,7 +337,11 @@ class GenerationEngine:
         history = torch.zeros(batch, period or 1, dtype=torch.long, device=device)
         done = [False] * batch
         lengths = [max_new_tokens] * batch
-        stats: dict = {}
+        stats: dict = {"truncated_prompts": truncated} if truncated else {}
+        # the first decode step captures a graph for a new batch size / runs torch.compile the first time
+        warmup_in_first_step = (self.use_cuda_graphs and batch not in self._graphs) or (
+            self.decode_step.compiled is not None and not self._compiled_ran)
+        first_step_end = None
 
         _synchronize(device)
         t0 = time.perf_counter()
@@ -303,6 +373,10 @@ class GenerationEngine:
                 history[:, steps % period] = token
             logits = self.step(batch, token)
             steps += 1
+            if steps == 1:
+                _synchronize(device)
+                first_step_end = time.perf_counter()
+                self._compiled_ran = True
             if period and steps % period == 0:
                 self.correct_kv(batch, history.clone())
             token = sample_next(logits, sampling, generator)
@@ -312,5 +386,8 @@ class GenerationEngine:
         tokens = [rows[b][:lengths[b]] for b in range(batch)]
         reasons = ["stop" if done[b] else "length" for b in range(batch)]
         timings = {"prefill_s": t1 - t0, "decode_s": t2 - t1, "decode_steps": steps,
-                   "ms_per_step": 1000 * (t2 - t1) / steps if steps else None}
+                   "ms_per_step": 1000 * (t2 - t1) / steps if steps else None,
+                   "first_step_ms": 1000 * (first_step_end - t1) if steps else None,
+                   "warmup_in_first_step": bool(steps and warmup_in_first_step),
+                   "steady_ms_per_step": 1000 * (t2 - first_step_end) / (steps - 1) if steps > 1 else None}
         return GenerationResult(tokens, reasons, [len(p) for p in prompts], timings, stats)

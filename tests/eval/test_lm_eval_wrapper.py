@@ -61,3 +61,29 @@ def test_default_pretrained_is_rewritten_to_the_folder(monkeypatch):
         ["--model_args", "decode_scheme=tidal,pretrained=/models/smollm2,budget=64"]
     untouched = ["--model_args", "pretrained=/x/defaults"]
     assert resolve_default_pretrained(untouched) == untouched
+
+
+def test_wrapper_builds_without_spurious_warnings(tiny_model_dir):
+    """issue 16: no "`pretrained` model kwarg is not of type `str`" (the model object is by design) and no
+    "neither marked as CausalLM" (the backend is causal)."""
+    pytest.importorskip("lm_eval")
+    import logging
+
+    from eval.lm_eval_model import PodkitLM
+
+    messages = []
+
+    class Collect(logging.Handler):
+        def emit(self, record):
+            messages.append(record.getMessage())
+
+    handler = Collect(level=logging.WARNING)
+    logger = logging.getLogger("lm_eval")
+    logger.addHandler(handler)
+    try:
+        lm = PodkitLM(pretrained=str(tiny_model_dir), device="cpu", batch_size=1)
+    finally:
+        logger.removeHandler(handler)
+    assert lm.backend == "causal"
+    assert not [m for m in messages if "not of type `str`" in m or "neither marked" in m], messages
+    assert not logging.getLogger("lm_eval.models.huggingface").filters  # the filter is scoped to the build

@@ -33,3 +33,17 @@ def test_all_tasks_two_settings(tmp_path, tiny_tokenizer, fake_text_cache):
     dense, quest = summary["ppl"]["dense"]["200"], summary["ppl"]["quest@32"]["200"]
     assert quest["prefill_ppl"] == pytest.approx(dense["prefill_ppl"], rel=1e-5)
     assert quest["decode_ppl"] != pytest.approx(dense["decode_ppl"], rel=1e-6)
+
+
+def test_help_names_the_module_and_documents_every_option(capsys):
+    """issue 16: ``python -m eval.quality --help`` showed ``quality.py`` and bare options."""
+    from eval.quality import build_parser, main
+
+    parser = build_parser()
+    undocumented = [action.dest for action in parser._actions if not action.help]
+    assert undocumented == [], undocumented
+    with pytest.raises(SystemExit) as done:
+        main(["--help"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: python -m eval.quality") and "quality.py" not in out

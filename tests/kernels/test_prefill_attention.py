@@ -67,6 +67,50 @@ def test_scale_and_no_lse(poisoned_outputs):
     assert (out.double() - exact).abs().max().item() < 1e-5
 
 
+def _grads_against_exact(q, k, v, q_offsets, kv_lens, gen):
+    """(kernel, same-dtype reference, fp64 reference) of (out, dq, dk, dv) for one random upstream gradient."""
+    dout = torch.randn(q.shape, generator=gen).to(DEVICE, q.dtype)
+    runs = []
+    for fn, dtype in ((prefill_attention_triton, q.dtype), (reference.prefill_attention, q.dtype),
+                      (reference.prefill_attention, torch.float64)):
+        inputs = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
+        out = fn(*inputs, q_offsets, kv_lens)
+        runs.append((out, *torch.autograd.grad(out, inputs, dout.to(dtype))))
+    return runs
+
+
+@pytest.mark.parametrize("group, dtype", [(1, torch.float32), (3, torch.float32), (4, torch.float16)])
+def test_gradients_of_a_fresh_prefill(group, dtype, poisoned_outputs):
+    """Training (q_offsets 0, N = S, right padding through kv_lens): differentiable, gradients of q, k, v as
+    the fp64 reference's; the LSE under grad mode equals the forward-only kernel's."""
+    gen = torch.Generator().manual_seed(11 + group)
+    q, k, v = make_inputs(2, 2 * group, 2, 41, 41, 16, dtype, gen)
+    offsets = torch.zeros(2, dtype=torch.int64, device=DEVICE)
+    lens = torch.tensor([41, 23], device=DEVICE)
+    got, ref, exact = _grads_against_exact(q, k, v, offsets, lens, gen)
+    for name, g, r, e in zip(("out", "dq", "dk", "dv"), got, ref, exact):
+        assert not torch.isnan(g).any(), name
+        assert_error_within(name, g, r, e, floor=1e-5)
+    assert (got[0][:, :, 23:][1] == 0).all() and (got[1][1, :, 23:] == 0).all(), "padding rows: out 0, dq 0"
+    out, lse = prefill_attention_triton(q.requires_grad_(), k, v, offsets, lens, return_lse=True)
+    assert out.requires_grad and not lse.requires_grad
+    with torch.no_grad():
+        _, lse_no_grad = prefill_attention_triton(q, k, v, offsets, lens, return_lse=True)
+    assert torch.equal(torch.isinf(lse), torch.isinf(lse_no_grad))
+    finite = torch.isfinite(lse)
+    assert (lse[finite] - lse_no_grad[finite]).abs().max().item() < 1e-4
+
+
+def test_gradients_of_a_chunk_after_a_past():
+    """With q_offsets > 0 (no training path does this) gradients still flow (the PyTorch reference)."""
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = make_inputs(2, 4, 2, 9, 20, 16, torch.float32, gen)
+    got, _, exact = _grads_against_exact(q, k, v, torch.tensor([11, 4], device=DEVICE),
+                                         torch.tensor([20, 10], device=DEVICE), gen)
+    for name, g, e in zip(("out", "dq", "dk", "dv"), got, exact):
+        assert (g.double() - e).abs().max().item() < 1e-5, name
+
+
 @pytest.mark.parametrize(
     "mutate, error, match",
     [
@@ -105,3 +149,14 @@ def test_bf16_gpu(group, poisoned_outputs):
     assert_error_within("out", out, ref_out, exact_out, factor=3.0)
     finite = torch.isfinite(exact_lse)
     assert (lse[finite].double() - exact_lse[finite]).abs().max().item() < 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("group", [1, 4])
+def test_bf16_gradients_gpu(group, poisoned_outputs):
+    gen = torch.Generator().manual_seed(20 + group)
+    q, k, v = make_inputs(2, 2 * group, 2, 1000, 1000, 128, torch.bfloat16, gen)
+    got, ref, exact = _grads_against_exact(q, k, v, torch.zeros(2, dtype=torch.int64, device=DEVICE),
+                                           torch.tensor([1000, 613], device=DEVICE), gen)
+    for name, g, r, e in zip(("out", "dq", "dk", "dv"), got, ref, exact):
+        assert_error_within(name, g, r, e, factor=3.0)

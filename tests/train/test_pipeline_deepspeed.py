@@ -28,9 +28,15 @@ def test_deepspeed_pipeline_push_reload_generate(tmp_path, tiny_assets, zero, mo
 
     model_dir, train_text, held_out = tiny_assets
     repo_id = f"tester/tiny-pod-{zero}"
+    # ZeRO-2: lm+distill with a learning curve and an out-of-domain source; ZeRO-3: distill, with the frozen
+    # teacher copy sharded like the student (an optimizer-less DeepSpeed engine)
+    objective = "lm+distill" if zero == "zero2" else "distill"
+    evaluation = ({"perplexity": True, "every_steps": 2, "curve_max_tokens": 128, "out_of_domain": [str(train_text)]}
+                  if zero == "zero2" else {"perplexity": False})
     recipe = tiny_recipe(tmp_path, model_dir, train_text, held_out, deepspeed={"config": f"recipes/deepspeed/{zero}.json"},
-                         hub={"repo_id": repo_id}, eval={"perplexity": zero == "zero2"},
-                         train={"report_to": ["tensorboard"] if zero == "zero2" else ["none"]})
+                         hub={"repo_id": repo_id}, eval=evaluation,
+                         train={"report_to": ["tensorboard"] if zero == "zero2" else ["none"], "objective": objective,
+                                "loss_chunk_tokens": 50})
     path = write_recipe(tmp_path / "tiny.yaml", recipe)
     out = tmp_path / "out"
     with FakeHub(token=TOKEN) as hub:
@@ -42,8 +48,23 @@ def test_deepspeed_pipeline_push_reload_generate(tmp_path, tiny_assets, zero, mo
 
     # both ranks trained; the launcher reports 2 processes
     assert "2 process(es)" in done.stdout
-    steps = [json.loads(line)["step"] for line in (out / "losses.jsonl").read_text().splitlines()]
-    assert steps == [1, 2, 3, 4]
+    records = [json.loads(line) for line in (out / "losses.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2, 3, 4]
+    assert all(r["kl"] > 0 and r["lm"] > 0 for r in records)  # the POD student differs from its dense teacher
+    if objective == "distill":
+        assert all(r["loss"] == pytest.approx(r["kl"], rel=1e-4) for r in records)
+    else:
+        assert all(r["loss"] == pytest.approx(0.5 * r["lm"] + 0.5 * r["kl"], rel=1e-4) for r in records)
+        curve = json.loads((out / "learning_curve.json").read_text())
+        assert [p["step"] for p in curve["points"]] == [0, 2, 4]
+        assert curve["objective"] == "lm+distill" and curve["tokens_per_step"] == 2 * 2 * 64
+        first = curve["points"][0]["sources"]
+        assert set(first) == {str(held_out), str(train_text)}
+        assert all(abs(v["dense_gap"]) < 1e-9 and v["pod_gap"] > 0 for v in first.values())
+        assert (out / "learning_curve.png").stat().st_size > 1000
+        results = json.loads((out / "results.json").read_text())
+        assert set(results["sources"]) == {str(held_out), str(train_text)}
+        assert {"dense", "pod_before", "pod_after", "dense_after"} <= set(results["sources"][str(train_text)])
     assert (out / "checkpoint-2").is_dir() and (out / "checkpoint-4").is_dir()
     assert (out / "exploration" / "similarity.png").stat().st_size > 1000
     anchors = json.loads((out / "exploration" / "blocks.json").read_text())["anchor_layers"]

@@ -143,3 +143,37 @@ def test_cli_exits_nonzero_and_writes_nothing(tmp_path):
     assert len(lines) == 3, done.stderr
     assert any("pod.delta=2.0" in line for line in lines) and any("eval.batch_size=0" in line for line in lines)
     assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def test_type_and_value_errors_in_one_pass(tmp_path):
+    """issue 16: `pod.delta=-1 train.max_steps=abc` reports both; a wrong type is not judged again by its default."""
+    with pytest.raises(RecipeError) as info:
+        recipe_from_dict(_base(tmp_path), ["pod.delta=-1", "train.max_steps=abc", "data.context_length=big"])
+    problems = info.value.problems
+    assert any(p.startswith("pod.delta=-1.0: expected a number in [0, 1]") for p in problems), problems
+    assert any(p.startswith("train.max_steps='abc': expected an integer") for p in problems), problems
+    assert any(p.startswith("data.context_length='big': expected an integer") for p in problems), problems
+    assert len(problems) == 3, problems  # no rule compared anything with the default context length
+
+
+def test_unknown_section_does_not_hide_value_errors(tmp_path):
+    with pytest.raises(RecipeError) as info:
+        recipe_from_dict({**_merge(_base(tmp_path), {"pod": {"delta": 2.0}}), "trainer": {"max_steps": 3}})
+    problems = info.value.problems
+    assert len(problems) == 2 and any("unknown section 'trainer'" in p for p in problems) \
+        and any(p.startswith("pod.delta=2.0") for p in problems), problems
+
+
+def test_environment_problems_reported_with_value_errors(tmp_path):
+    with pytest.raises(RecipeError) as info:
+        recipe_from_dict(_merge(_base(tmp_path), {"pod": {"delta": 2.0, "blocks_file": "missing_blocks.json"}}))
+    assert len(info.value.problems) == 2, info.value.problems
+
+
+def test_folder_as_recipe_path(tmp_path):
+    from train.recipe import load_recipe
+
+    with pytest.raises(RecipeError) as info:
+        load_recipe(REPO / "recipes")
+    (problem,) = info.value.problems
+    assert "is a folder, not a file" in problem and "smollm2_135m.yaml" in problem

@@ -42,13 +42,15 @@ def token_cache_dir(override: str | os.PathLike | None = None) -> Path:
     return Path(override).expanduser() if override else cache_dir("tokens")
 
 
+PROBE_TEXT = "Podkit probe:  Hello, WORLD!\n\tIt's 1,234.5 -- naïve café, 東京, 🙂 </s><|endoftext|>  end"
+
+
 def tokenizer_identity(tokenizer) -> dict:
-    """What identifies a tokenizer's output: its full definition hashed, plus readable fields."""
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is not None:
-        definition = backend.to_str()
-    else:
-        definition = json.dumps(sorted(tokenizer.get_vocab().items())) + type(tokenizer).__name__
+    """What identifies a tokenizer's output: its vocabulary, special tokens and how it encodes a probe
+    text, hashed (plus readable fields). Not the serialised definition: transformers versions write the
+    same tokenizer differently (the H200 image's 5.17 vs 5.24 here), and shards must travel between them."""
+    definition = json.dumps({"vocab": sorted(tokenizer.get_vocab().items()),
+                             "probe": tokenizer(PROBE_TEXT, add_special_tokens=False)["input_ids"]})
     special = json.dumps({"eos": tokenizer.eos_token_id, "added": sorted(tokenizer.get_added_vocab().items())})
     digest = hashlib.sha256((definition + special).encode()).hexdigest()
     return {"class": type(tokenizer).__name__, "name_or_path": str(getattr(tokenizer, "name_or_path", "")),
