@@ -47,14 +47,23 @@ def cache(tmp_path, monkeypatch):
     return tmp_path / "podkit"
 
 
+BOILERPLATE = ("This boilerplate paragraph is printed on every page of the toy documentation, so held-out "
+               "pages share it with training pages unless the training split drops it.\n")
+
+
 @pytest.fixture()
 def fake_source(cache, monkeypatch):
-    """A registry source 'toy' already materialised under the cache (12 documents, no download)."""
+    """The only registry source: 'toy', already materialised under the cache (12 documents, each with
+    the same boilerplate line), and stand-ins for the embedded books (no download)."""
     source = registry.CorpusSource("toy", "deb", "toy-package", "text_files", ("*.txt",), "public domain", "toy")
-    monkeypatch.setitem(registry.SOURCES, "toy", source)
+    monkeypatch.setattr(registry, "SOURCES", {"toy": source})
+    texts = cache / "texts"
+    texts.mkdir(parents=True)
+    for index, book in enumerate(("emma", *registry.OOD_BOOKS)):
+        (texts / f"{book}.txt").write_text(_text(900 + index, 300))
     folder = registry.source_folder("toy")
     folder.mkdir(parents=True)
-    docs = [{"id": f"doc{i:02d}", "text": _text(100 + i, 200 + 40 * i)} for i in range(12)]
+    docs = [{"id": f"doc{i:02d}", "text": _text(100 + i, 200 + 40 * i) + BOILERPLATE} for i in range(12)]
     (folder / "documents.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
     (folder / "source.json").write_text(json.dumps({"fingerprint": source.fingerprint(), "sha256": "0" * 64}))
     return docs
@@ -194,6 +203,9 @@ def test_heldout_split_never_reaches_training_shards(fake_source):
     train = ensure_shards("podkit:toy", tokenizer, log=lambda _: None)
     heldout = ensure_shards("podkit:heldout/toy", tokenizer, log=lambda _: None)
     assert overlap_count(train, heldout.read(0, heldout.total_tokens), n=32) == 0
+    assert BOILERPLATE.strip() not in tokenizer.decode(train.read(0, train.total_tokens))
+    ood = ensure_shards("podkit:heldout-ood", tokenizer, log=lambda _: None)
+    assert overlap_count(train, ood.read(0, ood.total_tokens), n=32) == 0
     # the check can fail: training text against itself overlaps everywhere
     assert overlap_count(train, train.read(0, 2000), n=32) >= 2000 - 31
     assert documents.source_fingerprint("podkit:toy") is not None
