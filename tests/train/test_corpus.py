@@ -51,6 +51,10 @@ BOILERPLATE = ("This boilerplate paragraph is printed on every page of the toy d
                "pages share it with training pages unless the training split drops it.\n")
 
 
+INLINE = ("a sentence quoted inside a longer line on every page, which no line filter can see because each "
+          "line starts differently, but whose tokens the held-out filter finds and cuts out.\n")
+
+
 @pytest.fixture()
 def fake_source(cache, monkeypatch):
     """The only registry source: 'toy', already materialised under the cache (12 documents, each with
@@ -63,7 +67,8 @@ def fake_source(cache, monkeypatch):
         (texts / f"{book}.txt").write_text(_text(900 + index, 300))
     folder = registry.source_folder("toy")
     folder.mkdir(parents=True)
-    docs = [{"id": f"doc{i:02d}", "text": _text(100 + i, 200 + 40 * i) + BOILERPLATE} for i in range(12)]
+    docs = [{"id": f"doc{i:02d}", "text": _text(100 + i, 200 + 40 * i) + BOILERPLATE + f"Page {i}: {INLINE}"}
+            for i in range(12)]
     (folder / "documents.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
     (folder / "source.json").write_text(json.dumps({"fingerprint": source.fingerprint(), "sha256": "0" * 64}))
     return docs
@@ -203,7 +208,9 @@ def test_heldout_split_never_reaches_training_shards(fake_source):
     train = ensure_shards("podkit:toy", tokenizer, log=lambda _: None)
     heldout = ensure_shards("podkit:heldout/toy", tokenizer, log=lambda _: None)
     assert overlap_count(train, heldout.read(0, heldout.total_tokens), n=32) == 0
-    assert BOILERPLATE.strip() not in tokenizer.decode(train.read(0, train.total_tokens))
+    trained_text = tokenizer.decode(train.read(0, train.total_tokens))
+    assert BOILERPLATE.strip() not in trained_text and INLINE[20:80] not in trained_text
+    assert train.manifest["heldout_filter"]["removed_tokens"] > 0
     ood = ensure_shards("podkit:heldout-ood", tokenizer, log=lambda _: None)
     assert overlap_count(train, ood.read(0, ood.total_tokens), n=32) == 0
     # the check can fail: training text against itself overlaps everywhere
@@ -285,3 +292,14 @@ def test_source_fetched_by_the_build_is_not_rebuilt_next_time(cache, fake_source
     first = ensure_shards("podkit:toy", tokenizer, log=lambda _: None)
     assert first.manifest["source"]["fingerprint"] == documents.source_fingerprint("podkit:toy") is not None
     ensure_shards("podkit:toy", tokenizer, log=pytest.fail)
+
+
+def test_drop_shared_spans_cuts_documents_at_held_out_windows():
+    from train.corpus.overlap import drop_shared_spans
+
+    held = np.unique(ngram_hashes(np.array([7, 8, 9, 10]), 3))
+    ids = np.array([1, 2, 7, 8, 9, 10, 3, 4, 8, 9, 10, 5])
+    kept = drop_shared_spans(ids, held, n=3)
+    assert [k.tolist() for k in kept] == [[1, 2], [3, 4], [5]]
+    assert [k.tolist() for k in drop_shared_spans(ids, np.empty(0, np.uint64), n=3)] == [ids.tolist()]
+    assert drop_shared_spans(np.array([7, 8, 9]), held, n=3) == []

@@ -33,8 +33,9 @@ HELDOUT_PREFIX = "heldout/"
 HELDOUT_SETS = ("heldout-indomain", "heldout-ood")
 PIECE_CHARS = 32_000  # ~8K tokens: one piece fills an 8K-context window
 AUSTEN_HELDOUT = "emma"
-# 2: lines of a corpus source's training split that occur anywhere in held-out text are dropped
-SPLIT_VERSION = 2
+# 2: lines of a corpus source's training split that occur anywhere in held-out text are dropped;
+# 3: and token spans shared with the held-out sets (train.corpus.overlap.drop_shared_spans)
+SPLIT_VERSION = 3
 _HELDOUT_LINES: dict[tuple, frozenset[str]] = {}
 
 
@@ -102,6 +103,11 @@ def heldout_lines() -> frozenset[str]:
 def without_lines(text: str, blocked: frozenset[str]) -> str:
     """``text`` without its non-blank lines that are in ``blocked`` (blank lines kept: paragraphs stay)."""
     return "\n".join(line for line in text.split("\n") if not line.strip() or line.strip() not in blocked)
+
+
+def filtered_by_heldout(source: str) -> bool:
+    """Whether ``source`` is a corpus source's training split, whose shards drop held-out token spans."""
+    return source.startswith(PREFIX) and source[len(PREFIX):] in registry.SOURCES
 
 
 def podkit_documents(name: str) -> Iterator[str]:
