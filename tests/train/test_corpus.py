@@ -218,6 +218,16 @@ def test_heldout_split_never_reaches_training_shards(fake_source):
     assert documents.source_fingerprint("podkit:toy") is not None
 
 
+def test_in_sorted_matches_isin():
+    from train.corpus.overlap import in_sorted
+
+    rng = np.random.default_rng(0)
+    table = np.unique(rng.integers(0, 1000, 300).astype(np.uint64))
+    values = rng.integers(0, 1100, 500).astype(np.uint64)
+    np.testing.assert_array_equal(in_sorted(values, table), np.isin(values, table))
+    assert not in_sorted(values, table[:0]).any()
+
+
 def test_ngram_hashes_match_windows():
     tokens = np.array([5, 1, 2, 3, 5, 1, 2, 9])
     hashes = ngram_hashes(tokens, 3)
