@@ -26,11 +26,12 @@ def _text(seed: int, words: int = 300) -> str:
 
 
 def _tokenizer(vocab_size: int = 300, extra: str = ""):
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<pad>", "</s>", "<unk>"],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator([_text(i) for i in range(20)] + [extra], trainer)
@@ -46,14 +47,28 @@ def cache(tmp_path, monkeypatch):
     return tmp_path / "podkit"
 
 
+BOILERPLATE = ("This boilerplate paragraph is printed on every page of the toy documentation, so held-out "
+               "pages share it with training pages unless the training split drops it.\n")
+
+
+INLINE = ("a sentence quoted inside a longer line on every page, which no line filter can see because each "
+          "line starts differently, but whose tokens the held-out filter finds and cuts out.\n")
+
+
 @pytest.fixture()
 def fake_source(cache, monkeypatch):
-    """A registry source 'toy' already materialised under the cache (12 documents, no download)."""
+    """The only registry source: 'toy', already materialised under the cache (12 documents, each with
+    the same boilerplate line), and stand-ins for the embedded books (no download)."""
     source = registry.CorpusSource("toy", "deb", "toy-package", "text_files", ("*.txt",), "public domain", "toy")
-    monkeypatch.setitem(registry.SOURCES, "toy", source)
+    monkeypatch.setattr(registry, "SOURCES", {"toy": source})
+    texts = cache / "texts"
+    texts.mkdir(parents=True)
+    for index, book in enumerate(("emma", *registry.OOD_BOOKS)):
+        (texts / f"{book}.txt").write_text(_text(900 + index, 300))
     folder = registry.source_folder("toy")
     folder.mkdir(parents=True)
-    docs = [{"id": f"doc{i:02d}", "text": _text(100 + i, 200 + 40 * i)} for i in range(12)]
+    docs = [{"id": f"doc{i:02d}", "text": _text(100 + i, 200 + 40 * i) + BOILERPLATE + f"Page {i}: {INLINE}"}
+            for i in range(12)]
     (folder / "documents.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
     (folder / "source.json").write_text(json.dumps({"fingerprint": source.fingerprint(), "sha256": "0" * 64}))
     return docs
@@ -193,9 +208,24 @@ def test_heldout_split_never_reaches_training_shards(fake_source):
     train = ensure_shards("podkit:toy", tokenizer, log=lambda _: None)
     heldout = ensure_shards("podkit:heldout/toy", tokenizer, log=lambda _: None)
     assert overlap_count(train, heldout.read(0, heldout.total_tokens), n=32) == 0
+    trained_text = tokenizer.decode(train.read(0, train.total_tokens))
+    assert BOILERPLATE.strip() not in trained_text and INLINE[20:80] not in trained_text
+    assert train.manifest["heldout_filter"]["removed_tokens"] > 0
+    ood = ensure_shards("podkit:heldout-ood", tokenizer, log=lambda _: None)
+    assert overlap_count(train, ood.read(0, ood.total_tokens), n=32) == 0
     # the check can fail: training text against itself overlaps everywhere
     assert overlap_count(train, train.read(0, 2000), n=32) >= 2000 - 31
     assert documents.source_fingerprint("podkit:toy") is not None
+
+
+def test_in_sorted_matches_isin():
+    from train.corpus.overlap import in_sorted
+
+    rng = np.random.default_rng(0)
+    table = np.unique(rng.integers(0, 1000, 300).astype(np.uint64))
+    values = rng.integers(0, 1100, 500).astype(np.uint64)
+    np.testing.assert_array_equal(in_sorted(values, table), np.isin(values, table))
+    assert not in_sorted(values, table[:0]).any()
 
 
 def test_ngram_hashes_match_windows():
@@ -238,3 +268,48 @@ def test_extract_readers(tmp_path):
 
     page = "<html><head><style>x{}</style></head><body><h1>Title</h1><p>One &amp; two</p><script>no</script></body>"
     assert extract.html_to_text(page) == "Title\n\nOne & two\n"
+
+
+def test_heldout_windows_for_evaluation_come_from_shards(fake_source):
+    from train.data import token_windows
+
+    tokenizer = _tokenizer()
+    windows = token_windows("podkit:heldout/toy", tokenizer, 32, 10**6)
+    stream = ensure_shards("podkit:heldout/toy", tokenizer, log=pytest.fail)  # built by token_windows, reused
+    assert windows.shape == (stream.total_tokens // 32, 32) and windows.dtype.is_floating_point is False
+    np.testing.assert_array_equal(windows.flatten().numpy(), stream.read(0, windows.numel()))
+    held_text = "".join(text for _, text in registry.split_documents("toy", "heldout"))
+    assert tokenizer.decode(windows[0]) in held_text
+
+
+def test_source_fetched_by_the_build_is_not_rebuilt_next_time(cache, fake_source, monkeypatch):
+    """A registry source materialised during the first build records its fingerprint then."""
+    folder = registry.source_folder("toy")
+    saved = {p.name: p.read_bytes() for p in folder.iterdir()}
+    for p in folder.iterdir():
+        p.unlink()
+    folder.rmdir()
+
+    def fake_materialise(name, log=print):
+        folder.mkdir(parents=True, exist_ok=True)
+        for file, data in saved.items():
+            (folder / file).write_bytes(data)
+        return folder
+
+    monkeypatch.setattr(registry, "materialise", fake_materialise)
+    assert documents.source_fingerprint("podkit:toy") is None
+    tokenizer = _tokenizer()
+    first = ensure_shards("podkit:toy", tokenizer, log=lambda _: None)
+    assert first.manifest["source"]["fingerprint"] == documents.source_fingerprint("podkit:toy") is not None
+    ensure_shards("podkit:toy", tokenizer, log=pytest.fail)
+
+
+def test_drop_shared_spans_cuts_documents_at_held_out_windows():
+    from train.corpus.overlap import drop_shared_spans
+
+    held = np.unique(ngram_hashes(np.array([7, 8, 9, 10]), 3))
+    ids = np.array([1, 2, 7, 8, 9, 10, 3, 4, 8, 9, 10, 5])
+    kept = drop_shared_spans(ids, held, n=3)
+    assert [k.tolist() for k in kept] == [[1, 2], [3, 4], [5]]
+    assert [k.tolist() for k in drop_shared_spans(ids, np.empty(0, np.uint64), n=3)] == [ids.tolist()]
+    assert drop_shared_spans(np.array([7, 8, 9]), held, n=3) == []

@@ -53,7 +53,8 @@ def tiny_recipe(tmp: Path, model: Path, train_text: Path, held_out: Path, **sect
     recipe = {
         "model": {"name_or_path": str(model), "dtype": "float32"},
         "pod": {"sink_tokens": 4, "recent_window": 12, "delta": 0.5, "calibration_samples": 2, "last_queries": 8},
-        "data": {"train": str(train_text), "eval": str(held_out), "context_length": 64, "max_train_tokens": 64 * 24},
+        "data": {"train": str(train_text), "eval": str(held_out), "context_length": 64, "max_train_tokens": 64 * 24,
+                 "token_cache": str(tmp / "tokens")},
         "train": {"output_dir": str(tmp / "out"), "learning_rate": 1e-3, "lr_scheduler": "constant", "max_steps": 4,
                   "per_device_batch_size": 2, "gradient_accumulation_steps": 1, "bf16": False,
                   "gradient_checkpointing": True, "save_steps": 2, "save_total_limit": 3, "report_to": ["none"]},

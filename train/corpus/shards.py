@@ -133,7 +133,7 @@ def ensure_shards(source: str, tokenizer, *, cache: str | os.PathLike | None = N
                   split: str = "train", text_field: str = "text", shard_tokens: int = SHARD_TOKENS,
                   log=print) -> ShardedTokens:
     """The shards of ``source`` for ``tokenizer``: reused when the manifest matches, else (re)built."""
-    from train.corpus.documents import iter_documents, source_fingerprint
+    from train.corpus.documents import filtered_by_heldout, iter_documents, source_fingerprint
 
     if tokenizer.eos_token_id is None:
         raise ValueError("the tokenizer has no eos_token_id: the token stream needs a document separator")
@@ -145,12 +145,26 @@ def ensure_shards(source: str, tokenizer, *, cache: str | os.PathLike | None = N
         problem = _stale(folder, identity, fingerprint)
         if problem is None:
             return ShardedTokens(folder)
+        heldout = None
+        if filtered_by_heldout(source):
+            heldout = heldout_hashes(tokenizer, cache=cache, log=log)
         log(f"[corpus] tokenising {source} into {folder} ({problem})")
         documents = iter_documents(source, config=config, split=split, text_field=text_field)
+        # a source fetched by this very build has a fingerprint only afterwards: record that one
         _build(folder, documents, tokenizer, identity, {"name": source, "config": config, "split": split,
                                                         "text_field": text_field, "fingerprint": fingerprint},
-               shard_tokens=shard_tokens)
+               shard_tokens=shard_tokens, heldout=heldout,
+               fingerprint_after=lambda: source_fingerprint(source, config=config, split=split, text_field=text_field))
     return ShardedTokens(folder)
+
+
+def heldout_hashes(tokenizer, *, cache=None, log=print) -> np.ndarray:
+    """Sorted unique FILTER_N-gram hashes of the held-out sets' token streams (``documents.HELDOUT_SETS``)."""
+    from train.corpus.documents import HELDOUT_SETS, PREFIX
+    from train.corpus.overlap import FILTER_N, ngram_hashes
+
+    streams = [ensure_shards(PREFIX + name, tokenizer, cache=cache, log=log) for name in HELDOUT_SETS]
+    return np.unique(np.concatenate([ngram_hashes(s.read(0, s.total_tokens), FILTER_N) for s in streams]))
 
 
 def _stale(folder: Path, identity: dict, fingerprint: str | None) -> str | None:
@@ -188,8 +202,10 @@ def _batches(documents: Iterable[str]) -> Iterable[list[str]]:
 
 
 def _build(folder: Path, documents: Iterable[str], tokenizer, identity: dict, source: dict, *,
-           shard_tokens: int) -> None:
+           shard_tokens: int, heldout: np.ndarray | None = None, fingerprint_after=None) -> None:
     from tqdm.auto import tqdm
+
+    from train.corpus.overlap import FILTER_N, drop_shared_spans
 
     dtype = token_dtype(identity["vocab_size"])
     eos = identity["eos_token_id"]
@@ -197,7 +213,7 @@ def _build(folder: Path, documents: Iterable[str], tokenizer, identity: dict, so
     tmp = Path(tempfile.mkdtemp(prefix=folder.name + ".tmp-", dir=folder.parent))
     try:
         buffer = np.empty(shard_tokens, dtype=dtype)
-        fill, shards, doc_starts, total = 0, [], [], 0
+        fill, shards, doc_starts, total, removed = 0, [], [], 0, 0
 
         def flush(count: int) -> None:
             name = f"shard_{len(shards):05d}.bin"
@@ -207,9 +223,18 @@ def _build(folder: Path, documents: Iterable[str], tokenizer, identity: dict, so
         progress = tqdm(desc=f"tokenise {source['name']}", unit="tok", unit_scale=True, mininterval=1.0)
         for batch in _batches(documents):
             encoded = tokenizer(batch, add_special_tokens=False, verbose=False)["input_ids"]
+            segments = []
             for ids in encoded:
+                ids = np.asarray(ids, dtype=dtype)
+                if heldout is None:
+                    segments.append(ids)
+                    continue
+                kept = drop_shared_spans(ids, heldout)  # held-out spans out; the cuts become document breaks
+                removed += len(ids) - sum(len(k) for k in kept)
+                segments.extend(kept)
+            for ids in segments:
                 doc_starts.append(total)
-                ids = np.asarray(ids + [eos], dtype=dtype)
+                ids = np.append(ids, np.asarray([eos], dtype=dtype))
                 total += len(ids)
                 progress.update(len(ids))
                 while len(ids):
@@ -225,9 +250,12 @@ def _build(folder: Path, documents: Iterable[str], tokenizer, identity: dict, so
         if total == 0:
             raise ValueError(f"source {source['name']!r} holds no text: nothing to tokenise")
         np.save(tmp / "doc_starts.npy", np.asarray(doc_starts, dtype=np.int64))
+        if source["fingerprint"] is None and fingerprint_after is not None:
+            source = dict(source, fingerprint=fingerprint_after())
         manifest = {"format_version": FORMAT_VERSION, "tokenizer": identity, "source": source, "dtype": dtype.str,
                     "shard_tokens": shard_tokens, "total_tokens": total, "documents": len(doc_starts),
-                    "separator": "eos after every document", "shards": shards}
+                    "separator": "eos after every document", "shards": shards,
+                    "heldout_filter": None if heldout is None else {"n": FILTER_N, "removed_tokens": removed}}
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
         old = folder.with_name(folder.name + f".old-{os.getpid()}")
         if folder.exists():
