@@ -32,18 +32,35 @@ def forward_tile_configs():
         triton.Config({"BLOCK_M": 128, "BLOCK_N": 128}, num_warps=8, num_stages=2),
         triton.Config({"BLOCK_M": 64, "BLOCK_N": 128}, num_warps=4, num_stages=3),
         triton.Config({"BLOCK_M": 128, "BLOCK_N": 32}, num_warps=4, num_stages=4),
-    ], triton.Config({"BLOCK_M": 16, "BLOCK_N": 16}, num_warps=4, num_stages=1))
+    ], triton.Config({"BLOCK_M": 16, "BLOCK_N": 16}, num_warps=4, num_stages=1), hopper_configs=[
+        # sm_90: deeper software pipelines to keep the wgmma units fed (Triton's fused-attention tutorial
+        # autotunes BLOCK_M 64/128 x BLOCK_N 32/64/128 with 2-4 stages); 228 KB of shared memory per SM
+        triton.Config({"BLOCK_M": 128, "BLOCK_N": 128}, num_warps=8, num_stages=4),
+        triton.Config({"BLOCK_M": 128, "BLOCK_N": 64}, num_warps=4, num_stages=4),
+        triton.Config({"BLOCK_M": 128, "BLOCK_N": 128}, num_warps=4, num_stages=3),
+        triton.Config({"BLOCK_M": 64, "BLOCK_N": 128}, num_warps=4, num_stages=4),
+    ])
 
 
-def pick_configs(gpu_configs, interpreter_config):
+def is_hopper_or_newer() -> bool:
+    """Whether the current CUDA device is sm_90 or newer (False without CUDA, and under the interpreter).
+    ``PODKIT_HOPPER_CONFIGS=0`` says False (A/B runs of the extra autotune candidates)."""
+    if interpreter_active() or os.environ.get("PODKIT_HOPPER_CONFIGS", "1") == "0" or not torch.cuda.is_available():
+        return False
+    return torch.cuda.get_device_capability()[0] >= 9
+
+
+def pick_configs(gpu_configs, interpreter_config, hopper_configs=()):
     """Autotune candidates: one small config under the interpreter (it cannot benchmark), only
     the first (default) GPU config when ``PODKIT_TRITON_AUTOTUNE=0`` (fast compiles in tests),
-    else all of them."""
+    else all of them, plus ``hopper_configs`` on sm_90+ (:func:`is_hopper_or_newer`). The autotuner
+    times every candidate at the first call of each key and keeps the fastest, so extra candidates
+    cost compile time only, never correctness; one that does not fit the GPU is skipped."""
     if interpreter_active():
         return [interpreter_config]
     if os.environ.get("PODKIT_TRITON_AUTOTUNE", "1") == "0":
         return gpu_configs[:1]
-    return gpu_configs
+    return list(gpu_configs) + (list(hopper_configs) if is_hopper_or_newer() else [])
 
 
 def dot_precision(dtype: torch.dtype) -> str:

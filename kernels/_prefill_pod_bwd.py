@@ -34,7 +34,12 @@ def dkdv_configs():
         triton.Config({"BLOCK_M": 64, "BLOCK_N": 128}, num_warps=8, num_stages=3),
         triton.Config({"BLOCK_M": 32, "BLOCK_N": 128}, num_warps=4, num_stages=3),
         triton.Config({"BLOCK_M": 64, "BLOCK_N": 64}, num_warps=4, num_stages=3),
-    ], triton.Config({"BLOCK_M": 16, "BLOCK_N": 16}, num_warps=4, num_stages=1))
+    ], triton.Config({"BLOCK_M": 16, "BLOCK_N": 16}, num_warps=4, num_stages=1), hopper_configs=[
+        # sm_90 (Triton's fused-attention tutorial: dK/dV over 32-query x 128-key tiles, 4 warps, 5 stages)
+        triton.Config({"BLOCK_M": 32, "BLOCK_N": 128}, num_warps=4, num_stages=5),
+        triton.Config({"BLOCK_M": 64, "BLOCK_N": 128}, num_warps=8, num_stages=4),
+        triton.Config({"BLOCK_M": 32, "BLOCK_N": 64}, num_warps=4, num_stages=5),
+    ])
 
 
 def dq_configs():
@@ -44,7 +49,12 @@ def dq_configs():
         triton.Config({"BLOCK_M": 128, "BLOCK_N": 32}, num_warps=8, num_stages=3),
         triton.Config({"BLOCK_M": 128, "BLOCK_N": 128}, num_warps=8, num_stages=2),
         triton.Config({"BLOCK_M": 64, "BLOCK_N": 128}, num_warps=8, num_stages=2),
-    ], triton.Config({"BLOCK_M": 16, "BLOCK_N": 16}, num_warps=4, num_stages=1))
+    ], triton.Config({"BLOCK_M": 16, "BLOCK_N": 16}, num_warps=4, num_stages=1), hopper_configs=[
+        # sm_90 (the tutorial's dQ tiles: 128 queries x 32 keys, 4 warps, 5 stages)
+        triton.Config({"BLOCK_M": 128, "BLOCK_N": 32}, num_warps=4, num_stages=5),
+        triton.Config({"BLOCK_M": 128, "BLOCK_N": 64}, num_warps=8, num_stages=4),
+        triton.Config({"BLOCK_M": 64, "BLOCK_N": 64}, num_warps=4, num_stages=5),
+    ])
 
 
 @triton.jit

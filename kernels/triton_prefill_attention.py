@@ -10,19 +10,20 @@ Layout (ARCHITECTURE.md, "slot = position"):
     ``j <= q_offsets[b] + i`` with ``j < kv_lens[b]``. Rows at positions ``>= kv_lens[b]``
     (padding) output 0 and get ``lse = -inf``.
 
-Gradients. The kernel above is forward only. When autograd needs gradients (training: grad mode on
+Gradients. The Triton kernel is forward only. When autograd needs gradients (training: grad mode on
 and q, k or v requiring grad) a fresh prefill (every ``q_offsets`` 0, ``N == S``) runs
-:class:`DensePrefillAttentionFunction`: POD's Triton forward and FlashAttention-2 backward
-(``triton_pod_prefill_attention.py``) with every pair proximal (``sink = 0``, ``recent = S``), which
-is exactly causal attention over the own keys. A chunk after a cached past with gradients (no training
-path does this) takes the differentiable PyTorch reference. Without this, the output of the kernel was a
-leaf without ``grad_fn`` and the q/k/v projections of every dense layer (and of POD's anchor layers)
-silently got no gradient on CUDA.
+:func:`dense_causal_attention_sdpa`: PyTorch's fused causal attention (FlashAttention-2 on CUDA in
+bf16/fp16, Dao 2023), the fastest causal forward + backward available, with its own backward. A chunk
+after a cached past with gradients (no training path does this), or ``return_lse`` with gradients, takes
+the differentiable PyTorch reference. Without this, the kernel's output was a leaf without ``grad_fn``
+and the q/k/v projections of every dense layer (and of POD's anchor layers) silently got no gradient on
+CUDA (issue 13).
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
 
@@ -37,7 +38,6 @@ from ._prefill_common import (
     head_dim_block,
     resolve_scale,
 )
-from .triton_pod_prefill_attention import _pod_backward, _pod_forward
 
 
 def _configs():
@@ -158,8 +158,8 @@ def prefill_attention_triton(q, k, v, q_offsets, kv_lens, *, scale=None, return_
     kv_lens = check_int_vector("kv_lens", kv_lens, batch, q.device, low=0, high=num_keys)
     scale = resolve_scale(scale, head_dim)
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
-        if num_keys == seq_q and not bool((q_offsets != 0).any()):
-            return DensePrefillAttentionFunction.apply(q, k, v, kv_lens, scale, return_lse)
+        if num_keys == seq_q and not return_lse and not bool((q_offsets != 0).any()):
+            return dense_causal_attention_sdpa(q, k, v, kv_lens, scale)
         return reference.prefill_attention(q, k, v, q_offsets, kv_lens, scale=scale, return_lse=return_lse)
 
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
@@ -181,31 +181,15 @@ def prefill_attention_triton(q, k, v, q_offsets, kv_lens, *, scale=None, return_
     return (out, lse) if return_lse else out
 
 
-class DensePrefillAttentionFunction(torch.autograd.Function):
+def dense_causal_attention_sdpa(q, k, v, kv_lens, scale):
     """Differentiable causal attention of a fresh prefill: q [B, Hq, S, D], k/v [B, Hkv, S, D], kv_lens [B]
-    -> out [B, Hq, S, D] (, lse [B, Hq, S], not differentiable).
+    -> out [B, Hq, S, D] (0 on rows ``>= kv_lens``). GQA without copying k/v (``enable_gqa``).
 
-    POD's kernels with every pair proximal (``sink = 0``, ``recent = S``: ``i - j < S`` holds for every
-    ``j <= i``), so the forward walks only own-key blocks and the backward's distant phase is empty; the
-    anchor-key gradient it allocates is discarded.
+    Right padding needs no mask: a row ``i < kv_lens[b]`` sees keys ``j <= i < kv_lens[b]`` only, so the
+    causal mask already excludes the padding keys; the padding rows are zeroed (no gradient flows there).
     """
-
-    @staticmethod
-    def forward(ctx, q, k, v, kv_lens, scale, return_lse):
-        recent = max(q.shape[2], 1)
-        out, lse2, _ = _pod_forward(q, k, k, v, kv_lens, 0, recent, scale, False)
-        ctx.save_for_backward(q, k, v, kv_lens, out, lse2)
-        ctx.window = (recent, scale)
-        if not return_lse:
-            return out
-        # lse2 is log2-domain with +inf on padding rows; the public lse is natural log with -inf there
-        lse = torch.where(torch.isfinite(lse2), lse2 / LOG2_E, torch.full_like(lse2, float("-inf")))
-        ctx.mark_non_differentiable(lse)
-        return out, lse
-
-    @staticmethod
-    def backward(ctx, dout, *unused_lse_grad):
-        q, k, v, kv_lens, out, lse2 = ctx.saved_tensors
-        recent, scale = ctx.window
-        dq, dk, _, dv = _pod_backward(dout, q, k, k, v, kv_lens, out, lse2, 0, recent, scale)
-        return dq, dk, dv, None, None, None
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
+    rows = torch.arange(q.shape[2], device=q.device)[None, :] < kv_lens[:, None]  # [B, S]
+    if bool(rows.all()):  # packed training rows: nothing to zero
+        return out
+    return out * rows[:, None, :, None].to(out.dtype)

@@ -52,6 +52,10 @@ class PodkitModelMixin:
         # Ulysses sequence parallelism (sparse_models.sequence_parallel.UlyssesAttention) or None; set by
         # train/ for SP training: each rank then holds a slice of every sequence.
         self.sequence_parallel = None
+        # Offload of the checkpointed layer inputs to CPU, or None: an object with mark(tensor) / unmark(tensor)
+        # (train/long_context.py, DeepSpeed's CheckpointHiddenStatesOffload, whose pack hook moves the tensors
+        # marked here). Set by train/ for long-context training with gradient checkpointing.
+        self.checkpoint_offload = None
         self.set_sparse_attention(SparseAttentionConfig.from_dict(config.sparse_attention))
 
     # ------------------------------------------------------------------ configuration
@@ -175,7 +179,14 @@ class PodkitModelMixin:
                     q_partial = assemble_anchor_queries(p.anchors, _with_placeholder(queries_by_layer, i))
             args = (i, hidden, cos, sin, k_partial, q_partial, own, state)
             if use_checkpoint:
-                hidden, k, q = checkpoint(self._layer_forward, *args, use_reentrant=False)
+                offload, layer_input = self.checkpoint_offload, hidden
+                if offload is not None:  # the checkpoint saves its inputs: this one goes to CPU
+                    offload.mark(layer_input)
+                try:
+                    hidden, k, q = checkpoint(self._layer_forward, *args, use_reentrant=False)
+                finally:
+                    if offload is not None:
+                        offload.unmark(layer_input)
             else:
                 hidden, k, q = self._layer_forward(*args)
             if i in anchor_sources:

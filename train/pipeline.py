@@ -357,5 +357,7 @@ def _evaluate(recipe, source, tokenizer, anchors, export_dir: Path, device, log)
     lines.append(f"KV cache at {kv['tokens']} tokens: {kv['kv_bytes']:,} bytes with POD vs {kv['dense_kv_bytes']:,} "
                  f"dense -> {kv['dense_kv_bytes'] - kv['kv_bytes']:,} bytes saved ({100 * kv['saving']:.1f}%; "
                  f"closed form {100 * kv['closed_form_saving']:.1f}%)")
+    if recipe.eval.report_note:
+        lines += [line.strip() for line in recipe.eval.report_note.strip().splitlines()]
     print("\n".join("[result] " + line for line in lines))
     return results

@@ -139,6 +139,9 @@ class TrainSection:
     distill_weight: float = 0.5               # w in (1 - w) * lm + w * distill, for "lm+distill"
     distill_temperature: float = 1.0          # T: both distributions softened by T, the KL scaled by T^2
     loss_chunk_tokens: int | None = 4096      # tokens per LM-head chunk (train/losses.py); null: all at once
+    tiled_mlp: bool = False                   # MLP over sequence slices, DeepSpeed's TiledMLP (train/long_context.py)
+    tiled_mlp_shards: int | None = None       # slices per MLP call; null: ceil(tokens per rank / hidden_size)
+    activation_offload: bool = False          # checkpointed layer inputs to CPU (needs gradient_checkpointing)
 
 
 @dataclass
@@ -167,6 +170,7 @@ class EvalSection:
     out_of_domain: list[str] = field(default_factory=list)  # more held-out sources, scored beside data.eval
     every_steps: int | None = None            # learning curve: held-out ppl every N optimizer steps
     curve_max_tokens: int = 8192              # held-out tokens per source at each learning-curve point
+    report_note: str | None = None            # printed after the results (e.g. where a bigger run stands)
     context_length: int | None = None         # default: data.context_length
     batch_size: int = 1
 
@@ -478,6 +482,7 @@ def _check_values(r: Recipe, problems: list[str]) -> None:
         add(f"train.save_total_limit={t.save_total_limit}: expected an integer >= 1 or null")
     _check_objective(r, problems)
     _check_sequence_parallel(r, problems)
+    _check_long_context(r, problems)
     reporters = ("tensorboard", "none")
     for reporter in t.report_to:
         if reporter not in reporters:
@@ -536,6 +541,38 @@ def _check_sequence_parallel(r: Recipe, problems: list[str]) -> None:
     if r.data.context_length % sp:
         problems.append(f"data.context_length={r.data.context_length} is not divisible by train.sequence_parallel_size="
                         f"{sp}: each rank holds context_length / {sp} tokens of every sequence")
+
+
+def _check_long_context(r: Recipe, problems: list[str]) -> None:
+    """Tiled MLP and checkpoint offload (train/long_context.py)."""
+    t = r.train
+    if t.tiled_mlp_shards is not None and t.tiled_mlp_shards < 1:
+        problems.append(f"train.tiled_mlp_shards={t.tiled_mlp_shards}: expected an integer >= 1, or null for "
+                        f"ceil(tokens per rank / hidden_size)")
+    elif t.tiled_mlp_shards is not None and not t.tiled_mlp:
+        problems.append(f"train.tiled_mlp_shards={t.tiled_mlp_shards} has no effect with train.tiled_mlp: false; "
+                        f"set train.tiled_mlp: true or remove train.tiled_mlp_shards")
+    if t.activation_offload and not t.gradient_checkpointing:
+        problems.append("train.activation_offload: true offloads the inputs that gradient checkpointing keeps, "
+                        "so it needs train.gradient_checkpointing: true")
+
+
+def _check_long_context_packages(r: Recipe, problems: list[str]) -> None:
+    """Both options are DeepSpeed components: the package must be importable (checked without importing)."""
+    import importlib.util
+
+    wanted = [name for name in ("tiled_mlp", "activation_offload") if getattr(r.train, name)]
+    if not wanted:
+        return
+    spec = importlib.util.find_spec("deepspeed")
+    if spec is None:
+        problems.append(f"train.{wanted[0]}: true uses DeepSpeed's ALST components, but deepspeed is not "
+                        f"installed (pip install deepspeed)")
+        return
+    root = Path(next(iter(spec.submodule_search_locations or []), ""))
+    if r.train.activation_offload and not (root / "runtime/activation_checkpointing/offload_activations.py").is_file():
+        problems.append(f"train.activation_offload: true needs deepspeed.runtime.activation_checkpointing."
+                        f"offload_activations, which the installed deepspeed ({root}) lacks: upgrade deepspeed")
 
 
 def _check_sequence_parallel_world(r: Recipe, problems: list[str]) -> None:
@@ -599,6 +636,7 @@ def _check_environment(r: Recipe, problems: list[str]) -> None:
         model_config = _cached_hub_config(name, r.model.revision)
 
     _check_sequence_parallel_world(r, problems)
+    _check_long_context_packages(r, problems)
     if model_config is not None:
         _check_sequence_parallel_heads(r, model_config, problems)
         max_positions = model_config.get("max_position_embeddings")

@@ -105,8 +105,9 @@ def _loss_trainer_class():
     class PodTrainer(Trainer):
         """Trainer that records each optimizer step's loss (losses.jsonl) and saves checkpoints crash-safely."""
 
-        def __init__(self, *args, loss_log: Path, sequence_parallel=None, **kwargs):
+        def __init__(self, *args, loss_log: Path, sequence_parallel=None, activation_offload=None, **kwargs):
             super().__init__(*args, **kwargs)
+            self.activation_offload = activation_offload  # CheckpointOffload or None (train/long_context.py)
             self._micro_losses: list[float] = []
             self._micro_terms: list = []
             self.objective_loss = None  # train/objective.py ObjectiveLoss, set by train_model
@@ -124,7 +125,11 @@ def _loss_trainer_class():
             the per-step sum is the number the Trainer logs). Under SP, compute_loss recorded the whole rows'
             loss; it is scaled the same way."""
             mark = len(self._micro_losses)
-            loss = super().training_step(model, inputs, *args, **kwargs)
+            if self.activation_offload is None:
+                loss = super().training_step(model, inputs, *args, **kwargs)
+            else:
+                with self.activation_offload:  # forward and backward: offloaded layer inputs come back in backward
+                    loss = super().training_step(model, inputs, *args, **kwargs)
             recorded = self._micro_losses[mark:]
             del self._micro_losses[mark:]
             accumulation = getattr(self, "current_gradient_accumulation_steps", self.args.gradient_accumulation_steps)
@@ -245,6 +250,7 @@ def train_model(model, train_dataset, recipe: Recipe, args, *, tokenizer=None, l
 
         attach_sequence_parallel(model, sequence_parallel)
         collator = collate_with_position_ids  # DeepSpeed's SP data-loader adapter requires position_ids
+    offload = _enable_long_context(model, recipe, args, log)
     if recipe.train.method == "lora":
         model = wrap_lora(model, recipe)
         if args.process_index == 0:
@@ -255,7 +261,7 @@ def train_model(model, train_dataset, recipe: Recipe, args, *, tokenizer=None, l
     trainer = _loss_trainer_class()(model=model, args=args, train_dataset=train_dataset,
                                     data_collator=collator, processing_class=tokenizer,
                                     loss_log=out / "losses.jsonl", sequence_parallel=sequence_parallel,
-                                    callbacks=list(callbacks) or None)
+                                    callbacks=list(callbacks) or None, activation_offload=offload)
     if sequence_parallel is None:
         trainer.objective_loss = build_objective(trainer, recipe, teacher_factory=teacher_factory, log=log)
         if trainer.objective_loss is not None:
@@ -268,12 +274,39 @@ def train_model(model, train_dataset, recipe: Recipe, args, *, tokenizer=None, l
         from train.sequence_parallel import attach_sequence_parallel
 
         attach_sequence_parallel(model, None)
+    if recipe.train.tiled_mlp or offload is not None:
+        from train.long_context import attach_checkpoint_offload, disable_tiled_mlp
+
+        disable_tiled_mlp(model)
+        attach_checkpoint_offload(model, None)
     trained = out / "trained"
     trainer.save_model(str(trained))  # collective under ZeRO-3; rank 0 writes
     if args.process_index == 0:
         (trained / "train_metrics.json").write_text(json.dumps(result.metrics, indent=1))
         log(f"[train] {result.global_step} steps, final train loss {result.training_loss:.4f} -> {trained}")
     return trained
+
+
+def _enable_long_context(model, recipe: Recipe, args, log):
+    """``train.tiled_mlp`` / ``train.activation_offload`` (train/long_context.py) on ``model``; returns the
+    CheckpointOffload the trainer wraps each step in, or None."""
+    t = recipe.train
+    if not (t.tiled_mlp or t.activation_offload):
+        return None
+    from train.long_context import CheckpointOffload, attach_checkpoint_offload, enable_tiled_mlp
+
+    if t.tiled_mlp:
+        tokens_per_rank = recipe.data.context_length // t.sequence_parallel_size
+        shards = enable_tiled_mlp(model, tokens_per_rank, t.tiled_mlp_shards)
+        if args.process_index == 0:
+            log(f"[train] tiled MLP: {shards} slices of the {tokens_per_rank} tokens per rank")
+    if not t.activation_offload:
+        return None
+    offload = CheckpointOffload()
+    attach_checkpoint_offload(model, offload)
+    if args.process_index == 0:
+        log("[train] checkpointed layer inputs offloaded to CPU")
+    return offload
 
 
 def world_info() -> tuple[int, int, int]:

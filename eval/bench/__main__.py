@@ -5,6 +5,8 @@
 * ``kernels-decode ARGS`` / ``kernels-prefill ARGS``: one of them, ARGS passed through;
 * ``train ARGS`` -> ``eval.bench.train``; ``e2e ARGS`` -> ``eval.bench.e2e``;
 * ``train-multi-gpu ARGS`` -> ``eval.bench.train_multi_gpu`` (launches ``deepspeed --num_gpus N`` per N).
+* ``memory-plot LABEL=REPORT.json ... --out PNG`` -> ``eval.bench.memory_plot`` (peak memory against context).
+* ``distill-memory ARGS`` -> ``eval.bench.distill_memory`` (what the distillation teacher costs in memory).
 
 Modules are imported only when their command runs, so a missing one fails alone, by name.
 """
@@ -17,7 +19,8 @@ import sys
 from pathlib import Path
 
 MODULES = {"kernels-decode": "eval.bench.kernels_decode", "kernels-prefill": "eval.bench.kernels_prefill",
-           "train": "eval.bench.train", "e2e": "eval.bench.e2e", "train-multi-gpu": "eval.bench.train_multi_gpu"}
+           "train": "eval.bench.train", "e2e": "eval.bench.e2e", "train-multi-gpu": "eval.bench.train_multi_gpu",
+           "memory-plot": "eval.bench.memory_plot", "distill-memory": "eval.bench.distill_memory"}
 COMMANDS = ("kernels",) + tuple(MODULES)
 
 

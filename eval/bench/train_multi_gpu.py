@@ -22,6 +22,12 @@ each sequence, so a step processes ``N / P`` sequences. Tokens/s = N/P * seq / s
 The same code path as ``train/pod.py`` with ``train.sequence_parallel_size`` (model hook, SP groups,
 SP loss), minus the Trainer and data loading.
 
+Long context (train/long_context.py, DeepSpeed's ALST components): ``--tiled-mlp [--tiled-mlp-shards K]``
+and ``--activation-offload``, as ``train.tiled_mlp`` / ``train.activation_offload`` in a recipe.
+
+The launcher: the ``deepspeed`` script beside the interpreter, else the one on PATH, else
+``python -m deepspeed.launcher.runner`` (:func:`deepspeed_launcher`); none of them: exit 2, nothing written.
+
 Multi-host: pass ``--hostfile FILE`` (DeepSpeed's format, ``host slots=8`` per line); ``--num-gpus`` is
 then the GPUs per host and the job spans every host in the file.
 
@@ -68,6 +74,10 @@ def parse_args(argv):
     p.add_argument("--recent", type=int, default=4080)
     p.add_argument("--block-size", type=int, default=2)
     p.add_argument("--zero-config", default="recipes/deepspeed/zero3.json")
+    p.add_argument("--tiled-mlp", action="store_true", help="train.tiled_mlp: DeepSpeed's TiledMLP (train/long_context.py)")
+    p.add_argument("--tiled-mlp-shards", type=int, default=None, help="slices (default ceil(seq / SP / hidden))")
+    p.add_argument("--activation-offload", action="store_true",
+                   help="train.activation_offload: checkpointed layer inputs to CPU")
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--timeout-s", type=int, default=3600, help="per launch")
@@ -80,6 +90,8 @@ def parse_args(argv):
         problems.append(f"--seq {args.seq}: not divisible by --sp {args.sp}")
     if args.kv_heads % args.sp or args.heads % args.sp:
         problems.append(f"--sp {args.sp}: Ulysses needs --heads {args.heads} and --kv-heads {args.kv_heads} divisible by it")
+    if args.tiled_mlp_shards is not None and (args.tiled_mlp_shards < 1 or not args.tiled_mlp):
+        problems.append(f"--tiled-mlp-shards {args.tiled_mlp_shards}: expected an integer >= 1, with --tiled-mlp")
     if problems:
         p.error("; ".join(problems))
     return args
@@ -158,6 +170,15 @@ def run_worker(args) -> int:
     model, keep_alive = build_model(args, ds_config)
     if sp is not None:
         attach_sequence_parallel(model, sp)
+    offload = None
+    if args.tiled_mlp or args.activation_offload:
+        from train.long_context import CheckpointOffload, attach_checkpoint_offload, enable_tiled_mlp
+
+        if args.tiled_mlp:
+            enable_tiled_mlp(model, args.seq // args.sp, args.tiled_mlp_shards)
+        if args.activation_offload:
+            offload = CheckpointOffload()
+            attach_checkpoint_offload(model, offload)
     engine, *_ = deepspeed.initialize(model=model, model_parameters=[p for p in model.parameters() if p.requires_grad],
                                       config=ds_config)
     replica = rank // args.sp
@@ -168,6 +189,12 @@ def run_worker(args) -> int:
     ids, labels = ids[:, cut].to(device), labels[:, cut].to(device)
 
     def step():
+        if offload is not None:  # forward and backward inside: the offloaded inputs come back in backward
+            with offload:
+                return offloaded_step()
+        return offloaded_step()
+
+    def offloaded_step():
         if sp is not None:
             loss, row_loss, _ = sequence_parallel_loss(engine, {"input_ids": ids, "shift_labels": labels}, sp)
         else:
@@ -202,7 +229,8 @@ def run_worker(args) -> int:
             "tokens_per_s_per_gpu": tokens / seconds / world, "loss": float(row_loss),
             "peak_memory_gib_max_rank": float(peak.item()) if device.type == "cuda" else None,
             "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
-            "zero_config": args.zero_config}))
+            "zero_config": args.zero_config, "tiled_mlp": args.tiled_mlp, "tiled_mlp_shards": args.tiled_mlp_shards,
+            "activation_offload": args.activation_offload}))
     del keep_alive
     return 0
 
@@ -210,15 +238,40 @@ def run_worker(args) -> int:
 # ---------------------------------------------------------------------------------------------- launcher
 
 
+def deepspeed_launcher(python: str | None = None, search_path: str | None = None) -> list[str]:
+    """The command that starts DeepSpeed's launcher, in this order: the ``deepspeed`` script beside the
+    interpreter (a virtualenv's bin/), the one on ``PATH`` (``search_path``, default the environment's;
+    DeepSpeed installed elsewhere, e.g. a system or user site), or ``python -m deepspeed.launcher.runner``
+    (what that script runs) when the package imports here. Raises FileNotFoundError naming all three."""
+    import importlib.util
+    import shutil
+
+    python = python or sys.executable
+    beside = Path(python).parent / "deepspeed"
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return [str(beside)]
+    on_path = shutil.which("deepspeed", path=search_path if search_path is not None else os.environ.get("PATH"))
+    if on_path:
+        return [on_path]
+    if python == sys.executable and importlib.util.find_spec("deepspeed") is not None:
+        return [python, "-m", "deepspeed.launcher.runner"]
+    raise FileNotFoundError(f"no DeepSpeed launcher: no executable {beside}, no 'deepspeed' on PATH, and the deepspeed "
+                            f"package does not import in {python}; install it (pip install deepspeed) or put its "
+                            f"'deepspeed' script on PATH")
+
+
 def launch(args, gpus: int, seq: int, result_path: Path) -> tuple[dict | None, str]:
     """One ``deepspeed`` job; (its result, or None with the tail of its output when it failed)."""
-    command = [str(Path(sys.executable).parent / "deepspeed")]
+    command = deepspeed_launcher()
     if args.hostfile:
         command += ["--hostfile", args.hostfile]
     command += ["--num_gpus", str(gpus), "--master_port", str(args.master_port), str(Path(__file__).resolve())]
     for name in ("sp", "scheme", "layers", "hidden", "heads", "kv_heads", "intermediate", "vocab", "sink", "recent",
                  "block_size", "zero_config", "warmup", "steps"):
         command += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
+    command += ["--tiled-mlp"] * args.tiled_mlp + ["--activation-offload"] * args.activation_offload
+    if args.tiled_mlp_shards is not None:
+        command += ["--tiled-mlp-shards", str(args.tiled_mlp_shards)]
     command += ["--seq", str(seq), "--num-gpus", str(gpus), "--worker", str(result_path)]
     result_path.unlink(missing_ok=True)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
@@ -238,6 +291,12 @@ def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     if args.worker:
         return run_worker(args)
+    try:
+        launcher = deepspeed_launcher()
+    except FileNotFoundError as error:  # before anything is launched or written
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print(f"launcher: {' '.join(launcher)}", flush=True)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     scratch = out.with_suffix(".run.json")
@@ -270,8 +329,9 @@ def main(argv=None) -> int:
             base = report["rows"][0]
             for row in report["rows"]:
                 row["scaling_efficiency"] = row["tokens_per_s"] / (base["tokens_per_s"] * row["gpus"] / base["gpus"])
+            extras = "".join([", tiled MLP" * args.tiled_mlp, ", checkpoint offload" * args.activation_offload])
             print(f"POD training ({args.scheme}), {args.layers} layers, hidden {args.hidden}, {args.heads}/{args.kv_heads} "
-                  f"heads, seq {args.seq}, SP {args.sp}, bf16, grad ckpt, {args.zero_config}, on {base['device']}")
+                  f"heads, seq {args.seq}, SP {args.sp}, bf16, grad ckpt{extras}, {args.zero_config}, on {base['device']}")
             print(f"scaling efficiency against the {base['gpus']}-GPU row (the first that ran)")
             print(f"{'GPUs':>5}{'s/step':>10}{'tokens/s':>12}{'per GPU':>10}{'efficiency':>12}{'peak GiB':>10}")
             for r in report["rows"]:
@@ -281,6 +341,10 @@ def main(argv=None) -> int:
     scratch.unlink(missing_ok=True)
     out.write_text(json.dumps(report, indent=1))
     print(f"-> {out}")
+    if args.find_max_context and any(r["peak_memory_gib_max_rank"] is not None for r in report["rows"]):
+        from eval.bench.memory_plot import _label, plot_memory_vs_context
+
+        print(f"-> {plot_memory_vs_context({_label(report): report}, out.with_suffix('.png'))}")
     return 0 if not report["failures"] or args.find_max_context and report.get("longest_trainable_context") else 1
 
 

@@ -80,9 +80,14 @@ def _grads_against_exact(q, k, v, q_offsets, kv_lens, gen):
 
 
 @pytest.mark.parametrize("group, dtype", [(1, torch.float32), (3, torch.float32), (4, torch.float16)])
-def test_gradients_of_a_fresh_prefill(group, dtype, poisoned_outputs):
-    """Training (q_offsets 0, N = S, right padding through kv_lens): differentiable, gradients of q, k, v as
-    the fp64 reference's; the LSE under grad mode equals the forward-only kernel's."""
+def test_gradients_of_a_fresh_prefill(group, dtype, poisoned_outputs, monkeypatch):
+    """Training (q_offsets 0, N = S, right padding through kv_lens): the fused SDPA path, gradients of q, k, v
+    as the fp64 reference's; with return_lse (the reference) the LSE equals the forward-only kernel's."""
+    import kernels.triton_prefill_attention as module
+
+    calls = []
+    real = module.dense_causal_attention_sdpa
+    monkeypatch.setattr(module, "dense_causal_attention_sdpa", lambda *a: calls.append(1) or real(*a))
     gen = torch.Generator().manual_seed(11 + group)
     q, k, v = make_inputs(2, 2 * group, 2, 41, 41, 16, dtype, gen)
     offsets = torch.zeros(2, dtype=torch.int64, device=DEVICE)
@@ -92,8 +97,9 @@ def test_gradients_of_a_fresh_prefill(group, dtype, poisoned_outputs):
         assert not torch.isnan(g).any(), name
         assert_error_within(name, g, r, e, floor=1e-5)
     assert (got[0][:, :, 23:][1] == 0).all() and (got[1][1, :, 23:] == 0).all(), "padding rows: out 0, dq 0"
+    assert calls == [1]
     out, lse = prefill_attention_triton(q.requires_grad_(), k, v, offsets, lens, return_lse=True)
-    assert out.requires_grad and not lse.requires_grad
+    assert out.requires_grad and calls == [1]
     with torch.no_grad():
         _, lse_no_grad = prefill_attention_triton(q, k, v, offsets, lens, return_lse=True)
     assert torch.equal(torch.isinf(lse), torch.isinf(lse_no_grad))
@@ -159,4 +165,4 @@ def test_bf16_gradients_gpu(group, poisoned_outputs):
     got, ref, exact = _grads_against_exact(q, k, v, torch.zeros(2, dtype=torch.int64, device=DEVICE),
                                            torch.tensor([1000, 613], device=DEVICE), gen)
     for name, g, r, e in zip(("out", "dq", "dk", "dv"), got, ref, exact):
-        assert_error_within(name, g, r, e, factor=3.0)
+        assert_error_within(name, g, r, e, factor=4.0)  # the fused SDPA rounds P to bf16, the reference does not

@@ -29,6 +29,17 @@ def _loss_logits_grads(model, ids, mask):
 
 @pytest.mark.parametrize("scheme", ["dense", "pod"])
 def test_triton_dispatch_trains_every_parameter_like_the_reference(scheme, monkeypatch):
+    _check_training_through_the_kernels(scheme, monkeypatch)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("scheme", ["dense", "pod"])
+def test_triton_kernels_train_every_parameter_on_gpu(scheme, monkeypatch):
+    """The same for ``pytest -m gpu`` (which deselects the unmarked test): compiled kernels on CUDA."""
+    _check_training_through_the_kernels(scheme, monkeypatch)
+
+
+def _check_training_through_the_kernels(scheme, monkeypatch):
     model = tiny_model(3, 4, POD if scheme == "pod" else None, seed=4).to(DEVICE).train()
     ids, mask = (t.to(DEVICE) for t in left_padded(random_prompts([19, 13], seed=4)))  # a padded row
     monkeypatch.setattr(kernels, "use_triton", lambda tensor: False)

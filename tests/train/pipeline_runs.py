@@ -20,7 +20,8 @@ def free_port() -> int:
 
 def pipeline_env(**extra) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    env.update(PATH=f"{VENV_BIN}:{env.get('PATH', '')}", DS_ACCELERATOR="cpu", PYTHONPATH=str(REPO),
+    python_path = os.pathsep.join([str(REPO)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    env.update(PATH=f"{VENV_BIN}:{env.get('PATH', '')}", DS_ACCELERATOR="cpu", PYTHONPATH=python_path,
                TORCH_EXTENSIONS_DIR=str(Path(sys.prefix) / ".torch_extensions"), TOKENIZERS_PARALLELISM="false",
                OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     env.update({k: str(v) for k, v in extra.items()})

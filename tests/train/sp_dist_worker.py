@@ -1,5 +1,6 @@
 """One rank of the 2-process sequence-parallel test (launched by test_sequence_parallel_dist.py with torchrun;
-``sp_dist_worker.py REPORT cuda`` runs it on 2 GPUs over NCCL).
+``sp_dist_worker.py REPORT cuda`` runs it on 2 GPUs over NCCL; ``sp_dist_worker.py REPORT triton`` on CPU over gloo
+with the CUDA dispatch, i.e. podkit's Triton kernels under TRITON_INTERPRET=1, as on the GPUs).
 
 Each rank builds the same tiny model; the one-process reference (whole rows, no SP) is computed locally on
 every rank. The SP run uses the real path: deepspeed.comm on gloo, DeepSpeed's SP groups and _SeqAllToAll,
@@ -155,6 +156,11 @@ def main(out_path: str, device: str = "cpu") -> int:
         torch.backends.cuda.matmul.allow_tf32 = False
     else:
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    if device == "triton":  # the kernels' CUDA path on CPU tensors (set before any kernel module is imported)
+        os.environ["TRITON_INTERPRET"] = "1"
+        import kernels
+
+        kernels.use_triton = lambda tensor: True
     import deepspeed
     import deepspeed.ops
 

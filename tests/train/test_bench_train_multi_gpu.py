@@ -1,5 +1,6 @@
 """``python -m eval.bench train-multi-gpu``: the launcher runs ``deepspeed --num_gpus 2`` (CPU ranks, gloo) with
-Ulysses SP 2 on a tiny shape, and writes the table's JSON; bad combinations are refused before launching."""
+Ulysses SP 2, tiled MLP and checkpoint offload on a tiny shape, and writes the table's JSON; bad combinations are
+refused before launching; the ``deepspeed`` launcher is found beside the interpreter, on PATH or as a module."""
 
 import json
 import math
@@ -23,11 +24,13 @@ def _bench(*args, timeout=300):
 @pytest.mark.slow
 def test_two_rank_sequence_parallel_bench(tmp_path):
     out = tmp_path / "bench.json"
-    done = _bench("--num-gpus", "2", "--sp", "2", "--seq", "96", "--out", str(out), *TINY)
+    done = _bench("--num-gpus", "2", "--sp", "2", "--seq", "96", "--out", str(out), "--tiled-mlp", "--tiled-mlp-shards",
+                  "3", "--activation-offload", *TINY)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     report = json.loads(out.read_text())
     assert report["failures"] == []
     (row,) = report["rows"]
+    assert (row["tiled_mlp"], row["tiled_mlp_shards"], row["activation_offload"]) == (True, 3, True)
     assert (row["gpus"], row["sp"], row["replicas"], row["seq"], row["tokens_per_step"]) == (2, 2, 1, 96, 96)
     assert row["tokens_per_s"] > 0 and row["scaling_efficiency"] == 1.0
     assert math.isfinite(row["loss"]) and abs(row["loss"] - math.log(256)) < 0.5  # random init: ~ln(vocab)
@@ -40,4 +43,68 @@ def test_bad_combinations_are_refused_before_launching(tmp_path):
     assert "--num-gpus 3: not a multiple of --sp 2" in done.stderr and "--seq 97: not divisible by --sp 2" in done.stderr
     done = _bench("--num-gpus", "4", "--sp", "4", "--out", str(tmp_path / "x.json"), *TINY)
     assert "Ulysses needs --heads 4 and --kv-heads 2 divisible by it" in done.stderr
+    done = _bench("--num-gpus", "2", "--tiled-mlp-shards", "2", "--out", str(tmp_path / "x.json"), *TINY)
+    assert "--tiled-mlp-shards 2: expected an integer >= 1, with --tiled-mlp" in done.stderr
     assert not (tmp_path / "x.json").exists()
+
+
+def _executable(path, text="#!/bin/sh\nexit 0\n"):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    path.chmod(0o755)
+    return path
+
+
+def test_launcher_beside_the_interpreter_then_on_path_then_the_module(tmp_path, monkeypatch):
+    from eval.bench.train_multi_gpu import deepspeed_launcher
+
+    venv_python, elsewhere = tmp_path / "venv" / "bin" / "python", tmp_path / "usr" / "local" / "bin" / "deepspeed"
+    _executable(elsewhere)
+    assert deepspeed_launcher(str(venv_python), search_path=str(elsewhere.parent)) == [str(elsewhere)]
+    beside = _executable(venv_python.parent / "deepspeed")
+    assert deepspeed_launcher(str(venv_python), search_path=str(elsewhere.parent)) == [str(beside)]
+    beside.chmod(0o644)  # not executable: skipped
+    assert deepspeed_launcher(str(venv_python), search_path=str(elsewhere.parent)) == [str(elsewhere)]
+    bare = str(tmp_path / "bare" / "bin" / "python")
+    monkeypatch.setattr(sys, "executable", bare)  # nothing beside it, nothing on PATH, but deepspeed imports
+    assert deepspeed_launcher(search_path="") == [bare, "-m", "deepspeed.launcher.runner"]
+
+
+def test_no_launcher_is_a_clear_error_before_anything_runs(tmp_path, monkeypatch, capsys):
+    import importlib.util
+
+    from eval.bench import train_multi_gpu
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "deepspeed" else real(name, *a))
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "bare" / "bin" / "python"))
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    out = tmp_path / "bench.json"
+    assert train_multi_gpu.main(["--num-gpus", "2", "--out", str(out), *TINY]) == 2
+    err = capsys.readouterr().err
+    assert f"no DeepSpeed launcher: no executable {tmp_path / 'bare' / 'bin' / 'deepspeed'}, no 'deepspeed' on PATH" \
+        in err and "pip install deepspeed" in err
+    assert not out.exists()
+
+
+def test_bench_runs_the_deepspeed_found_on_path(tmp_path, monkeypatch, capsys):
+    """DeepSpeed installed elsewhere: the bench launches the ``deepspeed`` on PATH (here a stand-in that records
+    its arguments and writes the worker's result file)."""
+    from eval.bench import train_multi_gpu
+
+    fake = _executable(tmp_path / "elsewhere" / "deepspeed", f"""#!{sys.executable}
+import json, sys
+args = sys.argv[1:]
+open({str(tmp_path / 'argv.json')!r}, "w").write(json.dumps(args))
+open(args[args.index("--worker") + 1], "w").write(json.dumps({{"gpus": 2, "sp": 1, "replicas": 2, "seq": 64,
+    "tokens_per_s": 10.0, "tokens_per_s_per_gpu": 5.0, "seconds_per_step": 12.8, "tokens_per_step": 128,
+    "peak_memory_gib_max_rank": None, "device": "stand-in", "loss": 5.5}}))
+""")
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "bare" / "bin" / "python"))
+    monkeypatch.setenv("PATH", f"{fake.parent}:/usr/bin:/bin")
+    out = tmp_path / "bench.json"
+    assert train_multi_gpu.main(["--num-gpus", "2", "--seq", "64", "--out", str(out), *TINY]) == 0
+    assert f"launcher: {fake}" in capsys.readouterr().out
+    argv = json.loads((tmp_path / "argv.json").read_text())
+    assert argv[:2] == ["--num_gpus", "2"] and argv[argv.index("--seq") + 1] == "64"
+    assert json.loads(out.read_text())["rows"][0]["device"] == "stand-in"

@@ -44,6 +44,17 @@ def test_two_gpu_sequence_parallel_equals_one_gpu(tmp_path):
     _check(_run_worker(tmp_path, "cuda"), rel=1e-4)
 
 
+@pytest.mark.slow
+def test_two_process_sequence_parallel_through_the_triton_kernels(tmp_path):
+    """The CUDA dispatch (podkit's Triton kernels, under the interpreter) on CPU: the 2-GPU run's code path. Before
+    the dense prefill kernel had a backward, the reference's anchor-layer q/v projections got no gradient here,
+    exactly as on the GPUs (issue 13)."""
+    report = _run_worker(tmp_path, "triton")
+    if "unsupported" in report:
+        pytest.skip(f"the {report['backend']} backend has no all_to_all here ({report['unsupported']})")
+    _check(report, rel=1e-5)
+
+
 def test_two_process_sequence_parallel_equals_one_process(tmp_path):
     report = _run_worker(tmp_path, "cpu")
     if "unsupported" in report:

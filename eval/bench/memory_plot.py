@@ -1,0 +1,90 @@
+"""Peak GPU memory against context length, from ``train-multi-gpu`` reports (e.g. before / after tiling).
+
+    python -m eval.bench memory-plot plain=outputs/bench/sp2_plain.json tiled=outputs/bench/sp2_tiled.json \
+        --out outputs/bench/memory_vs_context.png
+
+Each ``LABEL=REPORT`` is the JSON of ``python -m eval.bench train-multi-gpu`` (``--find-max-context`` gives
+one row per doubled length): a line of ``peak_memory_gib_max_rank`` (the largest rank's
+``torch.cuda.max_memory_allocated``) against ``seq``, and an ``x`` at the first length that failed (out of
+memory), drawn at the top of the axes. ``train-multi-gpu --find-max-context`` draws its own report next to
+its JSON the same way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from sparse_models.calibration.outputs import save_figure
+
+
+def _label(report: dict) -> str:
+    args = report.get("args", {})
+    parts = [f"SP {args.get('sp', 1)}", f"{args.get('layers', '?')} layers"]
+    parts += ["tiled MLP"] * bool(args.get("tiled_mlp")) + ["ckpt offload"] * bool(args.get("activation_offload"))
+    return ", ".join(parts)
+
+
+def plot_memory_vs_context(reports: dict[str, dict], path: str | Path) -> Path:
+    """``reports``: label -> train-multi-gpu report. Writes the PNG; returns its path. Raises ValueError when no
+    report has a row with a measured peak (CPU runs measure none)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    measured = {label: sorted((r["seq"], r["peak_memory_gib_max_rank"]) for r in report.get("rows", [])
+                              if r.get("peak_memory_gib_max_rank") is not None)
+                for label, report in reports.items()}
+    if not any(measured.values()):
+        raise ValueError(f"no row with a measured peak memory in {', '.join(reports)} (CPU runs measure none)")
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    top = max(peak for points in measured.values() for _, peak in points) * 1.15
+    for label, points in measured.items():
+        line = None
+        if points:
+            (line,) = ax.plot([s for s, _ in points], [p for _, p in points], marker="o", label=label)
+        failed = sorted(f["seq"] for f in reports[label].get("failures", []))
+        if failed:
+            ax.plot([failed[0]], [top], marker="x", markersize=10, linestyle="none",
+                    color=line.get_color() if line is not None else "black",
+                    label=f"{label}: failed at {failed[0] // 1024}K")
+    ax.set_xscale("log", base=2)
+    lengths = sorted({s for points in measured.values() for s, _ in points}
+                     | {f["seq"] for report in reports.values() for f in report.get("failures", [])})
+    ax.set_xticks(lengths, [f"{s // 1024}K" if s >= 1024 else str(s) for s in lengths])
+    ax.minorticks_off()
+    ax.set_xlabel("context length (tokens per sequence)")
+    ax.set_ylabel("peak GPU memory, largest rank (GiB)")
+    ax.set_ylim(0, top * 1.05)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    device = next((r.get("device") for report in reports.values() for r in report.get("rows", [])), "")
+    ax.set_title(f"POD training memory against context length, {device}", fontsize=9)
+    fig.tight_layout()
+    return save_figure(fig, path)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m eval.bench memory-plot", description=__doc__.split("\n\n")[0])
+    p.add_argument("reports", nargs="+", help="LABEL=REPORT.json (or REPORT.json: labelled by its settings)")
+    p.add_argument("--out", default="outputs/bench/memory_vs_context.png")
+    args = p.parse_args(argv)
+    reports = {}
+    for item in args.reports:
+        label, sep, name = item.rpartition("=")
+        path = Path(name)
+        if not path.is_file():
+            p.error(f"{item}: no such report file {str(path)!r}")
+        report = json.loads(path.read_text())
+        reports[label if sep else _label(report)] = report
+    try:
+        print(f"-> {plot_memory_vs_context(reports, args.out)}")
+    except ValueError as error:
+        p.error(str(error))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
