@@ -57,10 +57,13 @@ INLINE = ("a sentence quoted inside a longer line on every page, which no line f
 
 @pytest.fixture()
 def fake_source(cache, monkeypatch):
-    """The only registry source: 'toy', already materialised under the cache (12 documents, each with
-    the same boilerplate line), and stand-ins for the embedded books (no download)."""
+    """Registry sources: 'toy', already materialised under the cache (12 documents, each with the same
+    boilerplate line), and 'never' (fetching it fails the test); stand-ins for the embedded books."""
     source = registry.CorpusSource("toy", "deb", "toy-package", "text_files", ("*.txt",), "public domain", "toy")
-    monkeypatch.setattr(registry, "SOURCES", {"toy": source})
+    never = registry.CorpusSource("never", "deb", "never-package", "text_files", ("*.txt",), "public domain",
+                                  "a source that is never fetched: building 'toy' must not need it")
+    monkeypatch.setattr(registry, "SOURCES", {"toy": source, "never": never})
+    monkeypatch.setattr(registry, "_fetch", lambda *a: pytest.fail(f"fetched {a[0].name}"))
     texts = cache / "texts"
     texts.mkdir(parents=True)
     for index, book in enumerate(("emma", *registry.OOD_BOOKS)):
