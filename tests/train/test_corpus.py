@@ -57,10 +57,13 @@ INLINE = ("a sentence quoted inside a longer line on every page, which no line f
 
 @pytest.fixture()
 def fake_source(cache, monkeypatch):
-    """The only registry source: 'toy', already materialised under the cache (12 documents, each with
-    the same boilerplate line), and stand-ins for the embedded books (no download)."""
+    """Registry sources: 'toy', already materialised under the cache (12 documents, each with the same
+    boilerplate line), and 'never' (fetching it fails the test); stand-ins for the embedded books."""
     source = registry.CorpusSource("toy", "deb", "toy-package", "text_files", ("*.txt",), "public domain", "toy")
-    monkeypatch.setattr(registry, "SOURCES", {"toy": source})
+    never = registry.CorpusSource("never", "deb", "never-package", "text_files", ("*.txt",), "public domain",
+                                  "a source that is never fetched: building 'toy' must not need it")
+    monkeypatch.setattr(registry, "SOURCES", {"toy": source, "never": never})
+    monkeypatch.setattr(registry, "_fetch", lambda *a: pytest.fail(f"fetched {a[0].name}"))
     texts = cache / "texts"
     texts.mkdir(parents=True)
     for index, book in enumerate(("emma", *registry.OOD_BOOKS)):
@@ -313,3 +316,30 @@ def test_drop_shared_spans_cuts_documents_at_held_out_windows():
     assert [k.tolist() for k in kept] == [[1, 2], [3, 4], [5]]
     assert [k.tolist() for k in drop_shared_spans(ids, np.empty(0, np.uint64), n=3)] == [ids.tolist()]
     assert drop_shared_spans(np.array([7, 8, 9]), held, n=3) == []
+
+
+def test_family_members_filter_each_others_held_out_text(fake_source, monkeypatch):
+    """Two sources of one family: a line that only 'sibling's held-out documents hold leaves 'toy's training split."""
+    toy = registry.SOURCES["toy"]
+    sibling = registry.CorpusSource("sibling", "deb", "sibling-package", "text_files", ("*.txt",), "public domain",
+                                    "sibling", family="docs")
+    monkeypatch.setitem(registry.SOURCES, "toy", registry.CorpusSource(**{**toy.__dict__, "family": "docs"}))
+    monkeypatch.setitem(registry.SOURCES, "sibling", sibling)
+    quoted = "A line that the sibling documentation quotes from the toy documentation, word for word."
+    folder = registry.source_folder("sibling")
+    folder.mkdir(parents=True)
+    docs = [{"id": f"s{i:02d}", "text": _text(500 + i, 100) + quoted + "\n"} for i in range(6)]
+    (folder / "documents.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
+    (folder / "source.json").write_text(json.dumps({"fingerprint": sibling.fingerprint(), "sha256": "1" * 64}))
+    held = {doc_id for doc_id, _ in registry.split_documents("toy", "heldout")}
+    toy_docs = folder.parent / "toy" / "documents.jsonl"
+    records = [json.loads(line) for line in toy_docs.read_text().splitlines()]
+    for record in records:  # the quoted line goes into toy's training documents only
+        record["text"] += "" if record["id"] in held else quoted + "\n"
+    toy_docs.write_text("".join(json.dumps(record) + "\n" for record in records))
+    assert registry.family_of("toy") == ("toy", "sibling")
+    assert documents.heldout_sources("toy")[:2] == ("podkit:heldout/toy", "podkit:heldout/sibling")
+    trained = "".join(documents.podkit_documents("toy"))
+    assert quoted not in trained and "Page 3" in trained
+    monkeypatch.setitem(registry.SOURCES, "toy", toy)  # without the family the quoted line stays
+    assert quoted in "".join(documents.podkit_documents("toy"))

@@ -50,6 +50,8 @@ class CorpusSource:
     description: str
     exclude: tuple[str, ...] = ()   # regexes on relative paths
     copyleft: bool = False
+    family: str = ""                # sources of one family quote each other: each one's training split is
+                                    # also filtered by the others' held-out documents (train.corpus.documents)
 
     def fingerprint(self) -> str:
         """Identity of the source's documents (what token shards are keyed on)."""
@@ -71,7 +73,7 @@ SOURCES: dict[str, CorpusSource] = {s.name: s for s in [
     CorpusSource("wordnet", "deb", "dict-wn", "dictd", ("usr/share/dictd/wn.dict.dz",),
                  "WordNet 3.0 licence (permissive, BSD-like)", "WordNet 3.0 glosses and usage examples"),
     CorpusSource("python-docs", "deb", "python3.11-doc", "text_files", (f"{_PY_DOC}/**/*.txt",),
-                 "PSF-2.0", "the Python 3.11 documentation (reStructuredText sources)"),
+                 "PSF-2.0", "the Python 3.11 documentation (reStructuredText sources)", family="python"),
     CorpusSource("sqlite-docs", "deb", "sqlite3-doc", "html_files", ("usr/share/doc/sqlite3/**/*.html",),
                  "public domain", "the SQLite documentation (HTML pages as text)"),
     CorpusSource("postgresql-docs", "deb", "postgresql-doc-15", "html_files",
@@ -79,30 +81,30 @@ SOURCES: dict[str, CorpusSource] = {s.name: s for s in [
                  "the PostgreSQL 15 manual (HTML pages as text)"),
     CorpusSource("sklearn-docs", "deb", "python-sklearn-doc", "text_files",
                  ("usr/share/doc/python-sklearn-doc/html/_sources/**/*.txt",), "BSD-3-Clause",
-                 "the scikit-learn 1.2 user guide and API documentation (reStructuredText sources)"),
+                 "the scikit-learn 1.2 user guide and API documentation (reStructuredText sources)", family="python"),
     CorpusSource("pandas-docs", "deb", "python-pandas-doc", "text_files",
                  ("usr/share/doc/python-pandas-doc/html/_sources/**/*.txt",), "BSD-3-Clause",
-                 "the pandas 1.5 documentation (reStructuredText sources)"),
+                 "the pandas 1.5 documentation (reStructuredText sources)", family="python"),
     CorpusSource("statsmodels-docs", "deb", "python-statsmodels-doc", "text_files",
                  ("usr/share/doc/python-statsmodels-doc/html/_sources/**/*.txt",), "BSD-3-Clause",
-                 "the statsmodels 0.13 documentation (reStructuredText sources)"),
+                 "the statsmodels 0.13 documentation (reStructuredText sources)", family="python"),
     CorpusSource("sympy-docs", "deb", "python-sympy-doc", "text_files",
                  ("usr/share/doc/python-sympy-doc/html/_sources/**/*.txt",), "BSD-3-Clause",
-                 "the SymPy 1.11 documentation (reStructuredText sources)"),
+                 "the SymPy 1.11 documentation (reStructuredText sources)", family="python"),
     CorpusSource("django-docs", "deb", "python-django-doc", "html_files",
                  ("usr/share/doc/python-django-doc/html/**/*.html",), "BSD-3-Clause",
                  "the Django 3.2 documentation (HTML pages as text)",
-                 exclude=(r"(^|/)(genindex|py-modindex|search)\.html$",)),
+                 exclude=(r"(^|/)(genindex|py-modindex|search)\.html$",), family="python"),
     CorpusSource("rust-books", "deb", "rust-doc", "html_files",
                  tuple(f"usr/share/doc/rust-doc/html/{book}/**/*.html" for book in
                        ("book", "reference", "nomicon", "rust-by-example", "embedded-book", "edition-guide", "rustc")),
                  "MIT OR Apache-2.0", "The Rust Programming Language, the Reference, the Rustonomicon, Rust by "
                  "Example and other Rust books (HTML pages as text)",
-                 exclude=(r"(^|/)(print|toc|404|index)\.html$",)),
+                 exclude=(r"(^|/)(print|toc|404|index)\.html$",), family="rust"),
     CorpusSource("rust-std-docs", "deb", "rust-doc", "html_files", ("usr/share/doc/rust-doc/html/std/**/*.html",),
                  "MIT OR Apache-2.0", "the Rust 1.63 standard library API documentation (std only: core and alloc "
                  "re-exported there would be duplicates; platform intrinsics and SIMD left out)",
-                 exclude=(r"/(arch|intrinsics|os|simd)/", r"(^|/)all\.html$")),
+                 exclude=(r"/(arch|intrinsics|os|simd)/", r"(^|/)all\.html$"), family="rust"),
     CorpusSource("ghc-docs", "deb", "ghc-doc", "html_files",
                  ("usr/share/doc/ghc-doc/html/users_guide/**/*.html", "usr/share/doc/ghc-doc/html/libraries/**/*.html"),
                  "BSD-3-Clause (GHC and its boot libraries)",
@@ -118,6 +120,12 @@ SOURCES: dict[str, CorpusSource] = {s.name: s for s in [
 ]}
 # Embedded books (eval.data.texts) that are never trained on: the out-of-domain held-out set.
 OOD_BOOKS = ("moby_dick", "jargon")
+
+
+def family_of(name: str) -> tuple[str, ...]:
+    """``name`` and the other sources of its family (just ``name`` when it has none)."""
+    family = SOURCES[name].family
+    return (name,) + tuple(n for n, s in SOURCES.items() if family and s.family == family and n != name)
 
 
 def corpus_dir() -> Path:

@@ -133,7 +133,7 @@ def ensure_shards(source: str, tokenizer, *, cache: str | os.PathLike | None = N
                   split: str = "train", text_field: str = "text", shard_tokens: int = SHARD_TOKENS,
                   log=print) -> ShardedTokens:
     """The shards of ``source`` for ``tokenizer``: reused when the manifest matches, else (re)built."""
-    from train.corpus.documents import filtered_by_heldout, iter_documents, source_fingerprint
+    from train.corpus.documents import PREFIX, filtered_by_heldout, heldout_sources, iter_documents, source_fingerprint
 
     if tokenizer.eos_token_id is None:
         raise ValueError("the tokenizer has no eos_token_id: the token stream needs a document separator")
@@ -147,7 +147,7 @@ def ensure_shards(source: str, tokenizer, *, cache: str | os.PathLike | None = N
             return ShardedTokens(folder)
         heldout = None
         if filtered_by_heldout(source):
-            heldout = heldout_hashes(tokenizer, cache=cache, log=log)
+            heldout = heldout_hashes(tokenizer, heldout_sources(source[len(PREFIX):]), cache=cache, log=log)
         log(f"[corpus] tokenising {source} into {folder} ({problem})")
         documents = iter_documents(source, config=config, split=split, text_field=text_field)
         # a source fetched by this very build has a fingerprint only afterwards: record that one
@@ -158,12 +158,11 @@ def ensure_shards(source: str, tokenizer, *, cache: str | os.PathLike | None = N
     return ShardedTokens(folder)
 
 
-def heldout_hashes(tokenizer, *, cache=None, log=print) -> np.ndarray:
-    """Sorted unique FILTER_N-gram hashes of the held-out sets' token streams (``documents.HELDOUT_SETS``)."""
-    from train.corpus.documents import HELDOUT_SETS, PREFIX
+def heldout_hashes(tokenizer, sources: tuple[str, ...], *, cache=None, log=print) -> np.ndarray:
+    """Sorted unique FILTER_N-gram hashes of the token streams of the held-out ``sources``."""
     from train.corpus.overlap import FILTER_N, ngram_hashes
 
-    streams = [ensure_shards(PREFIX + name, tokenizer, cache=cache, log=log) for name in HELDOUT_SETS]
+    streams = [ensure_shards(name, tokenizer, cache=cache, log=log) for name in sources]
     return np.unique(np.concatenate([ngram_hashes(s.read(0, s.total_tokens), FILTER_N) for s in streams]))
 
 
