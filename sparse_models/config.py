@@ -65,7 +65,7 @@ class PodConfig:
     ``gate_tau``: if set, a query whose estimated proximal gate is >= tau skips distant attention
     (paper: 0.7). ``gate_estimate`` says how the gate is pre-evaluated under key sharing:
     ``"exact"`` computes both parts and then discards the distant one (for testing), ``"anchor"``
-    reuses the gate the anchor layer computed for the same query (methods.md A.4, reading ii).
+    reuses the gate the anchor layer computed for the same query (METHODS.md A.4, reading ii).
     """
 
     sink_tokens: int = 16

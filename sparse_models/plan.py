@@ -95,7 +95,7 @@ def _check_layers(name: str, layers, num_layers: int) -> None:
 
 
 def token_sparse_layers(config: SparseAttentionConfig, num_layers: int) -> list[int]:
-    """Token Sparse layers: the configured list, else the second half (methods.md C.2 fallback)."""
+    """Token Sparse layers: the configured list, else the second half (METHODS.md C.2 fallback)."""
     layers = config.token_sparse.sparse_layers
     if layers is None:
         return list(range(num_layers // 2, num_layers))

@@ -74,7 +74,7 @@ class PodSection:
     sink_tokens: int = 16
     recent_window: int = 4080
     delta: float = 0.5                        # similarity threshold of the greedy grouping, in [0, 1]
-    compare_with: str = "anchor"              # "anchor" (methods.md's recommendation) or "previous"
+    compare_with: str = "anchor"              # "anchor" (METHODS.md's recommendation) or "previous"
     blocks_file: str | None = None            # reuse an exploration's blocks JSON instead of exploring
     calibration_samples: int = 8              # N
     calibration_length: int | None = None     # tokens per calibration sample (default: data.context_length)

@@ -3,7 +3,7 @@
 For each decoder layer l with input hidden states h_l and output h_{l+1} (attention + MLP residual
 update), the drift of token t is ||h_{l+1,t} - h_{l,t}||_2 / (||h_{l,t}||_2 + eps), eps = 1e-8,
 computed in fp32. R_l is its mean over all tokens (and calibration samples), R^_l = R_l / sum R, and
-the sparse layers are the low-drift ones: {l : R^_l <= quantile(R^, delta)}, delta = 0.5 (methods.md
+the sparse layers are the low-drift ones: {l : R^_l <= quantile(R^, delta)}, delta = 0.5 (METHODS.md
 C.2). Low-drift layers change the residual stream little, so dropping tokens there costs little.
 
 The hidden states are the residual stream before the final norm (``sparse_models.

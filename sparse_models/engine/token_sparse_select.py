@@ -1,4 +1,4 @@
-"""Token Sparse Attention in the engine's prefill (Jo et al., arXiv 2602.03216; methods.md C.1).
+"""Token Sparse Attention in the engine's prefill (Jo et al., arXiv 2602.03216; METHODS.md C.1).
 
 The paper's selection (window scores, pooling, Dynamic Token Coverage, per-head top-k + window) is
 ``sparse_models.schemes.token_sparse`` — the same code the model class runs, so both paths keep the

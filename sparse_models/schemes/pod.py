@@ -1,4 +1,4 @@
-"""POD: Proximal tokens Over Distant tokens (Ma et al., arXiv 2412.02252; methods.md A).
+"""POD: Proximal tokens Over Distant tokens (Ma et al., arXiv 2412.02252; METHODS.md A).
 
 A query attends to proximal keys (the first ``sink`` positions and the last ``recent`` positions up
 to itself) with the layer's own keys and to every other position with the keys of its block's anchor
@@ -11,7 +11,7 @@ Decode: ``kernels.pod_decode_attention`` over the cache's sink + ring buffer and
 
 Compute skipping (``pod.gate_tau``, decode only): where the proximal gate g >= tau the distant part is
 dropped. ``gate_estimate="exact"`` uses this layer's own gate (the kernel's skip); ``"anchor"`` uses
-the gate the anchor layer computed for the same query head (methods.md A.4, reading ii). In the
+the gate the anchor layer computed for the same query head (METHODS.md A.4, reading ii). In the
 plain-PyTorch path both parts are still computed; the saving only exists in a kernel that skips.
 """
 
@@ -42,7 +42,7 @@ def _expand(x: torch.Tensor, heads: int) -> torch.Tensor:
 
 def pod_scores_prefill(q: torch.Tensor, q_anchor: torch.Tensor, k_own: torch.Tensor, k_anchor: torch.Tensor,
                        v: torch.Tensor, seq_lens: torch.Tensor, cfg: PodConfig) -> torch.Tensor:
-    """POD v1 "score sharing" (methods.md A.3): distant logits are the anchor layer's own q_a . k_a,
+    """POD v1 "score sharing" (METHODS.md A.3): distant logits are the anchor layer's own q_a . k_a,
     proximal logits the layer's q . k; one softmax over both, applied to the layer's own values.
 
     Plain PyTorch with explicit [S, S] masks (an option for study, not a long-context path).

@@ -1,4 +1,4 @@
-"""Token Sparse Attention for prefill (Jo et al., arXiv 2602.03216; methods.md C.1).
+"""Token Sparse Attention for prefill (Jo et al., arXiv 2602.03216; METHODS.md C.1).
 
 On a sparse layer: the last ``window`` queries score each prefix key (mean softmax probability,
 ``kernels.token_sparse_scores``), scores are smoothed by an average pool, a layer-level budget comes
