@@ -3,8 +3,8 @@
 An AST walk over every module of the four layers: an import of a higher layer (at module level or
 inside a function, ``import x`` or ``from x import y``) fails, naming the file, the line and the
 import. Relative imports stay inside their package, so they cannot climb. A second walk builds the
-module import graph (function-level imports included; package ``__init__`` re-exports left out) and
-fails on any circle, e.g. ``train.data`` <-> ``train.corpus.documents``.
+module import graph (function-level imports included; package ``__init__`` re-exports and
+``if TYPE_CHECKING:`` imports left out) and fails on any circle, e.g. ``train.data`` <-> ``train.corpus.documents``.
 """
 
 from __future__ import annotations
@@ -46,6 +46,19 @@ def _module_names(root: Path) -> dict[str, Path]:
     return modules
 
 
+def _runtime_nodes(tree: ast.AST):
+    """Every node except the bodies of ``if TYPE_CHECKING:`` (type-only imports never run)."""
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        yield node
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                stack.extend(child.orelse)
+                continue
+            stack.append(child)
+
+
 def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
     """module -> the modules of the four layers it imports (packages' ``__init__`` left out)."""
     modules = _module_names(root)
@@ -62,7 +75,7 @@ def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
             continue
         package = name.rpartition(".")[0]
         targets = set()
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        for node in _runtime_nodes(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Import):
                 targets.update(owner(alias.name) for alias in node.names)
             elif isinstance(node, ast.ImportFrom):

@@ -220,7 +220,7 @@ def write_blocks_json(path: str | Path, anchor_layers: list[list[int]], similari
 
 def read_blocks_json(path: str | Path) -> dict:
     """Read a blocks JSON; checks its anchor map (consecutive blocks anchored at their lowest layer)."""
-    from sparse_models.config import validate_anchor_layers
+    from sparse_models.schemes.pod import validate_anchor_layers
 
     data = json.loads(Path(path).read_text())
     if "anchor_layers" not in data:

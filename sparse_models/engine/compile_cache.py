@@ -20,12 +20,12 @@ CACHE_VARIABLES = ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR")
 def enable_persistent_compile_caches(root: str | os.PathLike | None = None, environ=None) -> dict[str, str]:
     """Set the cache folders (unless already set) and return the variables in effect.
 
-    ``root``: default ``sparse_models.smollm2.cache_root() / "compile"``; ``environ``: default ``os.environ``.
+    ``root``: default ``sparse_models.paths.cache_root() / "compile"``; ``environ``: default ``os.environ``.
     """
     if environ is None:
         environ = os.environ
     if root is None:
-        from ..smollm2 import cache_root
+        from ..paths import cache_root
 
         root = cache_root() / "compile"
     root = Path(root).expanduser()

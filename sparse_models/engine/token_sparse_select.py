@@ -16,8 +16,7 @@ import torch.nn.functional as F
 
 import kernels
 
-from ..config import TokenSparseConfig
-from ..schemes.token_sparse import LayerSparsity, TokenSparseStats, token_sparse_prefill
+from ..schemes.token_sparse import LayerSparsity, TokenSparseConfig, TokenSparseStats, token_sparse_prefill
 
 
 def fixed_ratio_indices(q: torch.Tensor, k: torch.Tensor, lens: torch.Tensor, cfg: TokenSparseConfig,
