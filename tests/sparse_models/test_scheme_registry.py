@@ -156,3 +156,42 @@ def test_a_scheme_added_as_one_object_runs_in_model_and_engine():
         assert expected != dense
     finally:
         registry.unregister("first_and_current")
+
+
+def test_streaming_llm_is_one_file_and_one_registry_line(tmp_path):
+    """ARCHITECTURE.md's recipe, checked on StreamingLLM: without schemes/streaming.py and its BUILTIN line
+    the rest of sparse_models imports and works (so re-adding it is exactly that file and that line)."""
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    copy = tmp_path / "sparse_models"
+    shutil.copytree(root / "sparse_models", copy, ignore=shutil.ignore_patterns("__pycache__"))
+    (copy / "schemes" / "streaming.py").unlink()
+    registry_file = copy / "schemes" / "registry.py"
+    text = registry_file.read_text()
+    assert text.count('    "streaming",\n') == 1
+    registry_file.write_text(text.replace('    "streaming",\n', ""))
+    script = """
+import torch
+from sparse_models import PodkitLlamaConfig, PodkitLlamaForCausalLM, SparseAttentionConfig
+from sparse_models.engine import GenerationEngine
+from sparse_models.schemes.registry import scheme_names
+assert "streaming" not in scheme_names() and "streaming" not in SparseAttentionConfig().to_dict()
+torch.manual_seed(0)
+model = PodkitLlamaForCausalLM(PodkitLlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+    num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)).eval()
+engine = GenerationEngine(model, max_batch_size=1, max_seq_len=24, decode_scheme="quest", quest_budget=8,
+                          quest_page_size=4)
+import sparse_models
+print(sparse_models.__file__)
+print(len(engine.generate([[1, 2, 3, 4, 5, 6, 7, 8, 9]], max_new_tokens=3).tokens[0]))
+"""
+    env = {**__import__("os").environ, "PYTHONPATH": f"{tmp_path}:{root}"}
+    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    where, tokens = done.stdout.strip().splitlines()[-2:]
+    assert where.startswith(str(copy)) and tokens == "3", done.stdout
