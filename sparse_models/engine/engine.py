@@ -29,7 +29,7 @@ from .cuda_graph import GraphedStep
 from .decode_step import DecodeStep
 from .errors import EngineError
 from .model_parts import extract_model_parts
-from .prefill import forward_chunk
+from .prefill import check_prefill_roles, forward_chunk
 from .sampling import SamplingConfig, sample_next
 from .static_cache import StaticCache
 
@@ -170,6 +170,7 @@ class GenerationEngine:
             self.plan = build_plan(self.config, parts.num_layers, parts.num_kv_heads, model_family(model.config))
         except ConfigError as err:
             raise EngineError(str(err)) from err
+        check_prefill_roles(self.plan, prefill_scheme.name)
         needs = decode_scheme.cache
         page_layers = [p.layer for p in self.plan if p.decode in needs.page_roles]
         self.cache = StaticCache(self.plan, parts.num_kv_heads, parts.head_dim, max_batch_size, capacity,

@@ -158,6 +158,22 @@ def test_a_scheme_added_as_one_object_runs_in_model_and_engine():
         registry.unregister("first_and_current")
 
 
+def test_engine_refuses_a_prefill_role_it_does_not_implement():
+    from test_engine import podkit_model
+
+    from sparse_models.engine import EngineError, GenerationEngine
+
+    toy = Scheme("toy_prefill", "toy", prefill_roles=lambda config, n, anchors: ["toy"] * n,
+                 prefill={"toy": registry.SCHEMES["dense"].prefill["dense"]})
+    registry.register(toy)
+    try:
+        with pytest.raises(EngineError, match=r"prefill_scheme='toy_prefill' plans prefill role\(s\) \['toy'\]"):
+            GenerationEngine(podkit_model(6, 2, seed=1), sparse_config=SparseAttentionConfig(), max_batch_size=1,
+                             max_seq_len=16, prefill_scheme="toy_prefill")
+    finally:
+        registry.unregister("toy_prefill")
+
+
 def test_streaming_llm_is_one_file_and_one_registry_line(tmp_path):
     """ARCHITECTURE.md's recipe, checked on StreamingLLM: without schemes/streaming.py and its BUILTIN line
     the rest of sparse_models imports and works (so re-adding it is exactly that file and that line)."""
