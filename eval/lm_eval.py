@@ -2,7 +2,7 @@
 
 lm-eval 0.4.x has no plugin discovery for models, and builds the model before it reads task code,
 so a third-party model needs a wrapper that imports the registering module first and then runs
-``lm_eval.__main__.cli_evaluate()`` (environment.md §5). Every lm-eval flag works unchanged.
+``lm_eval.__main__.cli_evaluate()`` (lm-eval 0.4.x's own CLI). Every lm-eval flag works unchanged.
 podkit's local tasks (eval/tasks/*.yaml) are added with ``--include_path`` unless the caller gave one,
 and the HF offline switches are set unless the caller set them, so it runs with no network. ``pretrained=default`` is rewritten to the converted SmolLM2 folder
 so that task code reading a tokenizer from the model args (RULER) works too.

@@ -2,7 +2,9 @@
 
 One place maps a human setting ("tidal@128", "token_sparse@0.005") to the load-time overrides of
 sparse_models.config, so the fidelity sweep, ``eval.quality`` and the lm-eval model agree on what a
-"budget" means for each decode method:
+"budget" means for each decode method. The meaning itself is the scheme's
+(``sparse_models.schemes.registry.budget_overrides``): the number of cached positions one decode query
+reads, current token included.
 
 * TidalDecode: ``tidal_budget`` = tokens attended per sparse layer, the current token included;
 * Quest: ``quest_budget`` = tokens of the selected pages (page size 16, the current page included);
@@ -14,8 +16,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-BUDGETED_DECODE_SCHEMES = ("tidal", "quest", "streaming", "pod+tidal")
-STREAMING_SINK_TOKENS = 4
+from sparse_models.schemes.registry import budget_overrides as _scheme_budget_overrides
+from sparse_models.schemes.registry import budgeted_schemes
+
+BUDGETED_DECODE_SCHEMES = budgeted_schemes()
 
 
 @dataclass(frozen=True)
@@ -37,19 +41,9 @@ class Setting:
 
 
 def budget_overrides(decode_scheme: str, budget: int) -> dict[str, Any]:
-    """The overrides that give ``decode_scheme`` a budget of ``budget`` keys per query."""
-    if isinstance(budget, bool) or not isinstance(budget, int) or budget < 2:
-        raise ValueError(f"budget={budget!r} is invalid: expected an integer >= 2")
-    if decode_scheme in ("tidal", "pod+tidal"):
-        return {"decode_scheme": decode_scheme, "tidal_budget": budget}
-    if decode_scheme == "quest":
-        return {"decode_scheme": "quest", "quest_budget": budget}
-    if decode_scheme == "streaming":
-        if budget <= STREAMING_SINK_TOKENS:
-            raise ValueError(f"budget={budget} is too small for streaming: expected > {STREAMING_SINK_TOKENS} sink tokens")
-        return {"decode_scheme": "streaming", "streaming_sink_tokens": STREAMING_SINK_TOKENS,
-                "streaming_recent_window": budget - STREAMING_SINK_TOKENS}
-    raise ValueError(f"decode_scheme={decode_scheme!r} has no budget: expected one of {', '.join(BUDGETED_DECODE_SCHEMES)}")
+    """The overrides that give ``decode_scheme`` a budget of ``budget`` keys per query (the scheme's
+    one meaning; a ``ValueError`` naming the allowed values otherwise)."""
+    return _scheme_budget_overrides(decode_scheme, budget)
 
 
 def dense() -> Setting:

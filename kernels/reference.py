@@ -90,7 +90,7 @@ def decode_attention(q, k_cache, v_cache, seq_lens, *, scale=None, return_scores
 
 
 def select_topk_positions(scores, seq_lens, budget, *, group_size=1, per_kv_group=False):
-    """TidalDecode token selection (methods.md B.2): top-(budget-1) past slots + the current slot.
+    """TidalDecode token selection (METHODS.md B.2): top-(budget-1) past slots + the current slot.
 
     Args:
         scores: [B, Hq, N] raw logits (-inf or anything past seq_lens; those slots are never chosen).
@@ -205,7 +205,7 @@ def prefill_attention(q, k, v, q_offsets, kv_lens, *, scale=None, return_lse=Fal
 
 
 def sparse_prefill_attention(q, k, v, indices, *, scale=None):
-    """Token Sparse compressed attention (methods.md C.1 steps 6-8), without the gathers' copies.
+    """Token Sparse compressed attention (METHODS.md C.1 steps 6-8), without the gathers' copies.
 
     Args:
         q: [B, Hq, S, D]; k, v: [B, Hkv, S, D] (same positions as q).
@@ -240,7 +240,7 @@ def sparse_prefill_attention(q, k, v, indices, *, scale=None):
 
 
 def token_sparse_scores(q, k, seq_lens, window):
-    """Token Sparse importance of each prefix key (methods.md C.1 step 2).
+    """Token Sparse importance of each prefix key (METHODS.md C.1 step 2).
 
     s_h[t] = mean over the last `window` valid queries i of softmax_j(q_i.k_j / sqrt(D))[t], with the
     softmax over keys j <= i (causal). Keys inside the window and padding get 0.
@@ -279,7 +279,7 @@ def pod_proximal_mask(query_pos, key_pos, sink, recent):
 
 
 def pod_prefill_attention(q, k_own, k_anchor, v, seq_lens, *, sink, recent, scale=None, return_gate=False):
-    """POD prefill / training attention (methods.md A.3), differentiable through autograd.
+    """POD prefill / training attention (METHODS.md A.3), differentiable through autograd.
 
     Two masked passes merged by log-sum-exp: proximal pairs (j <= i, j < sink or i - j < recent)
     use the layer's own keys, distant pairs (j <= i otherwise) the anchor layer's keys; queries and
@@ -397,7 +397,7 @@ def quest_page_minmax(k_cache, seq_lens, page_size):
 
 
 def quest_page_scores(q, page_max, page_min, seq_lens, page_size):
-    """Quest criticality upper bound per (head, page) (methods.md D.1).
+    """Quest criticality upper bound per (head, page) (METHODS.md D.1).
 
     U = sum_i max(q_i M_i, q_i m_i), unscaled. Empty pages get -inf; the current (last) page +inf
     so that it is always selected.

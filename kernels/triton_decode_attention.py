@@ -7,7 +7,7 @@ per-head logits `scores[B,Hq,N]` (fp32, q.k*scale, -inf at slots >= seq_lens[b])
 
 `selection_decode_attention_triton`: TidalDecode's token selection layer (Yang et al., "TidalDecode:
 Fast and Accurate LLM Decoding with Position Persistent Sparse Attention", arXiv 2410.05076, B.2 of
-shared/reference/methods.md): full attention (exact output) plus, per query head (Hs = Hq) or per
+METHODS.md): full attention (exact output) plus, per query head (Hs = Hq) or per
 GQA group (Hs = Hkv, summing the group's softmax probabilities), the top-(budget-1) slots among
 slots < seq_lens-1 plus the current slot, returned ascending and -1 padded.
 

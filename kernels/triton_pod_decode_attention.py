@@ -1,7 +1,7 @@
 """POD decode attention in Triton: proximal keys from the layer's own sink + ring, distant keys from
 the anchor layer, values from the layer itself (Ma et al., "Compressing KV Cache for Long-Context LLM
 Inference with Inter-Layer Attention Similarity", arXiv 2412.02252, A.4 of
-shared/reference/methods.md).
+METHODS.md).
 
 For the query at position p = seq_lens[b]-1, key position j is proximal when j < sink or
 p - j < recent; its key is then k_local[slot] (slot j for sinks, sink + j % recent for the ring),
@@ -11,7 +11,7 @@ tile the sink + recent virtual slots) and merged with a log-sum-exp reduction th
 gate g = sigmoid(lse_P - lse_D) (1 when there is no distant key).
 
 gate_tau (paper default 0.7): heads whose exact gate g >= tau output proximal attention only. This
-follows kernels/reference.py, which computes the exact gate first, i.e. reading (i) of methods.md
+follows kernels/reference.py, which computes the exact gate first, i.e. reading (i) of METHODS.md
 A.4: the result matches the paper's skip rule, but the distant keys and values are still read
 (the gate needs lse_D), so it saves no bandwidth in this kernel. A bandwidth-saving variant would
 take g from an earlier layer (reading (ii)) and is not implemented here.

@@ -1,7 +1,7 @@
 """POD prefill / training attention with a Triton forward and backward.
 
 POD (Ma et al., "Compressing KV Cache for Long-Context LLM Inference with Inter-Layer Attention
-Similarity", arXiv 2412.02252 v2; methods.md §A.3): for a query at position ``i`` and a key at
+Similarity", arXiv 2412.02252 v2; METHODS.md §A.3): for a query at position ``i`` and a key at
 ``j <= i``, the pair is *proximal* when ``j < sink`` or ``i - j < recent`` and uses the layer's own
 key ``k_own[j]``; otherwise it is *distant* and uses the anchor layer's key ``k_anchor[j]``. Queries
 and values are the layer's own. The paper's two masked passes merged by log-sum-exp,

@@ -1,5 +1,5 @@
 """Quest page scoring and page selection in Triton (Tang et al., "Quest: Query-Aware Sparsity for
-Efficient Long-Context LLM Inference", ICML 2024, arXiv 2406.10774; D.1 of shared/reference/methods.md).
+Efficient Long-Context LLM Inference", ICML 2024, arXiv 2406.10774; METHODS.md D.1).
 
 `quest_page_scores_triton`: per (query head, page) the upper bound U = sum_i max(q_i M_i, q_i m_i)
 of q.k over the page's keys, from the per-page channel max M / min m (unscaled: ranking only).

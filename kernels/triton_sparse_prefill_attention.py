@@ -1,6 +1,6 @@
 """Attention over per-head position lists for prefill: Token Sparse Attention (Triton).
 
-Token Sparse Attention (Jo et al., arXiv 2602.03216, §C.1 of methods.md) keeps, per query head,
+Token Sparse Attention (Jo et al., arXiv 2602.03216, METHODS.md C.1) keeps, per query head,
 a sorted list of positions; the listed rows are both the kept queries and the kept keys, attention
 is causal by original position, and the outputs go back to their original rows with zeros
 elsewhere. The paper gathers compressed Q/K/V, runs FlashAttention and scatters back; this kernel

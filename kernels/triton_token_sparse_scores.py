@@ -1,4 +1,4 @@
-"""Token Sparse Attention's key scorer (Jo et al., arXiv 2602.03216; methods.md §C.1 step 2), Triton.
+"""Token Sparse Attention's key scorer (Jo et al., arXiv 2602.03216; METHODS.md §C.1 step 2), Triton.
 
 ``scores[b, h, t]`` = mean over the last ``W`` valid queries ``i`` of ``softmax_j(q_i . k_j / sqrt(D))[t]``
 (softmax over the causal keys ``j <= i``) for every prefix key ``t < seq_lens[b] - W``; keys inside

@@ -22,13 +22,13 @@ import torch
 
 from .cache import SparseKVCache
 from .config import SparseAttentionConfig
+from .decode_view import CacheDecodeView
 from .plan import LayerPlan
-from .schemes.dense import dense_decode, dense_prefill
-from .schemes.pod import assemble_anchor_queries, pod_decode, pod_prefill, pod_scores_decode, pod_scores_prefill
-from .schemes.quest import quest_decode
-from .schemes.streaming import streaming_decode
-from .schemes.tidal import tidal_select_decode, tidal_sparse_decode
-from .schemes.token_sparse import TokenSparseStats, token_sparse_prefill
+from .schemes.base import DecodeStepState
+from .schemes.dense import dense_prefill
+from .schemes.pod import assemble_anchor_queries, pod_decode, pod_scores_decode
+from .schemes.registry import get_scheme
+from .schemes.token_sparse import TokenSparseStats
 
 
 @dataclass
@@ -99,20 +99,11 @@ def _anchor_queries(layer, state, position):
 
 
 def _prefill(layer, q, k, v, state, k_anchor, q_anchor=None):
-    p = state.plan[layer]
-    cfg = state.config
-    lens = state.num_new
-    if p.prefill == "pod-shared":
-        if k_anchor is None:
-            raise RuntimeError(f"layer {layer} is POD-shared but received no anchor keys")
-        if cfg.pod.sharing == "scores":
-            out = pod_scores_prefill(q, q_anchor, k, k_anchor, v, lens, cfg.pod)
-        else:
-            out = pod_prefill(q, k, k_anchor, v, lens, cfg.pod)
-    elif p.prefill == "token-sparse":
-        out = token_sparse_prefill(q, k, v, lens, cfg.token_sparse, layer, state.stats)
-    else:
-        out = dense_prefill(q, k, v, torch.zeros_like(lens), lens)
+    role = state.plan[layer].prefill
+    scheme = get_scheme(state.config.prefill_scheme)
+    if role not in scheme.prefill:
+        raise RuntimeError(f"prefill role {role!r} of layer {layer} has no function in scheme {scheme.name!r}")
+    out = scheme.prefill[role](layer, q, k, v, state, k_anchor, q_anchor)
     if state.cache is not None:
         state.cache.write(layer, k, v, state.old_lens, state.num_new)
         state.cache.update_quest_pages(layer, state.old_lens, state.new_lens)
@@ -121,37 +112,15 @@ def _prefill(layer, q, k, v, state, k_anchor, q_anchor=None):
 
 def _decode(layer, q, k, v, state):
     p = state.plan[layer]
-    cfg = state.config
     cache = state.cache
     lens = state.new_lens
     cache.write(layer, k, v, state.old_lens, state.num_new)
     cache.update_quest_pages(layer, state.old_lens, lens)
-    q1 = q[:, :, 0]
-    values = cache.layer_values(layer)
-    role = p.decode
-    if role == "pod-shared" and cfg.pod.sharing == "scores":
-        group = q1.shape[1] // len(p.anchors)
-        shared = torch.tensor([p.anchors[qh // group] != layer for qh in range(q1.shape[1])])
-        out = pod_scores_decode(q1, _anchor_queries(layer, state, 0), cache.local_key_view(layer, lens),
-                                cache.anchor_keys(layer), values, lens, cfg.pod, shared)
-    elif role in ("pod-anchor", "pod-shared"):
-        out = pod_decode(layer, p.anchors, q1, cache, lens, cfg.pod, state.gates)
-    else:
-        keys = cache.effective_keys(layer, lens) if p.pod_keys else cache.layer_keys(layer)
-        if role in ("dense", "full"):
-            out = dense_decode(q1, keys, values, lens)
-        elif role == "full+select":
-            out, idx = tidal_select_decode(q1, keys, values, lens, cfg.tidal)
-            state.selected[layer] = idx
-            cache.tidal_indices[layer] = idx
-        elif role == "sparse-over-selected":
-            out = tidal_sparse_decode(q1, keys, values, state.selected[p.selection_source])
-        elif role == "quest":
-            out, _ = quest_decode(q1, keys, values, lens, *cache.quest_pages(layer), cfg.quest)
-        elif role == "streaming":
-            out = streaming_decode(q1, keys, values, lens, cfg.streaming)
-        else:
-            raise RuntimeError(f"unknown decode role {role!r} for layer {layer}")
+    scheme = get_scheme(state.config.decode_scheme)
+    if p.decode not in scheme.decode:
+        raise RuntimeError(f"unknown decode role {p.decode!r} for layer {layer} (scheme {scheme.name!r})")
+    view = CacheDecodeView(p, cache, lens, state.config, state)
+    out = scheme.decode[p.decode](view, q[:, :, 0], p, DecodeStepState(state.selected))
     return out.unsqueeze(2)
 
 

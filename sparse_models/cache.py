@@ -31,22 +31,7 @@ from transformers.cache_utils import Cache
 import kernels
 
 from .plan import LayerPlan
-
-
-def local_slot_positions(seq_lens: torch.Tensor, sink: int, recent: int) -> torch.Tensor:
-    """Position held by each slot of a POD local key buffer once ``seq_lens`` tokens were written.
-
-    Returns [B, sink + recent] int64: slot t < sink holds position t; ring slot ``sink + r`` holds the
-    latest position j <= seq_len - 1 with j % recent == r. -1 where no such position exists.
-    """
-    lens = seq_lens.long()
-    last = (lens - 1)[:, None]
-    sinks = torch.arange(sink, device=lens.device)[None, :].expand(lens.shape[0], -1)
-    sinks = torch.where(sinks < lens[:, None], sinks, torch.full_like(sinks, -1))
-    r = torch.arange(recent, device=lens.device)[None, :]
-    ring = last - torch.remainder(last - r, recent)
-    ring = torch.where(ring >= 0, ring, torch.full_like(ring, -1))
-    return torch.cat([sinks, ring], dim=1)
+from .schemes.pod import local_slot_positions
 
 
 @dataclass
@@ -75,13 +60,15 @@ class SparseKVCache(Cache):
         plan: the model's per-layer plan (``sparse_models.plan.build_plan``).
         num_kv_heads, head_dim: Hkv and D.
         sink, recent: POD's proximal window (``config.pod``), used by layers with ``pod_keys``.
-        quest_page_size: page size for Quest layers (decode role ``quest``), else None.
+        quest_page_size: page size of the per-page key max/min, else None.
+        page_roles: decode roles whose layers keep those pages (the decode scheme's ``cache.page_roles``).
         capacity: slots to allocate up front (grows on demand; ``generate`` passes max_length).
         correction_period: TidalDecode KV-cache correction period T, or None.
     """
 
     def __init__(self, plan: list[LayerPlan], num_kv_heads: int, head_dim: int, *, sink: int = 0, recent: int = 1,
-                 quest_page_size: int | None = None, capacity: int = 0, correction_period: int | None = None):
+                 quest_page_size: int | None = None, capacity: int = 0, correction_period: int | None = None,
+                 page_roles: tuple[str, ...] = ()):
         super().__init__(layers=[])
         self.plan = plan
         self.num_layers = len(plan)
@@ -90,6 +77,7 @@ class SparseKVCache(Cache):
         self.sink = sink
         self.recent = recent
         self.quest_page_size = quest_page_size
+        self.page_roles = tuple(page_roles)
         self.initial_capacity = capacity
         self.correction_period = correction_period
         self.capacity = 0
@@ -162,7 +150,7 @@ class SparseKVCache(Cache):
     def reset(self) -> None:
         self.__init__(self.plan, self.num_kv_heads, self.head_dim, sink=self.sink, recent=self.recent,
                       quest_page_size=self.quest_page_size, capacity=self.initial_capacity,
-                      correction_period=self.correction_period)
+                      correction_period=self.correction_period, page_roles=self.page_roles)
 
     def _map_batch(self, fn) -> None:
         for store in (self.keys, self.local_keys, self.values, self.page_max, self.page_min):
@@ -313,7 +301,7 @@ class SparseKVCache(Cache):
         if self.quest_page_size is None or self.seq_lens is None:
             return
         for layer in layers:
-            if self.plan[layer].decode == "quest":
+            if self.plan[layer].decode in self.page_roles:
                 self.page_max[layer], self.page_min[layer] = kernels.quest_page_minmax(
                     self.keys[layer], self.seq_lens, self.quest_page_size)
 
@@ -324,7 +312,7 @@ class SparseKVCache(Cache):
 
     def update_quest_pages(self, layer: int, old_lens: torch.Tensor, new_lens: torch.Tensor) -> None:
         """Refresh the page max/min of ``layer`` after an append (only the touched page on decode)."""
-        if self.quest_page_size is None or self.plan[layer].decode != "quest":
+        if self.quest_page_size is None or self.plan[layer].decode not in self.page_roles:
             return
         ps = self.quest_page_size
         if not bool(((new_lens - old_lens) == 1).all()):

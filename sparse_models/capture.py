@@ -40,7 +40,7 @@ def capture_residual_stream(model, input_ids: torch.Tensor, attention_mask: torc
     """The residual stream before each layer and after the last one (before the final norm).
 
     Returns L + 1 tensors [B, S, H] in the caller's layout (zeros at padding): entry l is layer l's
-    input, entry l + 1 its output, which is what Token Sparse's drift R_l compares (methods.md C.2).
+    input, entry l + 1 its output, which is what Token Sparse's drift R_l compares (METHODS.md C.2).
     ``output_hidden_states=True`` gives the same except that its last entry is after the final norm,
     as in transformers.
     """

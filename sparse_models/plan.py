@@ -1,6 +1,9 @@
 """The per-layer plan: what each layer does in prefill and in decode, computed once from the config.
 
-Roles (strings, so that reports and tests read naturally):
+Each scheme names its roles (strings, so that reports and tests read naturally) through its
+``prefill_roles`` / ``decode_roles`` (``sparse_models/schemes/<method>.py``); the plan asks the
+registry for the config's prefill and decode schemes and stores one :class:`LayerPlan` per layer.
+Today's roles:
 
 prefill: ``dense`` | ``token-sparse`` (Token Sparse Attention, arXiv 2602.03216) |
          ``pod-anchor`` (every KV head is its own anchor: plain causal attention) |
@@ -17,11 +20,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .config import ConfigError, SparseAttentionConfig, default_reselection_layer
-
-PREFILL_ROLES = ("dense", "token-sparse", "pod-anchor", "pod-shared")
-DECODE_ROLES = ("dense", "full", "full+select", "sparse-over-selected", "pod-anchor", "pod-shared", "quest",
-                "streaming")
+from .config import SparseAttentionConfig
+from .schemes.registry import get_scheme
+from .schemes.tidal import tidal_selection_layers  # noqa: F401  (re-exported)
+from .schemes.token_sparse import token_sparse_layers  # noqa: F401  (re-exported)
 
 
 @dataclass(frozen=True)
@@ -68,92 +70,20 @@ def model_family(model_config) -> str | None:
     return None
 
 
-def tidal_selection_layers(config: SparseAttentionConfig, num_layers: int, family: str | None = None) -> list[int]:
-    """The TidalDecode selection layers: the configured ones, else layer 2 + the re-selection layer."""
-    tidal = config.tidal
-    if tidal.selection_layers is not None:
-        bad = [layer for layer in tidal.selection_layers if layer >= num_layers]
-        if bad:
-            raise ConfigError(f"tidal.selection_layers={tidal.selection_layers} is invalid: layers {bad} do not exist "
-                              f"in a model with {num_layers} layers")
-        return sorted(tidal.selection_layers)
-    candidates = {2, default_reselection_layer(num_layers, family)}
-    layers = sorted(layer for layer in candidates if layer < num_layers and layer not in tidal.full_layers)
-    if not layers:
-        first_free = next((layer for layer in range(num_layers) if layer not in tidal.full_layers), None)
-        if first_free is None:
-            raise ConfigError(f"tidal.full_layers={tidal.full_layers} is invalid: it covers all {num_layers} layers, "
-                              f"leaving none for selection")
-        layers = [first_free]
-    return layers
-
-
-def _check_layers(name: str, layers, num_layers: int) -> None:
-    bad = [layer for layer in (layers or []) if layer >= num_layers]
-    if bad:
-        raise ConfigError(f"{name}={list(layers)} is invalid: layers {bad} do not exist in a model with {num_layers} layers")
-
-
-def token_sparse_layers(config: SparseAttentionConfig, num_layers: int) -> list[int]:
-    """Token Sparse layers: the configured list, else the second half (methods.md C.2 fallback)."""
-    layers = config.token_sparse.sparse_layers
-    if layers is None:
-        return list(range(num_layers // 2, num_layers))
-    _check_layers("token_sparse.sparse_layers", layers, num_layers)
-    return sorted(layers)
-
-
 def build_plan(config: SparseAttentionConfig, num_layers: int, num_kv_heads: int,
                family: str | None = None) -> list[LayerPlan]:
     """One :class:`LayerPlan` per layer. Raises ConfigError if the config does not fit the model."""
-    uses_pod = config.prefill_scheme == "pod" or config.decode_scheme in ("pod", "pod+tidal")
-    anchors = config.pod.anchor_map(num_layers, num_kv_heads) if uses_pod else [[layer] * num_kv_heads
-                                                                                for layer in range(num_layers)]
-    if config.pod.sharing == "scores" and config.decode_scheme == "pod+tidal":
-        raise ConfigError("pod.sharing='scores' is invalid with decode_scheme='pod+tidal': TidalDecode selects over "
-                          "one key per position, score sharing has none; use pod.sharing='keys' or decode_scheme='pod'")
-    if config.decode_scheme == "pod+tidal" and config.tidal.correction_period is not None:
-        raise ConfigError(f"tidal.correction_period={config.tidal.correction_period} is invalid with "
-                          f"decode_scheme='pod+tidal': re-running past tokens needs their proximal keys, which POD's "
-                          f"ring has already overwritten; use null (no correction) or decode_scheme='tidal'")
-    sparse_prefill = set(token_sparse_layers(config, num_layers)) if config.prefill_scheme == "token_sparse" else set()
-    tidal_like = config.decode_scheme in ("tidal", "pod+tidal")
-    if tidal_like:
-        _check_layers("tidal.full_layers", config.tidal.full_layers, num_layers)
-        selection = tidal_selection_layers(config, num_layers, family)
-    if config.decode_scheme == "quest":
-        _check_layers("quest.dense_layers", config.quest.dense_layers, num_layers)
-    plan = []
-    for layer in range(num_layers):
-        row = tuple(anchors[layer])
-        shared = any(a != layer for a in row)
-        if config.prefill_scheme == "pod":
-            prefill = "pod-shared" if shared else "pod-anchor"
-        elif layer in sparse_prefill:
-            prefill = "token-sparse"
-        else:
-            prefill = "dense"
-        source = None
-        if config.decode_scheme == "dense":
-            decode = "dense"
-        elif config.decode_scheme == "pod":
-            decode = "pod-shared" if shared else "pod-anchor"
-        elif tidal_like:
-            below = [s for s in selection if s <= layer]
-            if layer in config.tidal.full_layers:
-                decode = "full"
-            elif layer in selection:
-                decode = "full+select"
-            elif below:
-                decode, source = "sparse-over-selected", below[-1]
-            else:
-                decode = "full"  # no selection layer below yet: nothing to be sparse over
-        elif config.decode_scheme == "quest":
-            decode = "dense" if layer in config.quest.dense_layers else "quest"
-        else:
-            decode = "streaming"
-        plan.append(LayerPlan(layer, prefill, decode, row, config.uses_pod_cache, source))
-    return plan
+    prefill, decode = get_scheme(config.prefill_scheme, "prefill"), get_scheme(config.decode_scheme, "decode")
+    uses_anchors = prefill.uses_anchors or decode.uses_anchors
+    anchors = config.pod.anchor_map(num_layers, num_kv_heads) if uses_anchors else [[layer] * num_kv_heads
+                                                                                    for layer in range(num_layers)]
+    for scheme in (prefill, decode):
+        if scheme.check is not None:
+            scheme.check(config, num_layers)
+    prefill_roles = prefill.prefill_roles(config, num_layers, anchors)
+    decode_roles = decode.decode_roles(config, num_layers, anchors, family)
+    return [LayerPlan(layer, prefill_roles[layer], decode_roles[layer][0], tuple(anchors[layer]), decode.cache.pod_keys,
+                      decode_roles[layer][1]) for layer in range(num_layers)]
 
 
 def describe_plan(plan: list[LayerPlan]) -> str:

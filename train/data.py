@@ -3,7 +3,7 @@
 A source string is one of
   * ``podkit:<name>`` -- embedded public-domain / permissive text (``train.corpus.documents``):
     ``podkit:austen`` (the Austen novels except the held-out *Emma*), one book of
-    ``eval.data.texts.TEXT_NAMES`` (``podkit:emma``), a corpus source of ``train.corpus.registry``
+    ``train.corpus.texts.TEXT_NAMES`` (``podkit:emma``), a corpus source of ``train.corpus.registry``
     (``podkit:gcide``, ...), ``podkit:heldout-indomain`` / ``podkit:heldout-ood`` (held-out sets);
   * a local file or folder: ``.txt`` (one document per file), ``.jsonl`` / ``.json`` / ``.parquet``
     (a ``text_field`` column);
@@ -19,13 +19,10 @@ shifts), so ``default_data_collator`` works.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
-from train.recipe import EMBEDDED_DATA_PREFIX, looks_like_local_path, resolve_input_path
-
-LOCAL_BUILDERS = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+from train.corpus.documents import LOCAL_BUILDERS, load_text_dataset  # noqa: F401  (re-exported)
+from train.inputs import EMBEDDED_DATA_PREFIX
 
 
 def embedded_corpus_names() -> tuple[str, ...]:
@@ -80,32 +77,6 @@ def default_eval_source(recipe) -> str:
     from train.corpus.mixture import parse_mix
 
     return recipe.data.eval or parse_mix(recipe.data.train, "data.train")[0].source
-
-
-def load_text_dataset(source: str, *, config: str | None = None, split: str = "train", text_field: str = "text"):
-    """A ``datasets.Dataset`` with one column ``text`` (one row per document)."""
-    import datasets
-
-    if source.startswith(EMBEDDED_DATA_PREFIX):
-        return datasets.Dataset.from_dict({"text": embedded_documents(source[len(EMBEDDED_DATA_PREFIX):])})
-    if looks_like_local_path(source):
-        path = resolve_input_path(source)
-        files = sorted(p for p in path.rglob("*") if p.suffix in LOCAL_BUILDERS) if path.is_dir() else [path]
-        suffixes = {p.suffix for p in files}
-        if not files or len(suffixes) != 1 or next(iter(suffixes)) not in LOCAL_BUILDERS:
-            raise ValueError(f"source={source!r}: expected one .txt/.jsonl/.json/.parquet file or a folder of one "
-                             f"of those kinds, found {sorted(suffixes) or 'no data files'}")
-        builder = LOCAL_BUILDERS[next(iter(suffixes))]
-        kwargs: dict[str, Any] = {"sample_by": "document"} if builder == "text" else {}
-        dataset = datasets.load_dataset(builder, data_files=[str(f) for f in files], split="train", **kwargs)
-    else:
-        dataset = datasets.load_dataset(source, config, split=split)
-    if text_field not in dataset.column_names:
-        raise ValueError(f"data.text_field={text_field!r} is not a column of {source!r}: columns are "
-                         f"{', '.join(dataset.column_names)}")
-    if text_field != "text":
-        dataset = dataset.rename_column(text_field, "text")
-    return dataset.select_columns(["text"])
 
 
 def pack_dataset(dataset, tokenizer, context_length: int, *, max_tokens: int | None = None, num_proc: int = 1):

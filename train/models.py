@@ -28,7 +28,7 @@ def model_source(recipe: Recipe) -> str:
 
 def public_model_name(recipe: Recipe) -> str:
     """The base model's name for cards: the Hub id or embedded name, never a local path."""
-    from train.recipe import looks_like_local_path
+    from train.inputs import looks_like_local_path
 
     name = recipe.model.name_or_path
     if name == EMBEDDED_MODEL:

@@ -7,7 +7,7 @@ student runs with ``skip_lm_head=True`` so its logits are only ever formed chunk
 from __future__ import annotations
 
 from train.losses import LossTerms, ObjectiveWeights, chunked_objective_loss
-from train.teacher import podkit_model_of
+from train.teacher import final_hidden_states, podkit_model_of
 
 
 class ObjectiveLoss:
@@ -35,18 +35,6 @@ class ObjectiveLoss:
                                       teacher_hidden=teacher_hidden,
                                       teacher_head=self.teacher.head if self.teacher is not None else None,
                                       temperature=self.temperature, chunk_tokens=self.chunk_tokens)
-
-
-def final_hidden_states(model, input_ids, attention_mask=None):
-    """``[B, S, H]`` after the final norm, without the LM head: podkit models skip it
-    (``skip_lm_head``); other transformers causal LMs return their hidden states with logits for no
-    position (``logits_to_keep`` = an empty index)."""
-    if hasattr(podkit_model_of(model), "sparse_config"):
-        out = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, skip_lm_head=True)
-    else:
-        out = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, output_hidden_states=True,
-                    logits_to_keep=input_ids.new_zeros(0))
-    return out.hidden_states[-1]
 
 
 def _output_embeddings(model):

@@ -4,8 +4,8 @@ Process roles (``deepspeed`` launcher or one plain process):
   * exploration runs on rank 0 and its anchor map is broadcast (ranks must agree exactly);
   * training runs on every rank (transformers Trainer, DeepSpeed when ``deepspeed.config`` is set;
     under ZeRO-3 the POD model is built on all ranks inside ``deepspeed.zero.Init``);
-  * export, evaluation and push run on rank 0 after the DeepSpeed config is unset (environment.md §3:
-    otherwise a rank-0-only ``from_pretrained`` would enter a collective ``zero.Init`` and hang).
+  * export, evaluation and push run on rank 0 after the DeepSpeed config is unset (otherwise
+    a rank-0-only ``from_pretrained`` would enter a collective ``zero.Init`` and hang).
 
 Outputs under ``train.output_dir``: ``exploration/{blocks.json,similarity.png}``, ``checkpoint-N/``,
 ``losses.jsonl``, ``runs/`` (tensorboard), ``trained/``, ``export/`` (or ``train.export_dir``),
@@ -29,7 +29,7 @@ ORDER = ("explore", "train", "export", "eval", "push")
 
 
 def prepare_launch_environment(recipe: Recipe) -> None:
-    """Environment for DeepSpeed as one plain process and on CPU (environment.md §3)."""
+    """Environment for DeepSpeed as one plain process and on CPU."""
     if not recipe.deepspeed.config:
         return
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / ".torch_extensions"))

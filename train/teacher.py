@@ -45,6 +45,18 @@ def dense_attention(model):
         podkit.set_sparse_attention(saved)
 
 
+def final_hidden_states(model, input_ids, attention_mask=None):
+    """``[B, S, H]`` after the final norm, without the LM head: podkit models skip it
+    (``skip_lm_head``); other transformers causal LMs return their hidden states with logits for no
+    position (``logits_to_keep`` = an empty index)."""
+    if hasattr(podkit_model_of(model), "sparse_config"):
+        out = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, skip_lm_head=True)
+    else:
+        out = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, output_hidden_states=True,
+                    logits_to_keep=input_ids.new_zeros(0))
+    return out.hidden_states[-1]
+
+
 class LoraTeacher:
     """The student's base weights, adapters disabled, dense attention."""
 
@@ -75,8 +87,6 @@ class FrozenCopyTeacher:
 
     @torch.no_grad()
     def hidden(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        from train.objective import final_hidden_states
-
         return final_hidden_states(self.model, input_ids, attention_mask)
 
     @torch.no_grad()

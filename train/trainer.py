@@ -9,7 +9,8 @@ output_dir) / a path. The trained weights (or the LoRA adapter) go to ``<output_
 ``stage3_gather_16bit_weights_on_model_save``).
 
 Gradient checkpointing is non-reentrant: POD layers receive their anchor's keys as an explicit
-argument of the decoder loop, so a recomputed layer sees the same inputs (DESIGN.md pitfall).
+argument of the decoder loop, so a recomputed layer sees the same inputs (module attributes set during
+the first forward would differ on recomputation).
 """
 
 from __future__ import annotations

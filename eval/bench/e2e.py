@@ -63,15 +63,25 @@ def pod_anchor_layers(num_layers: int, num_kv_heads: int, anchor_layers: int | N
 
 
 def scheme_overrides(name: str, num_layers: int, num_kv_heads: int, budget: int, tiny: bool) -> dict:
-    pod = dict(pod_anchor_layers=pod_anchor_layers(num_layers, num_kv_heads, 2 if tiny else 9),
-               pod_sink_tokens=4 if tiny else 16, pod_recent_window=28 if tiny else 4080)
-    tidal = dict(tidal_budget=budget, tidal_full_layers=[0, 1], tidal_selection_layers=[2] if tiny else [2, 13])
-    return {"podkit-dense": dict(decode_scheme="dense"),
-            "tidal": dict(decode_scheme="tidal", **tidal),
-            "pod": dict(decode_scheme="pod", **pod),
-            "pod+tidal": dict(decode_scheme="pod+tidal", **pod, **tidal),
-            "quest": dict(decode_scheme="quest", quest_budget=budget),
-            "streaming": dict(decode_scheme="streaming", streaming_recent_window=budget - 4)}[name]
+    """Flat overrides of a benchmark row: ``podkit-dense`` or a registered decode scheme, with this
+    model shape's POD blocks and TidalDecode layers for the config sections it reads, and ``budget``
+    in its scheme's meaning (``sparse_models.schemes.registry``)."""
+    from sparse_models.schemes.registry import get_scheme
+
+    if name == "podkit-dense":
+        return {"decode_scheme": "dense"}
+    shape_settings = {
+        "pod": dict(pod_anchor_layers=pod_anchor_layers(num_layers, num_kv_heads, 2 if tiny else 9),
+                    pod_sink_tokens=4 if tiny else 16, pod_recent_window=28 if tiny else 4080),
+        "tidal": dict(tidal_full_layers=[0, 1], tidal_selection_layers=[2] if tiny else [2, 13]),
+    }
+    scheme = get_scheme(name, "decode")
+    overrides = {"decode_scheme": name}
+    for section in scheme.sections:
+        overrides |= shape_settings.get(section, {})
+    if scheme.budget is not None:
+        overrides |= scheme.budget.overrides(name, budget)
+    return overrides
 
 
 def build_model(shape: dict, device: str, dtype: torch.dtype):
@@ -400,6 +410,8 @@ def plot(result: dict, path: Path) -> str | None:
 
 
 def main(argv=None) -> int:
+    from sparse_models.schemes.registry import scheme_names
+
     ap = argparse.ArgumentParser(prog="python -m eval.bench e2e", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="outputs/bench/e2e.json")
     ap.add_argument("--png", default=None, help="default: the JSON path with .png")
@@ -408,7 +420,8 @@ def main(argv=None) -> int:
     ap.add_argument("--hf-rows", nargs="*", default=["32768x1", "131072x1"],
                     help="rows where transformers' generate() is also timed (it is slow and memory hungry)")
     ap.add_argument("--schemes", nargs="+", default=["podkit-dense", "tidal", "pod", "pod+tidal"],
-                    help="podkit decode schemes (also: quest, streaming)")
+                    help="podkit-dense or registered decode schemes ("
+                         + ", ".join(n for n in scheme_names("decode") if n != "dense") + ")")
     ap.add_argument("--budget", type=int, default=2048)
     ap.add_argument("--steps", type=int, default=20, help="timed decode steps per row")
     ap.add_argument("--hf-steps", type=int, default=6)

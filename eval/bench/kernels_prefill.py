@@ -8,7 +8,7 @@ Rows (B=1, 32 query heads, 8 KV heads, D=128, bf16 by default), each timed as th
 - dense causal prefill: torch SDPA (``enable_gqa``), podkit ``prefill_attention``, floor.
 - Token Sparse prefill at keep ratio rho: the full pipeline = scorer (``token_sparse_scores``,
   W=128) + selection (avg_pool1d, coverage sort/cumsum, per-head top-k, union with the window,
-  sort; plain torch, mirroring methods.md §C.1) + ``sparse_prefill_attention`` (which scatters its
+  sort; plain torch, mirroring METHODS.md §C.1) + ``sparse_prefill_attention`` (which scatters its
   rows into a zeroed output); the naive torch composition (same scorer and selection, then
   gather Q/K/V, SDPA causal on the compressed tensors, scatter back, as the paper's code does);
   and the scorer alone. Targets: pipeline <= (rho^2 + 0.15) x SDPA causal; scorer <= 10% of
@@ -55,7 +55,7 @@ def sdpa_causal(q, k, v):
 
 
 def select_token_sparse(scores, seq_len, keep_ratio, window=128, kernel_size=7):
-    """Token Sparse per-head selection (methods.md §C.1 steps 3-5) at a fixed keep ratio.
+    """Token Sparse per-head selection (METHODS.md §C.1 steps 3-5) at a fixed keep ratio.
 
     scores [B, H, S] -> indices [B, H, K] ascending, K = keep_ratio * S (window included). The
     dynamic-coverage statistics (mean over heads, sort, cumsum) are computed as in the paper's

@@ -6,7 +6,7 @@ Two kinds (both tokenised with the model's own tokenizer, so lengths are in the 
   Quest and TidalDecode): "The grass is green. The sky is blue. ..." -- trivially compressible, so
   the needle is the only surprising content;
 * a book name from :data:`eval.data.texts.TEXT_NAMES` (e.g. ``"moby_dick"``): real prose, where the
-  needle competes with natural content; much harder for a small model (models_and_data.md §2).
+  needle competes with natural content; much harder for a small model.
 """
 
 from __future__ import annotations

@@ -3,9 +3,9 @@
 The base model runs on N calibration samples. For the last ``q`` queries of each sample, every
 layer's attention rows (softmax over the causal prefix) are compared between layers with the
 Jensen-Shannon divergence, per query head; similarity = 1 - JSD with log base 2, so it lies in
-[0, 1] (methods.md A.2: the paper does not state the base; base 2 is the reading that makes the
+[0, 1] (METHODS.md A.2: the paper does not state the base; base 2 is the reading that makes the
 similarity a [0, 1] score, as the paper says it is). Because keys are what POD shares, blocks are
-per **KV head**: the similarity of a KV head is the mean over its G query heads (methods.md A.2,
+per **KV head**: the similarity of a KV head is the mean over its G query heads (METHODS.md A.2,
 "AMBIGUITY (GQA)"), over the q queries and over the N samples.
 
 Grouping (Algorithm 1, reconstructed): per KV head, walk up the layers; layer l joins the current
@@ -165,7 +165,7 @@ def kv_saving_fraction(anchor_layers: list[list[int]], seq_len: int, sink: int, 
     """Fraction of dense KV bytes that POD's cache does not store at length ``seq_len``.
 
     Each (layer, KV head) stores values for all tokens; anchors store every key, other units only
-    the keys of ``min(seq_len, sink + recent)`` proximal slots (methods.md A.4; ceiling 50%).
+    the keys of ``min(seq_len, sink + recent)`` proximal slots (METHODS.md A.4; ceiling 50%).
     """
     units = [a == layer for layer, row in enumerate(anchor_layers) for a in row]
     proximal = min(seq_len, sink + recent)
@@ -220,7 +220,7 @@ def write_blocks_json(path: str | Path, anchor_layers: list[list[int]], similari
 
 def read_blocks_json(path: str | Path) -> dict:
     """Read a blocks JSON; checks its anchor map (consecutive blocks anchored at their lowest layer)."""
-    from sparse_models.config import validate_anchor_layers
+    from sparse_models.schemes.pod import validate_anchor_layers
 
     data = json.loads(Path(path).read_text())
     if "anchor_layers" not in data:

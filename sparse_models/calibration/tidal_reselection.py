@@ -19,15 +19,16 @@ sparse layers, and the re-selection layer is the argmax. ``score(None)`` is the 
 baseline (every sparse layer reads S_{s0}). The JSON's ``selection_layers`` ([s0, c]) is what
 ``TidalConfig.selection_layers`` takes.
 
-    python -m sparse_models.calibration.tidal_reselection --model default --budget 128 \\
-        --length 4096 --samples 2 --out outputs/calibration/tidal_reselection
+Command line (in eval/, which loads the model and the calibration text):
+
+    python -m eval.calibrate tidal --model default --budget 128 --length 4096 --samples 2 \\
+        --out-dir outputs/calibration
 
 Shapes: ``B`` batch, ``Hq``/``Hkv`` query/KV heads, ``Q`` last queries, ``S`` keys, ``L`` layers.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 from typing import Callable, Iterable
@@ -218,38 +219,6 @@ def plot_reselection(result: dict, path: str | Path) -> Path:
     return save_figure(fig, path)
 
 
-def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default="default", help="'default' (SmolLM2) or a checkpoint folder")
-    parser.add_argument("--text", default="persuasion", help="calibration book (eval.data.texts name; not Emma, the held-out text)")
-    parser.add_argument("--length", type=int, default=4096)
-    parser.add_argument("--samples", type=int, default=2)
-    parser.add_argument("--budget", type=int, default=128, help="TidalDecode budget k (current token included)")
-    parser.add_argument("--last-queries", type=int, default=32)
-    parser.add_argument("--full-layers", type=int, nargs="*", default=[0, 1])
-    parser.add_argument("--first-selection", type=int, default=2)
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--out", default="outputs/calibration/tidal_reselection", help="output path without suffix")
-    args = parser.parse_args(argv)
-
-    from eval.models import load_model, load_tokenizer
-    from eval.tasks.perplexity import perplexity_windows
-    from sparse_models import capture_attention_inputs
-
-    model = load_model(args.model, device=args.device)
-    windows = perplexity_windows(load_tokenizer(args.model), args.length, args.samples, text=args.text)
-    result = analyse((torch.tensor([w], device=args.device) for w in windows),
-                     lambda ids: capture_attention_inputs(model, ids), num_layers=model.config.num_hidden_layers,
-                     budget=args.budget, last_queries=args.last_queries, full_layers=args.full_layers,
-                     first_selection=args.first_selection)
-    out = Path(args.out)
-    json_path = write_reselection_json(out.with_suffix(".json"), result, model=args.model, text=args.text,
-                                       length=args.length)
-    png_path = plot_reselection(result, out.with_suffix(".png"))
-    print(f"re-selection layer {result['reselection_layer']} (mean recall {result['scores'][result['reselection_layer']]:.3f}"
-          f", without re-selection {result['scores'][None]:.3f}); wrote {json_path} and {png_path}")
-    return result
-
-
 if __name__ == "__main__":
-    main()
+    raise SystemExit("this command moved to eval/ (sparse_models imports nothing above it): "
+                     "python -m eval.calibrate tidal --help")

@@ -3,7 +3,7 @@
 For each decoder layer l with input hidden states h_l and output h_{l+1} (attention + MLP residual
 update), the drift of token t is ||h_{l+1,t} - h_{l,t}||_2 / (||h_{l,t}||_2 + eps), eps = 1e-8,
 computed in fp32. R_l is its mean over all tokens (and calibration samples), R^_l = R_l / sum R, and
-the sparse layers are the low-drift ones: {l : R^_l <= quantile(R^, delta)}, delta = 0.5 (methods.md
+the sparse layers are the low-drift ones: {l : R^_l <= quantile(R^, delta)}, delta = 0.5 (METHODS.md
 C.2). Low-drift layers change the residual stream little, so dropping tokens there costs little.
 
 The hidden states are the residual stream before the final norm (``sparse_models.
@@ -14,15 +14,16 @@ would make the last layer's drift meaningless.
 Writes a JSON (``sparse_layers`` is what ``TokenSparseConfig.calibration_file`` reads) and a PNG: a
 heatmap of drift per (position bucket, layer) above a bar chart of R^ with the threshold.
 
-    python -m sparse_models.calibration.token_sparse_drift --model default --text persuasion \\
-        --length 4096 --samples 2 --out outputs/calibration/token_sparse_drift
+Command line (in eval/, which loads the model and the calibration text):
+
+    python -m eval.calibrate drift --model default --text persuasion --length 4096 --samples 2 \\
+        --out-dir outputs/calibration
 
 Shapes: ``B`` batch, ``S`` tokens, ``C`` hidden size, ``L`` layers.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 from typing import Iterable
@@ -216,31 +217,6 @@ def plot_drift(result: dict, path: str | Path, title: str = "Token Sparse: inter
     return save_figure(fig, path)
 
 
-def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default="default", help="'default' (SmolLM2) or a checkpoint folder")
-    parser.add_argument("--text", default="persuasion", help="calibration book (eval.data.texts name; not Emma, the held-out text)")
-    parser.add_argument("--length", type=int, default=4096, help="tokens per calibration sample")
-    parser.add_argument("--samples", type=int, default=2)
-    parser.add_argument("--delta", type=float, default=0.5)
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--out", default="outputs/calibration/token_sparse_drift", help="output path without suffix")
-    args = parser.parse_args(argv)
-
-    from eval.models import load_model, load_tokenizer
-    from eval.tasks.perplexity import perplexity_windows
-
-    model = load_model(args.model, device=args.device)
-    windows = perplexity_windows(load_tokenizer(args.model), args.length, args.samples, text=args.text)
-    result = calibrate(model, (torch.tensor([w]) for w in windows), delta=args.delta)
-    out = Path(args.out)
-    json_path = write_drift_json(out.with_suffix(".json"), result, model=args.model, text=args.text,
-                                 length=args.length)
-    png_path = plot_drift(result, out.with_suffix(".png"))
-    print(f"sparse layers ({len(result['sparse_layers'])}/{result['drift'].numel()}): {result['sparse_layers']}")
-    print(f"wrote {json_path} and {png_path}")
-    return result
-
-
 if __name__ == "__main__":
-    main()
+    raise SystemExit("this command moved to eval/ (sparse_models imports nothing above it): "
+                     "python -m eval.calibrate drift --help")

@@ -4,11 +4,11 @@ Every function takes q [B, Hq, D] (post-RoPE, the token at slot ``positions[b]``
 appended) and ``lens`` = positions + 1 [B] (a device tensor), and returns out [B, Hq, D]. No host syncs,
 no data-dependent shapes: the same Python runs eagerly and under CUDA-graph capture.
 
-Roles (``sparse_models.plan``): ``dense`` / ``full`` / ``pod-anchor`` / ``pod-shared`` -> full attention
-(POD non-anchor heads read proximal keys from the ring and distant keys from the anchor layer,
-POD arXiv 2412.02252); ``full+select`` -> full attention + TidalDecode's top-k positions (arXiv
-2410.05076); ``sparse-over-selected`` -> attention over those positions; ``quest`` -> Quest page
-selection (arXiv 2406.10774); ``streaming`` -> sinks + recent window (StreamingLLM).
+:class:`StaticDecodeView` exposes them as the scheme-facing view (``full``: exact attention, POD
+non-anchor heads reading proximal keys from the ring and distant keys from the anchor layer, POD arXiv
+2412.02252; ``select``: + TidalDecode's top-k positions, arXiv 2410.05076; ``sparse``: attention over
+slot lists; ``key_pages``: Quest's page max/min, arXiv 2406.10774). Which of them a layer runs is the
+decode scheme's business (``sparse_models/schemes/<method>.py``).
 """
 
 from __future__ import annotations
@@ -147,21 +147,32 @@ def sparse_attention(cache: StaticCache, layer: int, q, lens, scale, indices):
     return _cat(outs)
 
 
-def quest_attention(cache: StaticCache, layer: int, q, lens, scale, budget: int):
-    """Quest: top budget // page_size pages by the key min/max upper bound (current page always kept)."""
-    batch = q.shape[0]
-    scores = kernels.quest_page_scores(q, cache.page_max[layer][:batch], cache.page_min[layer][:batch], lens,
-                                       cache.page_size)
-    indices = kernels.quest_select_pages(scores, lens, cache.page_size, budget)
-    return sparse_attention(cache, layer, q, lens, scale, indices)
+class StaticDecodeView:
+    """The engine's :class:`~sparse_models.schemes.base.DecodeView`: one layer of the static cache in
+    one decode step (the model path's twin is ``sparse_models/decode_view.py``). Every method is one
+    of the functions above, so a scheme's decode function runs here unchanged and graph-safe."""
 
+    def __init__(self, cache: StaticCache, layer: int, lens: torch.Tensor, scale: float, config):
+        self.cache = cache
+        self.layer = layer
+        self.lens = lens
+        self.scale = scale
+        self.config = config
+        self.num_kv_heads = cache.num_kv_heads
 
-def streaming_indices(lens: torch.Tensor, num_kv_heads: int, sink: int, recent: int) -> torch.Tensor:
-    """StreamingLLM's slots [B, Hkv, sink + recent]: positions < sink and the last `recent` ones, -1 elsewhere."""
-    p = (lens - 1)[:, None]
-    sinks = torch.arange(sink, device=lens.device)[None, :].expand(lens.shape[0], sink)
-    sinks = torch.where(sinks <= p, sinks, torch.full_like(sinks, -1))
-    recent_pos = p - recent + 1 + torch.arange(recent, device=lens.device)[None, :]
-    recent_pos = torch.where(recent_pos >= sink, recent_pos, torch.full_like(recent_pos, -1))
-    idx = torch.cat([sinks, recent_pos], dim=1)
-    return idx[:, None, :].expand(-1, num_kv_heads, -1).contiguous()
+    def full(self, q):
+        return full_attention(self.cache, self.layer, q, self.lens, self.scale, gate_tau=self.config.pod.gate_tau)
+
+    def pod(self, q):
+        return self.full(q)  # POD-aware by the cache's runs; the gate skip is the kernel's exact one
+
+    def select(self, q, budget: int, per_kv_group: bool):
+        return selection_attention(self.cache, self.layer, q, self.lens, self.scale, budget, per_kv_group)
+
+    def sparse(self, q, indices):
+        return sparse_attention(self.cache, self.layer, q, self.lens, self.scale, indices)
+
+    def key_pages(self):
+        batch = self.lens.shape[0]
+        return (self.cache.page_max[self.layer][:batch], self.cache.page_min[self.layer][:batch],
+                self.cache.page_size)

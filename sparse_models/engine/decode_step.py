@@ -1,9 +1,11 @@
 """One decode step of the whole model on the static cache: the function a CUDA graph captures.
 
 ``DecodeStep(parts, plan, cache, config)(input_ids [B], positions [B]) -> logits [B, V] (fp32)``.
-It embeds the tokens, runs every layer (projections, RoPE, cache append, the attention of the layer's
-decode role, MLP), and returns the next-token logits. Static shapes, no host syncs: the layer loop
-and the role dispatch are Python that runs at capture time only.
+It embeds the tokens, runs every layer (projections, RoPE, cache append, the decode scheme's function
+for the layer's role over a :class:`~sparse_models.engine.decode_layers.StaticDecodeView`, MLP), and
+returns the next-token logits. Static shapes, no host syncs: the layer loop and the role dispatch are
+Python that runs at capture time only. The scheme functions are the same ones the model's attention
+calls (``sparse_models/schemes/<method>.py``).
 """
 
 from __future__ import annotations
@@ -11,7 +13,9 @@ from __future__ import annotations
 import torch
 
 from ..config import SparseAttentionConfig
-from . import decode_layers as L
+from ..schemes.base import DecodeStepState, exact_decode
+from ..schemes.registry import get_scheme
+from .decode_layers import StaticDecodeView
 from .errors import EngineError
 from .model_parts import ModelParts, finish_layer, project_qkv, rms_norm, rope_tables
 from .static_cache import StaticCache
@@ -32,11 +36,14 @@ class DecodeStep:
         self.cache = cache
         self.config = config
         self.roles = [role_override or p.decode for p in plan]
-        known = {"dense", "full", "pod-anchor", "pod-shared", "full+select", "sparse-over-selected", "quest",
-                 "streaming"}
-        bad = [r for r in self.roles if r not in known]
+        scheme = get_scheme(config.decode_scheme)
+        if role_override is not None and role_override != "full":
+            raise EngineError(f"role_override={role_override!r} is not supported: expected 'full' (exact attention)")
+        bad = [r for r in self.roles if role_override is None and r not in scheme.decode]
         if bad:
-            raise EngineError(f"decode role {bad[0]!r} is not supported by the engine: expected one of {sorted(known)}")
+            raise EngineError(f"decode role {bad[0]!r} is not supported by the engine for decode_scheme="
+                              f"{scheme.name!r}: expected one of {sorted(scheme.decode)}")
+        self.functions = [exact_decode if role_override else scheme.decode[r] for r in self.roles]
 
     @torch.no_grad()
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -45,9 +52,8 @@ class DecodeStep:
         lens = positions + 1
         hidden = parts.embed_tokens(input_ids[:, None])  # [B, 1, hidden]
         cos, sin = rope_tables(parts, hidden, positions[:, None])
-        selected: dict[int, torch.Tensor] = {}
-        tidal = cfg.tidal
-        for layer_idx, (layer, role) in enumerate(zip(parts.layers, self.roles)):
+        step = DecodeStepState()
+        for layer_idx, (layer, function) in enumerate(zip(parts.layers, self.functions)):
             residual = hidden
             if self.compiled is not None:
                 q, k, v = self.compiled.pre(layer, hidden, cos, sin)
@@ -55,20 +61,8 @@ class DecodeStep:
                 q, k, v = project_qkv(parts, layer, rms_norm(layer.input_layernorm, hidden), cos, sin)
             q, k, v = q[:, :, 0], k[:, :, 0], v[:, :, 0]  # [B, H, D]
             cache.append(layer_idx, k, v, positions)
-            if role in ("dense", "full", "pod-anchor", "pod-shared"):
-                out = L.full_attention(cache, layer_idx, q, lens, parts.scale, gate_tau=cfg.pod.gate_tau)
-            elif role == "full+select":
-                out, selected[layer_idx] = L.selection_attention(
-                    cache, layer_idx, q, lens, parts.scale, tidal.budget, tidal.selection == "kv_group")
-            elif role == "sparse-over-selected":
-                source = self.plan[layer_idx].selection_source
-                out = L.sparse_attention(cache, layer_idx, q, lens, parts.scale, selected[source])
-            elif role == "quest":
-                out = L.quest_attention(cache, layer_idx, q, lens, parts.scale, cfg.quest.budget)
-            else:  # streaming
-                idx = L.streaming_indices(lens, parts.num_kv_heads, cfg.streaming.sink_tokens,
-                                          cfg.streaming.recent_window)
-                out = L.sparse_attention(cache, layer_idx, q, lens, parts.scale, idx)
+            view = StaticDecodeView(cache, layer_idx, lens, parts.scale, cfg)
+            out = function(view, q, self.plan[layer_idx], step)
             out = out.reshape(batch, 1, -1).to(hidden.dtype)
             if self.compiled is not None:
                 hidden = self.compiled.post(layer, residual, out)

@@ -22,13 +22,14 @@ from typing import Callable, Sequence
 
 import torch
 
-from ..config import DECODE_SCHEMES, PREFILL_SCHEMES, ConfigError, SparseAttentionConfig
+from ..config import ConfigError, SparseAttentionConfig
 from ..plan import build_plan, model_family
+from ..schemes.registry import get_scheme, scheme_names
 from .cuda_graph import GraphedStep
 from .decode_step import DecodeStep
 from .errors import EngineError
 from .model_parts import extract_model_parts
-from .prefill import forward_chunk
+from .prefill import check_prefill_roles, forward_chunk
 from .sampling import SamplingConfig, sample_next
 from .static_cache import StaticCache
 
@@ -65,7 +66,7 @@ def _resolve_config(model, sparse_config, overrides) -> SparseAttentionConfig:
             sparse_config = SparseAttentionConfig.from_dict(stored)
         else:
             sparse_config = SparseAttentionConfig()
-    for key, allowed in (("decode_scheme", DECODE_SCHEMES), ("prefill_scheme", PREFILL_SCHEMES)):
+    for key, allowed in (("decode_scheme", scheme_names("decode")), ("prefill_scheme", scheme_names("prefill"))):
         if key in overrides and overrides[key] not in allowed:
             raise EngineError(f"{key}={overrides[key]!r} is not a known scheme: expected one of {', '.join(allowed)}")
     try:
@@ -137,11 +138,12 @@ class GenerationEngine:
                               f"in (0, 1]")
         self.token_sparse_keep_ratio = token_sparse_keep_ratio
         pod = self.config.pod
-        uses_pod = self.config.prefill_scheme == "pod" or self.config.decode_scheme in ("pod", "pod+tidal")
-        if uses_pod and pod.sharing != "keys":
+        prefill_scheme = get_scheme(self.config.prefill_scheme)
+        decode_scheme = get_scheme(self.config.decode_scheme)
+        if (prefill_scheme.uses_anchors or decode_scheme.uses_anchors) and pod.sharing != "keys":
             raise EngineError(f"pod.sharing={pod.sharing!r} is not supported by the engine: it implements POD's key "
                               f"sharing (paper v2); use pod_sharing='keys' or the model's generate()")
-        if pod.gate_tau is not None and pod.gate_estimate != "exact" and self.config.decode_scheme in ("pod", "pod+tidal"):
+        if pod.gate_tau is not None and pod.gate_estimate != "exact" and decode_scheme.uses_anchors:
             raise EngineError(f"pod.gate_estimate={pod.gate_estimate!r} with pod.gate_tau={pod.gate_tau} is not "
                               f"supported by the engine: it skips distant attention by the exact gate inside the "
                               f"decode kernel; use pod_gate_estimate='exact' (or pod_gate_tau=None)")
@@ -168,11 +170,13 @@ class GenerationEngine:
             self.plan = build_plan(self.config, parts.num_layers, parts.num_kv_heads, model_family(model.config))
         except ConfigError as err:
             raise EngineError(str(err)) from err
-        quest_layers = [p.layer for p in self.plan if p.decode == "quest"]
+        check_prefill_roles(self.plan, prefill_scheme.name)
+        needs = decode_scheme.cache
+        page_layers = [p.layer for p in self.plan if p.decode in needs.page_roles]
         self.cache = StaticCache(self.plan, parts.num_kv_heads, parts.head_dim, max_batch_size, capacity,
                                  dtype=parts.dtype, device=device, pod_sink=self.config.pod.sink_tokens,
-                                 pod_recent=self.config.pod.recent_window, quest_layers=quest_layers,
-                                 quest_page_size=self.config.quest.page_size)
+                                 pod_recent=self.config.pod.recent_window, quest_layers=page_layers,
+                                 quest_page_size=needs.page_size(self.config) if needs.page_size else 16)
         compiled = None
         if compile_layers:
             from .compiled_layers import CompiledLayers
@@ -332,7 +336,8 @@ class GenerationEngine:
         batch = len(prompts)
         stop = set(int(t) for t in stop_token_ids)
         watch = bool(stop) or on_tokens is not None
-        period = self.config.tidal.correction_period if self.config.decode_scheme in ("tidal", "pod+tidal") else None
+        correction = get_scheme(self.config.decode_scheme).cache.correction_period
+        period = correction(self.config) if correction is not None else None
         generated = torch.zeros(batch, max_new_tokens, dtype=torch.long, device=device)
         history = torch.zeros(batch, period or 1, dtype=torch.long, device=device)
         done = [False] * batch

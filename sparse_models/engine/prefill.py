@@ -28,6 +28,19 @@ from .model_parts import ModelParts, finish_layer, project_qkv, rms_norm, rope_t
 from .static_cache import StaticCache
 from .token_sparse_select import token_sparse_attention
 
+# The prefill roles forward_chunk implements on the static cache (every other role would silently be
+# dense here, so the engine refuses plans with any other role: see check_prefill_roles).
+ENGINE_PREFILL_ROLES = ("dense", "pod-anchor", "pod-shared", "token-sparse")
+
+
+def check_prefill_roles(plan, scheme_name: str) -> None:
+    """Raise EngineError if a layer's prefill role has no engine implementation."""
+    missing = sorted({p.prefill for p in plan} - set(ENGINE_PREFILL_ROLES))
+    if missing:
+        raise EngineError(f"prefill_scheme={scheme_name!r} plans prefill role(s) {missing} that the engine's prefill "
+                          f"(sparse_models/engine/prefill.py) does not implement: expected roles in "
+                          f"{list(ENGINE_PREFILL_ROLES)}; use the model's generate() or add the role there")
+
 
 @torch.no_grad()
 def forward_chunk(parts: ModelParts, plan, cache: StaticCache, config: SparseAttentionConfig,

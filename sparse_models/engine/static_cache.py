@@ -15,7 +15,7 @@ Layouts (per layer ``l``, chosen by the per-layer plan, ``sparse_models.plan``):
     consecutive heads is a strided view ``key_pool[:, u0:u0 + r]`` ([B, r, N, D]) that kernels read in place;
     ``local_keys[l]``: [Bmax, Hkv, sink + recent, D] for layers with non-anchor heads: the layer's own
     keys at the sink slots ``0..sink-1`` and a ring of the last ``recent`` positions at slot
-    ``sink + pos % recent`` (kernels/ARCHITECTURE.md pod_decode_attention). Non-anchor units keep
+    ``sink + pos % recent`` (ARCHITECTURE.md pod_decode_attention). Non-anchor units keep
     nothing else, so the memory saving is real.
 * Quest (arXiv 2406.10774) adds, per Quest layer, ``page_max`` / ``page_min``: [Bmax, Hkv, P, D]
   (P = ceil(N / page_size)), the per-channel key max / min of each page, updated on every append.

@@ -1,4 +1,4 @@
-"""Token Sparse Attention in the engine's prefill (Jo et al., arXiv 2602.03216; methods.md C.1).
+"""Token Sparse Attention in the engine's prefill (Jo et al., arXiv 2602.03216; METHODS.md C.1).
 
 The paper's selection (window scores, pooling, Dynamic Token Coverage, per-head top-k + window) is
 ``sparse_models.schemes.token_sparse`` — the same code the model class runs, so both paths keep the
@@ -16,8 +16,7 @@ import torch.nn.functional as F
 
 import kernels
 
-from ..config import TokenSparseConfig
-from ..schemes.token_sparse import LayerSparsity, TokenSparseStats, token_sparse_prefill
+from ..schemes.token_sparse import LayerSparsity, TokenSparseConfig, TokenSparseStats, token_sparse_prefill
 
 
 def fixed_ratio_indices(q: torch.Tensor, k: torch.Tensor, lens: torch.Tensor, cfg: TokenSparseConfig,

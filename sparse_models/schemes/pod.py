@@ -1,4 +1,4 @@
-"""POD: Proximal tokens Over Distant tokens (Ma et al., arXiv 2412.02252; methods.md A).
+"""POD: Proximal tokens Over Distant tokens (Ma et al., arXiv 2412.02252; METHODS.md A).
 
 A query attends to proximal keys (the first ``sink`` positions and the last ``recent`` positions up
 to itself) with the layer's own keys and to every other position with the keys of its block's anchor
@@ -11,18 +11,115 @@ Decode: ``kernels.pod_decode_attention`` over the cache's sink + ring buffer and
 
 Compute skipping (``pod.gate_tau``, decode only): where the proximal gate g >= tau the distant part is
 dropped. ``gate_estimate="exact"`` uses this layer's own gate (the kernel's skip); ``"anchor"`` uses
-the gate the anchor layer computed for the same query head (methods.md A.4, reading ii). In the
+the gate the anchor layer computed for the same query head (METHODS.md A.4, reading ii). In the
 plain-PyTorch path both parts are still computed; the saving only exists in a kernel that skips.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
 import torch
 
 import kernels
 
-from ..cache import SparseKVCache, local_slot_positions
-from ..config import PodConfig
+from ..validation import check_int, fail
+from .base import CacheNeeds, Scheme
+
+if TYPE_CHECKING:
+    from ..cache import SparseKVCache
+
+
+@dataclass
+class PodConfig:
+    """POD: Proximal tokens Over Distant tokens (Ma et al., arXiv 2412.02252).
+
+    A query attends to *proximal* keys (the first ``sink_tokens`` positions plus the last
+    ``recent_window`` positions up to itself) with the layer's own keys, and to every other
+    (*distant*) position with the keys of its block's anchor layer; both parts go through one
+    softmax, i.e. a log-sum-exp merge with the parameter-free gate g = sigmoid(lse_P - lse_D).
+
+    ``anchor_layers[layer][kv_head]`` is the anchor layer of that (layer, KV head); blocks are
+    consecutive layers whose lowest layer is the anchor, so each entry equals either ``layer``
+    or the entry of ``layer - 1`` for the same head. ``None`` means every layer is its own anchor
+    (exactly dense attention). ``blocks_file`` points to the JSON written by the exploration
+    (``sparse_models.calibration.pod_similarity``) and is resolved by the model at load time.
+
+    ``sharing="keys"`` is the paper's v2 (own query, anchor keys; default); ``"scores"`` is v1
+    (the anchor layer's distant logits reused with the layer's own values).
+    ``gate_tau``: if set, a query whose estimated proximal gate is >= tau skips distant attention
+    (paper: 0.7). ``gate_estimate`` says how the gate is pre-evaluated under key sharing:
+    ``"exact"`` computes both parts and then discards the distant one (for testing), ``"anchor"``
+    reuses the gate the anchor layer computed for the same query (METHODS.md A.4, reading ii).
+    """
+
+    sink_tokens: int = 16
+    recent_window: int = 4080
+    anchor_layers: list[list[int]] | None = None
+    blocks_file: str | None = None
+    sharing: str = "keys"
+    gate_tau: float | None = None
+    gate_estimate: str = "anchor"
+
+    def __post_init__(self) -> None:
+        check_int("pod.sink_tokens", self.sink_tokens, 0)
+        check_int("pod.recent_window", self.recent_window, 1)
+        if self.sharing not in ("keys", "scores"):
+            fail("pod.sharing", self.sharing, "expected 'keys' (paper v2, default) or 'scores' (paper v1)")
+        if self.gate_tau is not None and (isinstance(self.gate_tau, bool) or not isinstance(self.gate_tau, (int, float))
+                                          or not 0.0 < float(self.gate_tau) <= 1.0):
+            fail("pod.gate_tau", self.gate_tau, "expected null or a number in (0, 1] (paper: 0.7)")
+        if self.gate_estimate not in ("anchor", "exact"):
+            fail("pod.gate_estimate", self.gate_estimate, "expected 'anchor' or 'exact'")
+        if self.anchor_layers is not None:
+            validate_anchor_layers(self.anchor_layers)
+
+    def anchor_map(self, num_layers: int, num_kv_heads: int) -> list[list[int]]:
+        """The [num_layers][num_kv_heads] anchor map, checked against the model's shape."""
+        if self.anchor_layers is None:
+            return [[layer] * num_kv_heads for layer in range(num_layers)]
+        if len(self.anchor_layers) != num_layers or any(len(row) != num_kv_heads for row in self.anchor_layers):
+            fail("pod.anchor_layers", f"<{len(self.anchor_layers)} rows>",
+                  f"expected {num_layers} rows (layers) of {num_kv_heads} entries (KV heads) for this model")
+        return [list(row) for row in self.anchor_layers]
+
+
+def validate_anchor_layers(anchor_layers: Any) -> None:
+    """Check that an anchor map describes blocks of consecutive layers anchored at their lowest layer."""
+    if not isinstance(anchor_layers, (list, tuple)) or not anchor_layers:
+        fail("pod.anchor_layers", anchor_layers, "expected a non-empty list (layers) of lists (KV heads)")
+    width = None
+    for layer, row in enumerate(anchor_layers):
+        if not isinstance(row, (list, tuple)) or not row:
+            fail(f"pod.anchor_layers[{layer}]", row, "expected a non-empty list with one anchor layer per KV head")
+        if width is None:
+            width = len(row)
+        elif len(row) != width:
+            fail(f"pod.anchor_layers[{layer}]", row, f"expected {width} entries, like row 0")
+        for head, anchor in enumerate(row):
+            previous = anchor_layers[layer - 1][head] if layer > 0 else 0
+            if isinstance(anchor, bool) or not isinstance(anchor, int) or anchor not in (layer, previous):
+                fail(f"pod.anchor_layers[{layer}][{head}]", anchor,
+                      f"a block is consecutive layers anchored at its lowest layer: expected {layer} (new block)"
+                      + (f" or {previous} (the anchor of layer {layer - 1})" if layer > 0 else ""))
+
+
+
+def local_slot_positions(seq_lens: torch.Tensor, sink: int, recent: int) -> torch.Tensor:
+    """Position held by each slot of a POD local key buffer once ``seq_lens`` tokens were written.
+
+    Returns [B, sink + recent] int64: slot t < sink holds position t; ring slot ``sink + r`` holds the
+    latest position j <= seq_len - 1 with j % recent == r. -1 where no such position exists.
+    """
+    lens = seq_lens.long()
+    last = (lens - 1)[:, None]
+    sinks = torch.arange(sink, device=lens.device)[None, :].expand(lens.shape[0], -1)
+    sinks = torch.where(sinks < lens[:, None], sinks, torch.full_like(sinks, -1))
+    r = torch.arange(recent, device=lens.device)[None, :]
+    ring = last - torch.remainder(last - r, recent)
+    ring = torch.where(ring >= 0, ring, torch.full_like(ring, -1))
+    return torch.cat([sinks, ring], dim=1)
 
 
 def assemble_anchor_keys(anchors: tuple[int, ...], keys_by_layer: dict[int, torch.Tensor]) -> torch.Tensor:
@@ -42,7 +139,7 @@ def _expand(x: torch.Tensor, heads: int) -> torch.Tensor:
 
 def pod_scores_prefill(q: torch.Tensor, q_anchor: torch.Tensor, k_own: torch.Tensor, k_anchor: torch.Tensor,
                        v: torch.Tensor, seq_lens: torch.Tensor, cfg: PodConfig) -> torch.Tensor:
-    """POD v1 "score sharing" (methods.md A.3): distant logits are the anchor layer's own q_a . k_a,
+    """POD v1 "score sharing" (METHODS.md A.3): distant logits are the anchor layer's own q_a . k_a,
     proximal logits the layer's q . k; one softmax over both, applied to the layer's own values.
 
     Plain PyTorch with explicit [S, S] masks (an option for study, not a long-context path).
@@ -166,3 +263,42 @@ def pod_decode(layer: int, anchors: tuple[int, ...], q: torch.Tensor, cache: Spa
         return out
     prox = proximal_only_decode(q, k_local, v, seq_lens, cfg)
     return torch.where(skip[..., None], prox, out)
+
+
+def pod_layer_roles(anchors, num_layers: int) -> list[str]:
+    """``pod-shared`` where some KV head reads distant keys from an earlier layer, else ``pod-anchor``."""
+    return ["pod-shared" if any(a != layer for a in anchors[layer]) else "pod-anchor" for layer in range(num_layers)]
+
+
+def shared_prefill(layer, q, k, v, state, k_anchor=None, q_anchor=None) -> torch.Tensor:
+    """Model-path prefill role ``pod-shared``: POD attention with the anchor keys the decoder loop passes."""
+    if k_anchor is None:
+        raise RuntimeError(f"layer {layer} is POD-shared but received no anchor keys")
+    cfg = state.config.pod
+    if cfg.sharing == "scores":
+        return pod_scores_prefill(q, q_anchor, k, k_anchor, v, state.num_new, cfg)
+    return pod_prefill(q, k, k_anchor, v, state.num_new, cfg)
+
+
+def anchor_prefill(layer, q, k, v, state, k_anchor=None, q_anchor=None) -> torch.Tensor:
+    """Model-path prefill role ``pod-anchor``: every KV head is its own anchor, i.e. causal attention."""
+    return kernels.prefill_attention(q, k, v, torch.zeros_like(state.num_new), state.num_new)
+
+
+def pod_layer_decode(view, q: torch.Tensor, row, step) -> torch.Tensor:
+    """Decode roles ``pod-anchor`` / ``pod-shared``: POD attention with the configured gate policy."""
+    return view.pod(q)
+
+
+SCHEME = Scheme(
+    name="pod",
+    summary="POD: proximal keys of the layer, distant keys shared across a block of layers (prefill + decode)",
+    config_key="pod",
+    config_cls=PodConfig,
+    prefill_roles=lambda config, num_layers, anchors: pod_layer_roles(anchors, num_layers),
+    decode_roles=lambda config, num_layers, anchors, family: [(r, None) for r in pod_layer_roles(anchors, num_layers)],
+    prefill={"pod-anchor": anchor_prefill, "pod-shared": shared_prefill},
+    decode={"pod-anchor": pod_layer_decode, "pod-shared": pod_layer_decode},
+    uses_anchors=True,
+    cache=CacheNeeds(pod_keys=True),
+)

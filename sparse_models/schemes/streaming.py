@@ -1,16 +1,32 @@
-"""StreamingLLM (Xiao et al., 2023) as a decode baseline: attention sinks + a recent window.
+"""StreamingLLM (Xiao et al., "Efficient Streaming Language Models with Attention Sinks", arXiv
+2309.17453, §3.2) as a decode baseline: attention sinks + a recent window.
 
 The full cache is kept (this is a quality baseline, not a memory one); each decode step reads the
 first ``sink_tokens`` positions and the last ``recent_window`` positions (the current one included).
+Budget: ``--budget B`` = B positions read per step = ``sink_tokens`` + ``recent_window``, the same
+count TidalDecode and Quest budgets mean (``sink_tokens`` stays as given, default 4).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-import kernels
+from ..validation import check_int
+from .base import Budget, Scheme
 
-from ..config import StreamingConfig
+
+@dataclass
+class StreamingConfig:
+    """StreamingLLM (Xiao et al., 2023): decode attends to ``sink_tokens`` + the ``recent_window`` latest."""
+
+    sink_tokens: int = 4
+    recent_window: int = 2044
+
+    def __post_init__(self) -> None:
+        check_int("streaming.sink_tokens", self.sink_tokens, 0)
+        check_int("streaming.recent_window", self.recent_window, 1)
 
 
 def streaming_indices(seq_lens: torch.Tensor, num_kv_heads: int, cfg: StreamingConfig) -> torch.Tensor:
@@ -29,7 +45,28 @@ def streaming_indices(seq_lens: torch.Tensor, num_kv_heads: int, cfg: StreamingC
     return idx[:, None, :].expand(-1, num_kv_heads, -1).contiguous()
 
 
-def streaming_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, seq_lens: torch.Tensor,
-                     cfg: StreamingConfig) -> torch.Tensor:
+def streaming_decode(view, q: torch.Tensor, row, step) -> torch.Tensor:
     """q [B, Hq, D] -> [B, Hq, D], attending to sinks + recent window."""
-    return kernels.sparse_decode_attention(q, k_cache, v_cache, streaming_indices(seq_lens, k_cache.shape[1], cfg))
+    return view.sparse(q, streaming_indices(view.lens, view.num_kv_heads, view.config.streaming))
+
+
+def _budget_overrides(budget: int, given: dict) -> dict:
+    sink = given.get("streaming_sink_tokens", StreamingConfig.sink_tokens)
+    if isinstance(sink, int) and budget <= sink:
+        from ..validation import ConfigError
+
+        raise ConfigError(f"budget={budget} is invalid for decode_scheme='streaming': it counts the {sink} sink tokens "
+                          f"plus the recent window, so expected > {sink}")
+    return {"streaming_sink_tokens": sink, "streaming_recent_window": budget - sink}
+
+
+SCHEME = Scheme(
+    name="streaming",
+    summary="StreamingLLM: attention sinks + a recent window (decode)",
+    config_key="streaming",
+    config_cls=StreamingConfig,
+    decode_roles=lambda config, num_layers, anchors, family: [("streaming", None)] * num_layers,
+    decode={"streaming": streaming_decode},
+    budget=Budget("positions read per step = streaming.sink_tokens (default 4) + streaming.recent_window",
+                  _budget_overrides),
+)

@@ -1,4 +1,4 @@
-"""Token Sparse Attention for prefill (Jo et al., arXiv 2602.03216; methods.md C.1).
+"""Token Sparse Attention for prefill (Jo et al., arXiv 2602.03216; METHODS.md C.1).
 
 On a sparse layer: the last ``window`` queries score each prefix key (mean softmax probability,
 ``kernels.token_sparse_scores``), scores are smoothed by an average pool, a layer-level budget comes
@@ -20,7 +20,38 @@ import torch.nn.functional as F
 
 import kernels
 
-from ..config import TokenSparseConfig
+from ..validation import check_int, check_layer_list, check_layers_exist, fail
+from .base import Scheme
+
+
+@dataclass
+class TokenSparseConfig:
+    """Token Sparse Attention: per-head token compression in prefill (Jo et al., arXiv 2602.03216).
+
+    On each sparse layer, the last ``window`` queries score every prefix key (mean softmax
+    probability), scores are smoothed by an average pool of width ``pool_kernel``, the layer keeps
+    the smallest prefix set whose dropped tail mass stays below ``coverage`` (at least
+    ``min_tokens``), each head picks its own top tokens plus the window, attention runs on the
+    compressed tokens and outputs scatter back with zeros elsewhere. ``sparse_layers=None`` takes
+    the calibration file if given, else the second half of the layers. ``coverage=0`` is dense.
+    """
+
+    coverage: float = 0.005
+    window: int = 128
+    min_tokens: int = 1024
+    pool_kernel: int = 7
+    sparse_layers: list[int] | None = None
+    calibration_file: str | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.coverage, bool) or not isinstance(self.coverage, (int, float)) or not 0.0 <= self.coverage < 1.0:
+            fail("token_sparse.coverage", self.coverage, "expected a number in [0, 1) (paper: 0.005)")
+        check_int("token_sparse.window", self.window, 1)
+        check_int("token_sparse.min_tokens", self.min_tokens, 0)
+        check_int("token_sparse.pool_kernel", self.pool_kernel, 1)
+        if self.pool_kernel % 2 == 0:
+            fail("token_sparse.pool_kernel", self.pool_kernel, "expected an odd width so the pooling stays centred")
+        check_layer_list("token_sparse.sparse_layers", self.sparse_layers)
 
 
 @dataclass
@@ -120,3 +151,36 @@ def token_sparse_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_
         zeros = torch.zeros_like(seq_lens)
         return kernels.prefill_attention(q, k, v, zeros, seq_lens)
     return kernels.sparse_prefill_attention(q, k, v, indices)
+
+
+def token_sparse_layers(config, num_layers: int) -> list[int]:
+    """Token Sparse layers: the configured list, else the second half (METHODS.md C.2 fallback)."""
+    layers = config.token_sparse.sparse_layers
+    if layers is None:
+        return list(range(num_layers // 2, num_layers))
+    check_layers_exist("token_sparse.sparse_layers", layers, num_layers)
+    return sorted(layers)
+
+
+def _prefill_roles(config, num_layers: int, anchors) -> list[str]:
+    sparse = set(token_sparse_layers(config, num_layers))
+    return ["token-sparse" if layer in sparse else "dense" for layer in range(num_layers)]
+
+
+def sparse_layer_prefill(layer, q, k, v, state, k_anchor=None, q_anchor=None) -> torch.Tensor:
+    """Model-path prefill role ``token-sparse`` (statistics go to ``state.stats``)."""
+    return token_sparse_prefill(q, k, v, state.num_new, state.config.token_sparse, layer, state.stats)
+
+
+def _dense_layer_prefill(layer, q, k, v, state, k_anchor=None, q_anchor=None) -> torch.Tensor:
+    return kernels.prefill_attention(q, k, v, torch.zeros_like(state.num_new), state.num_new)
+
+
+SCHEME = Scheme(
+    name="token_sparse",
+    summary="Token Sparse Attention: per-head token compression on low-drift layers (prefill)",
+    config_key="token_sparse",
+    config_cls=TokenSparseConfig,
+    prefill_roles=_prefill_roles,
+    prefill={"dense": _dense_layer_prefill, "token-sparse": sparse_layer_prefill},
+)

@@ -4,7 +4,7 @@ It answers the endpoints that ``huggingface_hub`` 2.x calls for ``create_repo``,
 ``create_commit`` (preupload answers ``uploadMode: regular``, so file bytes arrive base64-encoded in
 the NDJSON commit body), ``repo_info``, ``list_repo_tree``, ``snapshot_download`` / ``hf_hub_download``
 (``HEAD``/``GET /{repo}/resolve/{rev}/{path}`` with ``X-Repo-Commit``, ``ETag``, ``Content-Length``),
-``whoami`` and ``validate-yaml`` (shared/reference/environment.md §6). Every ``/api`` write needs
+``whoami`` and ``validate-yaml`` (the endpoints huggingface_hub's client calls). Every ``/api`` write needs
 ``Authorization: Bearer <token>``; a wrong token gets 401. ``fail_with`` makes every request answer
 that status (a "failing server"). Everything pushed is kept in ``server.repos[repo_id][path] = bytes``
 and each request's path and headers in ``server.requests`` so tests can inspect them.

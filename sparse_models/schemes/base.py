@@ -1,0 +1,158 @@
+"""What a scheme is: the :class:`Scheme` object each ``schemes/<method>.py`` defines, and the
+:class:`DecodeView` its decode functions run over.
+
+A scheme bundles, for one method:
+
+* ``config_key`` / ``config_cls``: its section of :class:`sparse_models.config.SparseAttentionConfig`
+  (``config.json`` key and flat-override prefix: ``tidal`` -> ``tidal_budget``);
+* its phases: ``prefill_roles`` and/or ``decode_roles`` say what each layer does (the per-layer plan,
+  ``sparse_models/plan.py``), and ``prefill`` / ``decode`` map each of those roles to a function;
+* ``cache``: the cache state it needs beyond K/V (POD's shared keys, key pages per role, the
+  TidalDecode KV correction period);
+* ``budget``: the one meaning of a ``--budget B`` for it (``generate --budget``, ``eval.schemes``,
+  the benchmarks all go through :meth:`Budget.overrides`).
+
+Decode functions are written once for both paths: ``fn(view, q, row, step) -> out [B, Hq, D]`` with
+``view`` a :class:`DecodeView` over the model's dynamic cache (``sparse_models/decode_view.py``) or
+the engine's static cache (``sparse_models/engine/decode_layers.py``), ``q`` [B, Hq, D] post-RoPE,
+``row`` the layer's :class:`~sparse_models.plan.LayerPlan` and ``step`` the :class:`DecodeStepState`
+shared by the layers of one decode step. They must stay CUDA-graph safe (no host syncs, static
+shapes): the engine captures them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Protocol
+
+import torch
+
+
+class DecodeView(Protocol):
+    """One layer's cache during one decode step (the current token's K/V already appended).
+
+    Attributes:
+        layer: layer index; ``lens`` [B] sequence lengths (the query sits at ``lens - 1``);
+        num_kv_heads: Hkv; ``config``: the SparseAttentionConfig.
+    """
+
+    layer: int
+    lens: torch.Tensor
+    num_kv_heads: int
+    config: Any
+
+    def full(self, q: torch.Tensor) -> torch.Tensor:
+        """Exact attention over every cached position -> [B, Hq, D] (POD-aware on a shared-key cache)."""
+
+    def pod(self, q: torch.Tensor) -> torch.Tensor:
+        """POD attention with the config's gate policy (``pod.gate_tau``) -> [B, Hq, D]."""
+
+    def select(self, q: torch.Tensor, budget: int, per_kv_group: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """Exact attention + TidalDecode's top-(budget-1) past slots and the current one:
+        (out [B, Hq, D], indices [B, Hs, budget]), Hs = Hkv if ``per_kv_group`` else Hq."""
+
+    def sparse(self, q: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+        """Attention over the listed slots only (indices [B, Hs, K], -1 padded) -> [B, Hq, D]."""
+
+    def key_pages(self) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """Per-page key max/min [B, Hkv, P, D] and the page size (layers whose role keeps pages)."""
+
+
+@dataclass
+class DecodeStepState:
+    """What the layers of one decode step share: the TidalDecode indices chosen so far, by layer."""
+
+    selected: dict[int, torch.Tensor] = field(default_factory=dict)
+
+
+DecodeFn = Callable[[DecodeView, torch.Tensor, Any, DecodeStepState], torch.Tensor]
+
+
+def exact_decode(view: DecodeView, q: torch.Tensor, row, step: DecodeStepState) -> torch.Tensor:
+    """Exact attention over the whole cache (dense layers, TidalDecode's full layers, KV correction)."""
+    return view.full(q)
+
+
+@dataclass(frozen=True)
+class Budget:
+    """A scheme's budget: the number of cached positions one decode query reads, current token included.
+
+    ``to_overrides(budget, given)`` returns the flat overrides that set it (``given``: the overrides
+    already chosen, e.g. ``streaming_sink_tokens``). ``meaning`` is the one-line documentation shown
+    by ``--help`` and ARCHITECTURE.md.
+    """
+
+    meaning: str
+    to_overrides: Callable[[int, Mapping[str, Any]], dict[str, Any]]
+    minimum: int = 2
+
+    def overrides(self, scheme: str, budget: Any, given: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        from ..validation import ConfigError
+
+        if isinstance(budget, bool) or not isinstance(budget, int) or budget < self.minimum:
+            raise ConfigError(f"budget={budget!r} is invalid for decode_scheme={scheme!r}: expected an integer >= "
+                              f"{self.minimum} ({self.meaning})")
+        return {"decode_scheme": scheme} | self.to_overrides(budget, dict(given or {}))
+
+
+@dataclass(frozen=True)
+class CacheNeeds:
+    """Cache state beyond per-layer K/V.
+
+    Attributes:
+        pod_keys: non-anchor (layer, KV head) units keep only sink + ring keys (POD's saving).
+        page_roles: decode roles whose layers keep per-page key max/min.
+        page_size: config -> page size of those pages.
+        correction_period: config -> TidalDecode's KV correction period T, or None.
+    """
+
+    pod_keys: bool = False
+    page_roles: tuple[str, ...] = ()
+    page_size: Callable[[Any], int] | None = None
+    correction_period: Callable[[Any], int | None] | None = None
+
+
+@dataclass(frozen=True)
+class Scheme:
+    """One attention method (see the module docstring). Build one per ``schemes/<method>.py`` and add
+    it to ``sparse_models/schemes/registry.py``.
+
+    Attributes:
+        name: the ``prefill_scheme`` / ``decode_scheme`` value.
+        summary: one line (paper and what it does).
+        config_key, config_cls: the config section it owns (None: it has none, or shares others').
+        prefill_roles: (config, num_layers, anchors) -> one prefill role per layer; None: not a prefill scheme.
+        decode_roles: (config, num_layers, anchors, family) -> one (role, selection_source) per layer;
+            None: not a decode scheme.
+        prefill: role -> model-path prefill function ``fn(layer, q, k, v, state, k_anchor, q_anchor)``.
+        decode: role -> decode function over a :class:`DecodeView`.
+        uses_anchors: the plan needs POD's anchor map (``pod.anchor_layers``) in the phases it runs.
+        cache: what the cache keeps for it.
+        budget: the meaning of ``--budget``; None: the scheme has no budget.
+        check: (config, num_layers) -> None, raising ConfigError for combinations the fields alone
+            cannot rule out (run when the plan is built).
+        reads: config sections it reads besides its own (``pod+tidal``: pod and tidal).
+    """
+
+    name: str
+    summary: str
+    config_key: str | None = None
+    config_cls: type | None = None
+    prefill_roles: Callable[..., list[str]] | None = None
+    decode_roles: Callable[..., list[tuple[str, int | None]]] | None = None
+    prefill: Mapping[str, Callable[..., torch.Tensor]] = field(default_factory=dict)
+    decode: Mapping[str, DecodeFn] = field(default_factory=dict)
+    uses_anchors: bool = False
+    cache: CacheNeeds = CacheNeeds()
+    budget: Budget | None = None
+    check: Callable[[Any, int], None] | None = None
+    reads: tuple[str, ...] = ()
+
+    @property
+    def sections(self) -> tuple[str, ...]:
+        """Every config section the scheme reads (its own first)."""
+        return ((self.config_key,) if self.config_key else ()) + self.reads
+
+    @property
+    def phases(self) -> tuple[str, ...]:
+        return tuple(p for p, fn in (("prefill", self.prefill_roles), ("decode", self.decode_roles)) if fn is not None)

@@ -1,0 +1,213 @@
+"""The scheme registry: every scheme's plan roles have functions, ``--budget`` has one meaning, and a
+scheme added as one object (no edit anywhere else) runs in both the model path and the engine."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+import torch
+
+from sparse_models.config import SparseAttentionConfig
+from sparse_models.plan import LayerPlan
+from sparse_models.schemes import registry
+from sparse_models.schemes.base import DecodeStepState, Scheme
+
+NUM_LAYERS, NUM_KV, HQ, D = 6, 2, 6, 8
+
+
+class SpyView:
+    """A DecodeView that records how many positions each read covers (no cache behind it)."""
+
+    def __init__(self, config, lens):
+        self.layer, self.config, self.lens, self.num_kv_heads = 0, config, lens, NUM_KV
+        self.read: list[int] = []
+
+    def _out(self, q):
+        return torch.zeros_like(q)
+
+    def full(self, q):
+        self.read.append(int(self.lens.max()))
+        return self._out(q)
+
+    pod = full
+
+    def select(self, q, budget, per_kv_group):
+        self.read.append(int(self.lens.max()))
+        heads = NUM_KV if per_kv_group else q.shape[1]
+        idx = (self.lens[:, None, None] - budget + torch.arange(budget)[None, None, :]).expand(-1, heads, -1)
+        return self._out(q), idx.contiguous()
+
+    def sparse(self, q, indices):
+        self.read.append(int((indices >= 0).sum(-1).max()))
+        return self._out(q)
+
+    def key_pages(self):
+        g = torch.Generator().manual_seed(0)
+        pages = -(-int(self.lens.max()) // self.config.quest.page_size)
+        page_max = torch.randn(self.lens.shape[0], NUM_KV, pages, D, generator=g)
+        return page_max, page_max - 1.0, self.config.quest.page_size
+
+
+def _config_for(name: str, **overrides) -> SparseAttentionConfig:
+    scheme = registry.SCHEMES[name]
+    phases = {f"{phase}_scheme": name for phase in scheme.phases}
+    return SparseAttentionConfig().with_overrides(**phases, **overrides)
+
+
+def _anchors():
+    return [[layer] * NUM_KV for layer in range(NUM_LAYERS)]
+
+
+@pytest.mark.parametrize("name", list(registry.SCHEMES))
+def test_every_role_a_scheme_plans_has_a_function(name):
+    scheme = registry.SCHEMES[name]
+    config = _config_for(name)
+    if scheme.prefill_roles is not None:
+        roles = scheme.prefill_roles(config, NUM_LAYERS, _anchors())
+        assert len(roles) == NUM_LAYERS and set(roles) <= set(scheme.prefill), (name, roles)
+    if scheme.decode_roles is not None:
+        rows = scheme.decode_roles(config, NUM_LAYERS, _anchors(), None)
+        assert len(rows) == NUM_LAYERS and {r for r, _ in rows} <= set(scheme.decode), (name, rows)
+    for section in scheme.sections:
+        assert hasattr(config, section), (name, section)
+
+
+@pytest.mark.parametrize("name", registry.budgeted_schemes())
+@pytest.mark.parametrize("budget", [16, 48])
+def test_budget_is_the_number_of_positions_a_sparse_layer_reads(name, budget):
+    """The one meaning of ``--budget B``: every sparse read of a decode step covers at most B cached
+    positions, and some layer reads exactly B (here with a 96-token past: whole pages for Quest, whose
+    current page counts in the budget)."""
+    overrides = registry.budget_overrides(name, budget)
+    assert overrides["decode_scheme"] == name
+    config = SparseAttentionConfig().with_overrides(**overrides)
+    scheme = registry.SCHEMES[name]
+    rows = scheme.decode_roles(config, NUM_LAYERS, _anchors(), None)
+    lens = torch.tensor([96, 96])
+    q = torch.randn(2, HQ, D)
+    step = DecodeStepState()
+    sparse_reads = []
+    for layer, (role, source) in enumerate(rows):
+        row = LayerPlan(layer, "dense", role, tuple(a for a in _anchors()[layer]), False, source)
+        view = SpyView(config, lens)
+        view.layer = layer
+        scheme.decode[role](view, q, row, step)
+        if role not in ("dense", "full", "full+select"):
+            sparse_reads += view.read
+    assert sparse_reads and max(sparse_reads) == budget, (name, sparse_reads)
+
+
+def test_streaming_budget_counts_the_sinks():
+    assert registry.budget_overrides("streaming", 64) == {
+        "decode_scheme": "streaming", "streaming_sink_tokens": 4, "streaming_recent_window": 60}
+    assert registry.budget_overrides("streaming", 64, {"streaming_sink_tokens": 8})["streaming_recent_window"] == 56
+    with pytest.raises(ValueError, match="budget=4 is invalid for decode_scheme='streaming'"):
+        registry.budget_overrides("streaming", 4)
+    with pytest.raises(ValueError, match="decode_scheme='dense' has no budget"):
+        registry.budget_overrides("dense", 64)
+
+
+@pytest.mark.parametrize("name", registry.budgeted_schemes())
+def test_generate_cli_budget_means_what_eval_means(name):
+    from eval.schemes import budget_overrides
+    from sparse_models.generate import scheme_overrides
+
+    args = argparse.Namespace(decode_scheme=name, prefill_scheme=None, set=[], budget=64)
+    assert scheme_overrides(args) == budget_overrides(name, 64)
+
+
+def test_registry_rejects_duplicates_and_late_config_sections():
+    with pytest.raises(ValueError, match="already registered"):
+        registry.register(registry.SCHEMES["dense"])
+    late = Scheme("late", "x", config_key="late", config_cls=dict,
+                  decode_roles=lambda c, n, a, f: [("dense", None)] * n)
+    with pytest.raises(ValueError, match="must be a module listed"):
+        registry.register(late)
+    with pytest.raises(ValueError, match="decode_scheme='nope' is invalid: expected one of dense"):
+        SparseAttentionConfig(decode_scheme="nope")
+
+
+def _first_and_current(view, q, row, step):
+    """A toy decode method: attend to position 0 and the current position only."""
+    idx = torch.stack([torch.zeros_like(view.lens), view.lens - 1], dim=1)  # [B, 2]
+    return view.sparse(q, idx[:, None, :].expand(-1, view.num_kv_heads, -1).contiguous())
+
+
+def test_a_scheme_added_as_one_object_runs_in_model_and_engine():
+    """One Scheme object + one register() call: config validation, the plan, the model's attention and
+    the engine's decode step all pick it up (nothing else is edited)."""
+    from test_engine import podkit_model, random_prompts, reference_generate
+
+    from sparse_models.engine import GenerationEngine
+
+    toy = Scheme("first_and_current", "toy: position 0 + the current position",
+                 decode_roles=lambda config, n, anchors, family: [("dense", None)] + [("toy", None)] * (n - 1),
+                 decode={"dense": registry.SCHEMES["dense"].decode["dense"], "toy": _first_and_current})
+    registry.register(toy)
+    try:
+        model = podkit_model(6, 2, seed=5)
+        prompts = random_prompts([13, 9], seed=3)
+        expected = reference_generate(model, prompts, {"decode_scheme": "first_and_current"})
+        dense = reference_generate(model, prompts, {"decode_scheme": "dense"})
+        engine = GenerationEngine(model, sparse_config=SparseAttentionConfig(), max_batch_size=2, max_seq_len=24,
+                                  decode_scheme="first_and_current")
+        assert engine.generate(prompts, max_new_tokens=7).tokens == expected
+        assert expected != dense
+    finally:
+        registry.unregister("first_and_current")
+
+
+def test_engine_refuses_a_prefill_role_it_does_not_implement():
+    from test_engine import podkit_model
+
+    from sparse_models.engine import EngineError, GenerationEngine
+
+    toy = Scheme("toy_prefill", "toy", prefill_roles=lambda config, n, anchors: ["toy"] * n,
+                 prefill={"toy": registry.SCHEMES["dense"].prefill["dense"]})
+    registry.register(toy)
+    try:
+        with pytest.raises(EngineError, match=r"prefill_scheme='toy_prefill' plans prefill role\(s\) \['toy'\]"):
+            GenerationEngine(podkit_model(6, 2, seed=1), sparse_config=SparseAttentionConfig(), max_batch_size=1,
+                             max_seq_len=16, prefill_scheme="toy_prefill")
+    finally:
+        registry.unregister("toy_prefill")
+
+
+def test_streaming_llm_is_one_file_and_one_registry_line(tmp_path):
+    """ARCHITECTURE.md's recipe, checked on StreamingLLM: without schemes/streaming.py and its BUILTIN line
+    the rest of sparse_models imports and works (so re-adding it is exactly that file and that line)."""
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    copy = tmp_path / "sparse_models"
+    shutil.copytree(root / "sparse_models", copy, ignore=shutil.ignore_patterns("__pycache__"))
+    (copy / "schemes" / "streaming.py").unlink()
+    registry_file = copy / "schemes" / "registry.py"
+    text = registry_file.read_text()
+    assert text.count('    "streaming",\n') == 1
+    registry_file.write_text(text.replace('    "streaming",\n', ""))
+    script = """
+import torch
+from sparse_models import PodkitLlamaConfig, PodkitLlamaForCausalLM, SparseAttentionConfig
+from sparse_models.engine import GenerationEngine
+from sparse_models.schemes.registry import scheme_names
+assert "streaming" not in scheme_names() and "streaming" not in SparseAttentionConfig().to_dict()
+torch.manual_seed(0)
+model = PodkitLlamaForCausalLM(PodkitLlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+    num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)).eval()
+engine = GenerationEngine(model, max_batch_size=1, max_seq_len=24, decode_scheme="quest", quest_budget=8,
+                          quest_page_size=4)
+import sparse_models
+print(sparse_models.__file__)
+print(len(engine.generate([[1, 2, 3, 4, 5, 6, 7, 8, 9]], max_new_tokens=3).tokens[0]))
+"""
+    env = {**__import__("os").environ, "PYTHONPATH": f"{tmp_path}:{root}"}
+    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    where, tokens = done.stdout.strip().splitlines()[-2:]
+    assert where.startswith(str(copy)) and tokens == "3", done.stdout
