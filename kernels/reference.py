@@ -331,7 +331,7 @@ def pod_prefill_attention(q, k_own, k_anchor, v, seq_lens, *, sink, recent, scal
 
 
 def pod_decode_attention(q, k_local, k_anchor, v_cache, seq_lens, *, sink, recent, scale=None, gate_tau=None,
-                         return_gate=False):
+                         return_gate=False, gate_estimate=None, return_skip=False):
     """POD decode: proximal keys from the layer's own sink + ring, distant keys from the anchor.
 
     Args:
@@ -341,9 +341,15 @@ def pod_decode_attention(q, k_local, k_anchor, v_cache, seq_lens, *, sink, recen
         k_anchor: [B, Hkv, N, D] the anchor layer's keys at every position (slot = position).
         v_cache: [B, Hkv, N, D] the layer's own values.
         gate_tau: if set, heads whose proximal gate g >= tau use proximal attention only.
+        gate_estimate: [B, Hq] or None; if set (with gate_tau), it decides the skip instead of the
+            exact gate (a gate pre-evaluated elsewhere, e.g. by the anchor layer: paper section 2.3
+            under key sharing), and skipped heads report gate 1 (their distant part is never read).
     Returns:
-        out [B, Hq, D] (and gate [B, Hq] with return_gate, computed before any skipping).
+        out [B, Hq, D]; with return_gate also gate [B, Hq] (the exact gate, computed before any
+        skipping); with return_skip also skip [B, Hq] bool (heads that dropped the distant part).
     """
+    if gate_estimate is not None and gate_tau is None:
+        raise ValueError("gate_estimate is given but gate_tau is None; the estimate only decides a skip at gate_tau")
     ct = _compute_dtype(q)
     batch, num_heads, head_dim = q.shape
     n = v_cache.shape[2]
@@ -365,15 +371,21 @@ def pod_decode_attention(q, k_local, k_anchor, v_cache, seq_lens, *, sink, recen
     lse_p = torch.logsumexp(logits_p, -1)
     lse_d = torch.logsumexp(logits_d, -1)
     gate = torch.sigmoid(lse_p - lse_d)
+    skip = torch.zeros_like(gate, dtype=torch.bool)
     if gate_tau is not None:
-        skip = gate >= gate_tau
+        skip = (gate_estimate.to(gate.device) if gate_estimate is not None else gate) >= gate_tau
         logits_d = logits_d.masked_fill(skip.unsqueeze(-1), float("-inf"))
+        if gate_estimate is not None:
+            gate = torch.where(skip, torch.ones_like(gate), gate)
     logits = torch.where(proximal[:, None], logits_p, logits_d)
     valid = causal[:, None].expand_as(logits) & torch.isfinite(logits)
     out, _ = _masked_softmax_attend(logits, valid, _expand_kv(v_cache, num_heads).to(ct))
+    results = [out.to(q.dtype)]
     if return_gate:
-        return out.to(q.dtype), gate.float()
-    return out.to(q.dtype)
+        results.append(gate.float())
+    if return_skip:
+        results.append(skip)
+    return tuple(results) if len(results) > 1 else results[0]
 
 
 # ----------------------------------------------------------------------------------------------
