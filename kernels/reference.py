@@ -388,6 +388,61 @@ def pod_decode_attention(q, k_local, k_anchor, v_cache, seq_lens, *, sink, recen
     return tuple(results) if len(results) > 1 else results[0]
 
 
+def pod_sparse_decode_attention(q, k_local, k_anchor, v_cache, indices, seq_lens, *, sink, recent, scale=None,
+                                gate_tau=None, gate_estimate=None, return_gate=False, return_skip=False):
+    """POD + TidalDecode: decode attention over selected positions with POD's key sharing and gate.
+
+    Args:
+        q: [B, Hq, D], the query at p = seq_lens - 1; k_local, k_anchor, v_cache, sink, recent,
+            gate_tau, gate_estimate: as in pod_decode_attention.
+        indices: [B, Hs, K] selected positions (Hs = Hq, or Hkv: one list per GQA group), -1 = none.
+    A selected position j is proximal when j < sink or p - j < recent (key k_local at slot j or
+    sink + j % recent), distant otherwise (key k_anchor[..., j, :]); values are v_cache[..., j, :].
+    gate = sigmoid(lse_P - lse_D) over the selected positions (1 without distant ones, 0 without
+    proximal ones); with gate_tau, heads whose gate (or gate_estimate) >= tau drop the distant part;
+    with gate_estimate, skipped heads report gate 1.
+    Returns:
+        out [B, Hq, D] (0 where nothing is attended); with return_gate gate [B, Hq]; with return_skip
+        skip [B, Hq] bool.
+    """
+    if gate_estimate is not None and gate_tau is None:
+        raise ValueError("gate_estimate is given but gate_tau is None; the estimate only decides a skip at gate_tau")
+    ct = _compute_dtype(q)
+    batch, num_heads, head_dim = q.shape
+    sc = _scale(scale, head_dim)
+    if indices.shape[1] != num_heads:
+        indices = indices.repeat_interleave(num_heads // indices.shape[1], dim=1)
+    group = num_heads // v_cache.shape[1]
+    valid = indices >= 0
+    j = indices.clamp(min=0).long()  # [B, Hq, K]
+    p = (seq_lens.to(q.device).long() - 1)[:, None, None]
+    proximal = pod_proximal_mask(p, j, sink, recent)
+    b = torch.arange(batch, device=q.device)[:, None, None]
+    kvh = (torch.arange(num_heads, device=q.device) // group)[None, :, None]
+    slot = torch.where(j < sink, j, sink + j % recent).clamp(max=k_local.shape[2] - 1)
+    k = torch.where(proximal[..., None], k_local[b, kvh, slot], k_anchor[b, kvh, j]).to(ct)
+    v = v_cache[b, kvh, j].to(ct)
+    logits = torch.einsum("bhd,bhkd->bhk", q.to(ct), k) * sc
+    logits = logits.masked_fill(~valid, float("-inf"))
+    lse_p = torch.logsumexp(logits.masked_fill(~proximal, float("-inf")), -1)
+    lse_d = torch.logsumexp(logits.masked_fill(proximal, float("-inf")), -1)
+    inf = float("-inf")
+    gate = torch.where((lse_p == inf) | (lse_d == inf), (lse_d == inf).to(lse_p.dtype), torch.sigmoid(lse_p - lse_d))
+    skip = torch.zeros_like(gate, dtype=torch.bool)
+    if gate_tau is not None:
+        skip = (gate_estimate.to(gate.device) if gate_estimate is not None else gate) >= gate_tau
+        logits = logits.masked_fill(skip[..., None] & ~proximal, float("-inf"))
+        if gate_estimate is not None:
+            gate = torch.where(skip, torch.ones_like(gate), gate)
+    out, _ = _masked_softmax_attend(logits, torch.isfinite(logits), v)  # [B, Hq, D]
+    results = [out.to(q.dtype)]
+    if return_gate:
+        results.append(gate.float())
+    if return_skip:
+        results.append(skip)
+    return tuple(results) if len(results) > 1 else results[0]
+
+
 # ----------------------------------------------------------------------------------------------
 # Quest
 # ----------------------------------------------------------------------------------------------
