@@ -22,6 +22,9 @@ Each row times, in the same run, podkit's kernel, torch's closest composition an
   (gate_estimate) that skips a given fraction of whole GQA groups (the reads a skip saves) or of
   single heads at random (a group reads while any of its heads does), with the skipped fractions,
   the time, and the time predicted by proportion (issue 12 item 5).
+- pod_sparse (POD + TidalDecode, budget 2048, sink 4, recent 2048): pod_sparse_decode_attention
+  vs TidalDecode's sparse decode alone (issue 12 target: <= 1.1x) and the engine's torch gather,
+  lists per KV group and per query head; with the exact-gate tau and with half the groups skipped.
 - quest (page 16, budget 2048): page scores + page selection + sparse decode over the pages.
 
 `bw_util` (FlashInfer's metric): bytes the op must read / graph latency / the copy bandwidth
@@ -155,7 +158,7 @@ def _row(rows, op, ctx, batch, **cols):
     print(json.dumps(row), flush=True)
 
 
-ROW_FAMILIES = ("decode", "selection", "sparse", "pod", "quest")
+ROW_FAMILIES = ("decode", "selection", "sparse", "pod", "pod_sparse", "quest")
 
 
 def run_bench(contexts, batches, device, bw, tune=False, topk_variants=False, families=ROW_FAMILIES):
@@ -230,6 +233,8 @@ def run_bench(contexts, batches, device, bw, tune=False, topk_variants=False, fa
                          bw_util=sp_floor / ps_g)
             if "pod" in families:
                 _pod_rows(rows, q, k, v, seq_lens, full, full_g, bw, gen)
+            if "pod_sparse" in families:
+                _pod_sparse_rows(rows, q, k, v, seq_lens, bw, gen)
             if "quest" in families:
                 _quest_rows(rows, q, k, v, seq_lens, full, bw)
             q = k = v = None  # free the inputs before the next size
@@ -280,6 +285,59 @@ def _pod_rows(rows, q, k, v, seq_lens, full, full_g, bw, gen, sink=4, recent=204
                  skipped_groups=group_skip, graph_podkit_us=t_g, graph_no_skip_us=pod_g,
                  over_no_skip=t_g / pod_g, predicted_over_no_skip=read / pod_bytes,
                  bw_util=read / bw * 1e6 / t_g)
+
+
+def torch_pod_sparse(q, k_local, k_anchor, v, idx, seq_lens, sink, recent):
+    """The engine's torch gather for POD + TidalDecode (sparse_models/engine/decode_layers.py,
+    _pod_sparse_run): per selected position the ring key if proximal, else the anchor key."""
+    B, Hq, Dh = q.shape
+    G = Hq // v.shape[1]
+    if idx.shape[1] != Hq:
+        idx = idx.repeat_interleave(G, dim=1)
+    valid = idx >= 0
+    j = idx.clamp(min=0).long()
+    p = (seq_lens.long() - 1)[:, None, None]
+    proximal = (j < sink) | (p - j < recent)
+    b = torch.arange(B, device=q.device)[:, None, None]
+    kvh = (torch.arange(Hq, device=q.device) // G)[None, :, None]
+    ring = torch.where(j < sink, j, sink + j % recent)
+    kk = torch.where(proximal[..., None], k_local[b, kvh, ring], k_anchor[b, kvh, j])
+    logits = torch.einsum("bhd,bhkd->bhk", q.float(), kk.float()) * Dh ** -0.5
+    probs = torch.softmax(logits.masked_fill(~valid, float("-inf")), -1)
+    return torch.einsum("bhk,bhkd->bhd", probs, v[b, kvh, j].float()).to(q.dtype)
+
+
+def _pod_sparse_rows(rows, q, k, v, seq_lens, bw, gen, sink=4, recent=2048, tau=0.7):
+    """POD + TidalDecode sparse layer (issue 12 item 2): pod_sparse_decode_attention over the selection's
+    lists vs TidalDecode alone (sparse_decode_attention, target ratio <= 1.1) and the engine's torch
+    gather; with gate_estimate skipping half of the GQA groups. Lists: the top-budget slots of random
+    scores with the current slot, so about recent / N of each list is proximal."""
+    from kernels.triton_pod_sparse_decode_attention import pod_sparse_decode_attention_triton
+    from kernels.triton_sparse_decode_attention import sparse_decode_attention_triton
+    B, N = q.shape[0], k.shape[2]
+    budget = min(SELECTION_BUDGET, N)
+    k_local = torch.randn(B, HKV, sink + recent, D, device=q.device, dtype=DTYPE, generator=gen)
+    G = HQ // HKV
+    for Hs, name in ((HKV, "pod_sparse_group"), (HQ, "pod_sparse_head")):
+        idx = _random_lists(B, Hs, N, budget, q.device, gen)
+        idx[..., -1] = N - 1  # the current slot is always selected
+        idx = idx.sort(-1).values
+        kw = dict(sink=sink, recent=recent)
+        fused = lambda: pod_sparse_decode_attention_triton(q, k_local, k, v, idx, seq_lens, **kw)  # noqa: E731
+        t_pod = _bench_graph(fused)
+        t_tidal = _bench_graph(lambda: sparse_decode_attention_triton(q, k, v, idx))
+        t_torch = _bench_graph(lambda: torch_pod_sparse(q, k_local, k, v, idx, seq_lens, sink, recent))
+        t_tau = _bench_graph(lambda: pod_sparse_decode_attention_triton(q, k_local, k, v, idx, seq_lens,
+                                                                        gate_tau=tau, **kw))
+        grp = (torch.arange(B * HKV, device=q.device) % 2 == 0).view(B, HKV)
+        est = torch.where(grp, 0.9, 0.1).repeat_interleave(G, dim=1).float()
+        t_skip = _bench_graph(lambda: pod_sparse_decode_attention_triton(q, k_local, k, v, idx, seq_lens,
+                                                                         gate_tau=tau, gate_estimate=est, **kw))
+        list_bytes = 2 * B * Hs * budget * D * 2 + idx.numel() * 4
+        _row(rows, name, N, B, budget=budget, sink=sink, recent=recent, graph_podkit_us=t_pod,
+             graph_tidal_alone_us=t_tidal, over_tidal_alone=t_pod / t_tidal, graph_torch_us=t_torch,
+             torch_over_podkit=t_torch / t_pod, graph_tau_exact_us=t_tau, graph_skip_half_groups_us=t_skip,
+             bw_util=list_bytes / bw * 1e6 / t_pod)
 
 
 def _quest_rows(rows, q, k, v, seq_lens, full, bw):
