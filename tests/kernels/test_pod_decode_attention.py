@@ -95,6 +95,20 @@ def test_bf16_gpu(G):
         assert (gate.double() - exact_gate).abs().max() < 1e-3
 
 
+@pytest.mark.gpu
+def test_gate_estimate_skip_bf16_gpu():
+    case = (2, 32, 8, 5000, 128, 4, 1000, [5000, 2100])
+    q, k_local, k_anchor, v, seq_lens, sink, recent = make_case(case, torch.bfloat16, "cuda", 9)
+    est = torch.rand(2, 32, device="cuda")
+    est[0, :8] = 0.95  # two whole groups skip
+    kw = dict(sink=sink, recent=recent, gate_tau=0.7, gate_estimate=est)
+    out, skip = pod_decode_attention_triton(q, k_local, k_anchor, v, seq_lens, return_skip=True, **kw)
+    exact = reference.pod_decode_attention(q.double(), k_local.double(), k_anchor.double(), v.double(), seq_lens, **kw)
+    ref = reference.pod_decode_attention(q, k_local, k_anchor, v, seq_lens, **kw)
+    assert_error_within("out (gate_estimate)", out, ref, exact)
+    assert torch.equal(skip, est >= 0.7)
+
+
 def test_bad_inputs_raise_clear_errors():
     q, kl, ka, v = torch.zeros(2, 4, 16), torch.zeros(2, 2, 12, 16), torch.zeros(2, 2, 40, 16), torch.zeros(2, 2, 40, 16)
     lens = torch.tensor([40, 3])
