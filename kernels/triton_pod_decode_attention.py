@@ -107,8 +107,10 @@ def _pod_decode_split_kernel(
             is_sink = offs < sink
             ring_pos = seq_len - recent + (offs - sink)
             valid = (offs < hi) & tl.where(is_sink, offs < seq_len, ring_pos >= sink)
-            pos = tl.where(valid, tl.where(is_sink, offs, ring_pos), 0).to(tl.int64)
-            local_slot = tl.where(is_sink, offs, sink + pos % recent).to(tl.int64)
+            pos32 = tl.where(valid, tl.where(is_sink, offs, ring_pos), 0)
+            # modulo in int32 (positions < 2**31), widened for the row offsets only
+            local_slot = tl.where(is_sink, offs, sink + pos32 % recent).to(tl.int64)
+            pos = pos32.to(tl.int64)
             kv_mask = valid[:, None] & d_mask[None, :]
             k = tl.load(kl_base + local_slot[:, None] * stride_ln + offs_d[None, :], mask=kv_mask, other=0.0)
             v = tl.load(v_base + pos[:, None] * stride_vn + offs_d[None, :], mask=kv_mask, other=0.0)

@@ -36,7 +36,11 @@ from kernels.triton_pod_decode_attention import _check_inputs as _check_pod_inpu
 
 _BLOCK_N_GROUP = 64
 _BLOCK_N_HEAD = 32
-_NUM_WARPS = 4
+# Per-group lists (tl.dot over 16 padded query rows) need 8 warps: at 4 warps ptxas (sm_90) reports
+# 255 registers and a 216-byte spill, at 8 warps 173 registers and none; per-head lists fit 4 warps
+# (249 registers, no spill). Not yet timed: the benchmark's pod_sparse rows time both widths.
+_NUM_WARPS_GROUP = 8
+_NUM_WARPS_HEAD = 4
 _NUM_STAGES = 3
 
 
@@ -71,7 +75,7 @@ def _pod_sparse_split_kernel(
     else:
         first_head = hs * G
         kvh = hs
-    seq_len = tl.load(SeqLens + b).to(tl.int64)
+    seq_len = tl.load(SeqLens + b).to(tl.int32)
     start = split * chunk
     end = tl.minimum(start + chunk, list_len)
 
@@ -97,14 +101,17 @@ def _pod_sparse_split_kernel(
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
     for n0 in range(start, end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
-        pos = tl.load(i_base + offs_n, mask=offs_n < end, other=-1).to(tl.int64)
+        # positions < 2**31: slot arithmetic in int32 (int64 modulo costs registers: the kernel
+        # spilled with it at 4 warps on sm_90), widened only for the row offsets
+        pos = tl.load(i_base + offs_n, mask=offs_n < end, other=-1).to(tl.int32)
         proximal = (pos < sink) | (seq_len - 1 - pos < recent)
         valid = (pos >= 0) & (proximal == is_prox)
         rows = tl.where(valid, pos, 0)
         kv_mask = valid[:, None] & d_mask[None, :]
-        slot = tl.where(rows < sink, rows, sink + rows % recent)
         # one load from either cache (a pointer select, not a branch, keeps the loop pipelinable)
-        k_rows = tl.where(is_prox, kl_base + slot * stride_ln, ka_base + rows * stride_an)
+        k_row = tl.where(is_prox, tl.where(rows < sink, rows, sink + rows % recent), rows).to(tl.int64)
+        k_rows = tl.where(is_prox, kl_base + k_row * stride_ln, ka_base + k_row * stride_an)
+        rows = rows.to(tl.int64)
         k = tl.load(k_rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
         v = tl.load(v_base + rows[:, None] * stride_vn + offs_d[None, :], mask=kv_mask, other=0.0)
         s = C.tile_logits(q, k, sm_scale, USE_DOT, IEEE)
@@ -122,14 +129,14 @@ def _pod_sparse_split_kernel(
 
 def pod_sparse_decode_attention_triton(q, k_local, k_anchor, v_cache, indices, seq_lens, *, sink, recent,
                                        scale=None, gate_tau=None, gate_estimate=None, return_gate=False,
-                                       return_skip=False):
+                                       return_skip=False, _num_warps=None):
     """POD-aware sparse decode.
 
     q: [B,Hq,D] (query at p = seq_lens-1); k_local: [B,Hkv,sink+recent,D] (the layer's own keys: sinks
     at slots 0..sink-1, position j of the ring at sink + j % recent); k_anchor, v_cache: [B,Hkv,N,D]
     (slot = position); indices: [B,Hs,K] int32/int64 positions in [0, N) or -1, Hs = Hq or Hkv;
     seq_lens: [B] in [1, N]; sink >= 0, recent >= 1; gate_tau / gate_estimate as in
-    kernels/triton_pod_decode_attention.py.
+    kernels/triton_pod_decode_attention.py. `_num_warps` overrides the launch width (benchmark knob).
     Returns out [B,Hq,D] (q.dtype; 0 for a head whose list is empty after skipping); with return_gate
     also gate [B,Hq] fp32 = sigmoid(lse_P - lse_D) over the selected positions (1 without distant
     entries or, with gate_estimate, for skipped heads; 0 without proximal ones); with return_skip
@@ -153,7 +160,8 @@ def pod_sparse_decode_attention_triton(q, k_local, k_anchor, v_cache, indices, s
     # half the usual split cap: the merge holds all 2 * num_splits partials of a row in registers
     num_splits, chunk = C.plan_splits(max(list_len, 1), B * Hs, q.device, block_n, max_splits=C.MAX_SPLITS // 2)
     o_part, lse_part = C.alloc_partials(B, Hq, 2 * num_splits, D, q.device)
-    launch = dict(num_warps=_NUM_WARPS) if C.interpreting() else dict(num_warps=_NUM_WARPS, num_stages=_NUM_STAGES)
+    num_warps = _num_warps or (_NUM_WARPS_GROUP if per_group else _NUM_WARPS_HEAD)
+    launch = dict(num_warps=num_warps) if C.interpreting() else dict(num_warps=num_warps, num_stages=_NUM_STAGES)
     _pod_sparse_split_kernel[(2 * num_splits, B * Hs)](
         q, k_local, k_anchor, v_cache, indices, seq_lens, o_part, lse_part, est if use_est else lse_part,
         scale, sink, recent, list_len, chunk, num_splits, float(gate_tau) if use_est else 0.0,

@@ -333,10 +333,14 @@ def _pod_sparse_rows(rows, q, k, v, seq_lens, bw, gen, sink=4, recent=2048, tau=
         est = torch.where(grp, 0.9, 0.1).repeat_interleave(G, dim=1).float()
         t_skip = _bench_graph(lambda: pod_sparse_decode_attention_triton(q, k_local, k, v, idx, seq_lens,
                                                                          gate_tau=tau, gate_estimate=est, **kw))
+        other_warps = 4 if Hs == HKV else 8  # the launch width not chosen by default (see the kernel's notes)
+        t_other = _bench_graph(lambda: pod_sparse_decode_attention_triton(q, k_local, k, v, idx, seq_lens,
+                                                                          _num_warps=other_warps, **kw))
         list_bytes = 2 * B * Hs * budget * D * 2 + idx.numel() * 4
         _row(rows, name, N, B, budget=budget, sink=sink, recent=recent, graph_podkit_us=t_pod,
              graph_tidal_alone_us=t_tidal, over_tidal_alone=t_pod / t_tidal, graph_torch_us=t_torch,
              torch_over_podkit=t_torch / t_pod, graph_tau_exact_us=t_tau, graph_skip_half_groups_us=t_skip,
+             other_num_warps=other_warps, graph_other_num_warps_us=t_other,
              bw_util=list_bytes / bw * 1e6 / t_pod)
 
 
