@@ -34,6 +34,8 @@ import triton.language as tl
 from kernels import _decode_common as C
 
 _BLOCK_N = 64
+# 4 warps (as dense decode); ptxas sm_90 reports 255 registers and a 40-byte spill there, 215 and
+# none at 8 warps (tests/kernels/sm90_compile.py); the benchmark times both (`_num_warps` knob).
 _NUM_WARPS = 4
 _NUM_STAGES = 2
 
@@ -170,7 +172,8 @@ def _check_inputs(q, k_local, k_anchor, v_cache, seq_lens, sink, recent, gate_ta
 
 
 def pod_decode_attention_triton(q, k_local, k_anchor, v_cache, seq_lens, *, sink, recent, scale=None,
-                                gate_tau=None, return_gate=False, gate_estimate=None, return_skip=False):
+                                gate_tau=None, return_gate=False, gate_estimate=None, return_skip=False,
+                                _num_warps=_NUM_WARPS):
     """POD decode attention.
 
     q: [B,Hq,D] (query at p = seq_lens-1); k_local: [B,Hkv,sink+recent,D] (sinks at slots 0..sink-1,
@@ -178,6 +181,7 @@ def pod_decode_attention_triton(q, k_local, k_anchor, v_cache, seq_lens, *, sink
     (slot = position); seq_lens: [B] in [1, N]; sink >= 0, recent >= 1.
     gate_estimate: None (gate_tau uses the exact gate) or [B,Hq] float, a pre-evaluated gate: heads
     with gate_estimate >= gate_tau read no distant key (module docstring). Needs gate_tau.
+    `_num_warps` is a benchmark knob (launch width).
     Returns out [B,Hq,D] (q.dtype); with return_gate also gate [B,Hq] fp32 (the exact proximal gate,
     computed before any exact-gate skipping; 1 where no distant key exists or, with gate_estimate,
     where the head skipped); with return_skip also skip [B,Hq] bool (heads that dropped the distant
@@ -194,7 +198,7 @@ def pod_decode_attention_triton(q, k_local, k_anchor, v_cache, seq_lens, *, sink
     num_p, chunk_p = C.plan_splits(sink + recent, rows, q.device, _BLOCK_N, max_splits=8)
     num_splits = num_d + num_p
     o_part, lse_part = C.alloc_partials(B, Hq, num_splits, D, q.device)
-    launch = dict(num_warps=_NUM_WARPS) if C.interpreting() else dict(num_warps=_NUM_WARPS, num_stages=_NUM_STAGES)
+    launch = dict(num_warps=_num_warps) if C.interpreting() else dict(num_warps=_num_warps, num_stages=_NUM_STAGES)
     _pod_decode_split_kernel[(num_splits, rows)](
         q, k_local, k_anchor, v_cache, seq_lens, o_part, lse_part, est if use_est else lse_part,
         scale, sink, recent, num_d, chunk_d, chunk_p, float(gate_tau) if use_est else 0.0,

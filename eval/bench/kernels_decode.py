@@ -255,6 +255,7 @@ def _pod_rows(rows, q, k, v, seq_lens, full, full_g, bw, gen, sink=4, recent=204
                                                          **kw))
     pod_tau_g = _bench_graph(lambda: pod_decode_attention_triton(q, k_local, k, v, seq_lens, gate_tau=tau, **kw))
     _, exact_skip = pod_decode_attention_triton(q, k_local, k, v, seq_lens, gate_tau=tau, return_skip=True, **kw)
+    pod_w8_g = _bench_graph(lambda: pod_decode_attention_triton(q, k_local, k, v, seq_lens, _num_warps=8, **kw))
     # bytes: anchor keys + values of distant positions, own (ring) keys + values of proximal ones
     distant = max(N - sink - recent, 0)
     dist_bytes = 2 * B * HKV * distant * D * 2
@@ -263,7 +264,8 @@ def _pod_rows(rows, q, k, v, seq_lens, full, full_g, bw, gen, sink=4, recent=204
     _row(rows, "pod_decode", N, B, sink=sink, recent=recent, floor_us=pod_bytes / bw * 1e6, podkit_us=pod,
          podkit_tau_us=pod_tau, podkit_full_us=full, over_podkit_full=pod / full,
          graph_podkit_us=pod_g, graph_over_podkit_full=pod_g / full_g, bw_util=pod_bytes / bw * 1e6 / pod_g,
-         graph_tau_exact_us=pod_tau_g, tau_exact_skipped_heads=exact_skip.float().mean().item())
+         graph_tau_exact_us=pod_tau_g, tau_exact_skipped_heads=exact_skip.float().mean().item(),
+         graph_8_warps_us=pod_w8_g)
     G = HQ // HKV
     for pattern in ("groups", "heads"):
         for frac in (0.0, 0.25, 0.5, 0.75, 1.0):
