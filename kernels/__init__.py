@@ -26,6 +26,7 @@ __all__ = [
     "token_sparse_scores",
     "pod_prefill_attention",
     "pod_decode_attention",
+    "pod_sparse_decode_attention",
     "quest_page_scores",
     "quest_select_pages",
     "quest_page_minmax",
@@ -38,6 +39,7 @@ _TRITON_IMPLEMENTATIONS = {
     "selection_decode_attention": ("triton_decode_attention", "selection_decode_attention_triton"),
     "sparse_decode_attention": ("triton_sparse_decode_attention", "sparse_decode_attention_triton"),
     "pod_decode_attention": ("triton_pod_decode_attention", "pod_decode_attention_triton"),
+    "pod_sparse_decode_attention": ("triton_pod_sparse_decode_attention", "pod_sparse_decode_attention_triton"),
     "quest_page_scores": ("triton_quest_pages", "quest_page_scores_triton"),
     "quest_select_pages": ("triton_quest_pages", "quest_select_pages_triton"),
     "prefill_attention": ("triton_prefill_attention", "prefill_attention_triton"),
@@ -89,6 +91,7 @@ decode_attention = _dispatch("decode_attention")
 selection_decode_attention = _dispatch("selection_decode_attention")
 sparse_decode_attention = _dispatch("sparse_decode_attention")
 pod_decode_attention = _dispatch("pod_decode_attention")
+pod_sparse_decode_attention = _dispatch("pod_sparse_decode_attention")
 quest_page_scores = _dispatch("quest_page_scores")
 quest_select_pages = _dispatch("quest_select_pages")
 prefill_attention = _dispatch("prefill_attention")

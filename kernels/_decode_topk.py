@@ -1,4 +1,8 @@
-"""Exact top-k slot selection per row for the TidalDecode selection layer.
+"""Exact top-k slot selection per row for the TidalDecode selection layer: the "legacy" path.
+
+The selection layer's default is now kernels/_decode_topk_split.py (every pass on every SM, the
+first one fused into the attention); this module stays for comparison (topk_impl="legacy" or
+PODKIT_SELECTION_TOPK=legacy).
 
 `topk_slots_with_current`: one Triton launch, one program per row (sequence x selection head).
 The fp32 scores are mapped to order-preserving uint32 keys; 32 / BITS passes over the row build

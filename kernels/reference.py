@@ -331,7 +331,7 @@ def pod_prefill_attention(q, k_own, k_anchor, v, seq_lens, *, sink, recent, scal
 
 
 def pod_decode_attention(q, k_local, k_anchor, v_cache, seq_lens, *, sink, recent, scale=None, gate_tau=None,
-                         return_gate=False):
+                         return_gate=False, gate_estimate=None, return_skip=False):
     """POD decode: proximal keys from the layer's own sink + ring, distant keys from the anchor.
 
     Args:
@@ -341,9 +341,15 @@ def pod_decode_attention(q, k_local, k_anchor, v_cache, seq_lens, *, sink, recen
         k_anchor: [B, Hkv, N, D] the anchor layer's keys at every position (slot = position).
         v_cache: [B, Hkv, N, D] the layer's own values.
         gate_tau: if set, heads whose proximal gate g >= tau use proximal attention only.
+        gate_estimate: [B, Hq] or None; if set (with gate_tau), it decides the skip instead of the
+            exact gate (a gate pre-evaluated elsewhere, e.g. by the anchor layer: paper section 2.3
+            under key sharing), and skipped heads report gate 1 (their distant part is never read).
     Returns:
-        out [B, Hq, D] (and gate [B, Hq] with return_gate, computed before any skipping).
+        out [B, Hq, D]; with return_gate also gate [B, Hq] (the exact gate, computed before any
+        skipping); with return_skip also skip [B, Hq] bool (heads that dropped the distant part).
     """
+    if gate_estimate is not None and gate_tau is None:
+        raise ValueError("gate_estimate is given but gate_tau is None; the estimate only decides a skip at gate_tau")
     ct = _compute_dtype(q)
     batch, num_heads, head_dim = q.shape
     n = v_cache.shape[2]
@@ -365,15 +371,76 @@ def pod_decode_attention(q, k_local, k_anchor, v_cache, seq_lens, *, sink, recen
     lse_p = torch.logsumexp(logits_p, -1)
     lse_d = torch.logsumexp(logits_d, -1)
     gate = torch.sigmoid(lse_p - lse_d)
+    skip = torch.zeros_like(gate, dtype=torch.bool)
     if gate_tau is not None:
-        skip = gate >= gate_tau
+        skip = (gate_estimate.to(gate.device) if gate_estimate is not None else gate) >= gate_tau
         logits_d = logits_d.masked_fill(skip.unsqueeze(-1), float("-inf"))
+        if gate_estimate is not None:
+            gate = torch.where(skip, torch.ones_like(gate), gate)
     logits = torch.where(proximal[:, None], logits_p, logits_d)
     valid = causal[:, None].expand_as(logits) & torch.isfinite(logits)
     out, _ = _masked_softmax_attend(logits, valid, _expand_kv(v_cache, num_heads).to(ct))
+    results = [out.to(q.dtype)]
     if return_gate:
-        return out.to(q.dtype), gate.float()
-    return out.to(q.dtype)
+        results.append(gate.float())
+    if return_skip:
+        results.append(skip)
+    return tuple(results) if len(results) > 1 else results[0]
+
+
+def pod_sparse_decode_attention(q, k_local, k_anchor, v_cache, indices, seq_lens, *, sink, recent, scale=None,
+                                gate_tau=None, gate_estimate=None, return_gate=False, return_skip=False):
+    """POD + TidalDecode: decode attention over selected positions with POD's key sharing and gate.
+
+    Args:
+        q: [B, Hq, D], the query at p = seq_lens - 1; k_local, k_anchor, v_cache, sink, recent,
+            gate_tau, gate_estimate: as in pod_decode_attention.
+        indices: [B, Hs, K] selected positions (Hs = Hq, or Hkv: one list per GQA group), -1 = none.
+    A selected position j is proximal when j < sink or p - j < recent (key k_local at slot j or
+    sink + j % recent), distant otherwise (key k_anchor[..., j, :]); values are v_cache[..., j, :].
+    gate = sigmoid(lse_P - lse_D) over the selected positions (1 without distant ones, 0 without
+    proximal ones); with gate_tau, heads whose gate (or gate_estimate) >= tau drop the distant part;
+    with gate_estimate, skipped heads report gate 1.
+    Returns:
+        out [B, Hq, D] (0 where nothing is attended); with return_gate gate [B, Hq]; with return_skip
+        skip [B, Hq] bool.
+    """
+    if gate_estimate is not None and gate_tau is None:
+        raise ValueError("gate_estimate is given but gate_tau is None; the estimate only decides a skip at gate_tau")
+    ct = _compute_dtype(q)
+    batch, num_heads, head_dim = q.shape
+    sc = _scale(scale, head_dim)
+    if indices.shape[1] != num_heads:
+        indices = indices.repeat_interleave(num_heads // indices.shape[1], dim=1)
+    group = num_heads // v_cache.shape[1]
+    valid = indices >= 0
+    j = indices.clamp(min=0).long()  # [B, Hq, K]
+    p = (seq_lens.to(q.device).long() - 1)[:, None, None]
+    proximal = pod_proximal_mask(p, j, sink, recent)
+    b = torch.arange(batch, device=q.device)[:, None, None]
+    kvh = (torch.arange(num_heads, device=q.device) // group)[None, :, None]
+    slot = torch.where(j < sink, j, sink + j % recent).clamp(max=k_local.shape[2] - 1)
+    k = torch.where(proximal[..., None], k_local[b, kvh, slot], k_anchor[b, kvh, j]).to(ct)
+    v = v_cache[b, kvh, j].to(ct)
+    logits = torch.einsum("bhd,bhkd->bhk", q.to(ct), k) * sc
+    logits = logits.masked_fill(~valid, float("-inf"))
+    lse_p = torch.logsumexp(logits.masked_fill(~proximal, float("-inf")), -1)
+    lse_d = torch.logsumexp(logits.masked_fill(proximal, float("-inf")), -1)
+    inf = float("-inf")
+    gate = torch.where((lse_p == inf) | (lse_d == inf), (lse_d == inf).to(lse_p.dtype), torch.sigmoid(lse_p - lse_d))
+    skip = torch.zeros_like(gate, dtype=torch.bool)
+    if gate_tau is not None:
+        skip = (gate_estimate.to(gate.device) if gate_estimate is not None else gate) >= gate_tau
+        logits = logits.masked_fill(skip[..., None] & ~proximal, float("-inf"))
+        if gate_estimate is not None:
+            gate = torch.where(skip, torch.ones_like(gate), gate)
+    out, _ = _masked_softmax_attend(logits, torch.isfinite(logits), v)  # [B, Hq, D]
+    results = [out.to(q.dtype)]
+    if return_gate:
+        results.append(gate.float())
+    if return_skip:
+        results.append(skip)
+    return tuple(results) if len(results) > 1 else results[0]
 
 
 # ----------------------------------------------------------------------------------------------

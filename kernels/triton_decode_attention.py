@@ -11,24 +11,29 @@ METHODS.md): full attention (exact output) plus, per query head (Hs = Hq) or per
 GQA group (Hs = Hkv, summing the group's softmax probabilities), the top-(budget-1) slots among
 slots < seq_lens-1 plus the current slot, returned ascending and -1 padded.
 
-Top-k choice: the split kernel writes the selection logits itself (the current slot already
-set to -inf), so no separate pass over the keys happens in Python. The k-largest search then runs
-on those fp32 logits (16 MiB at batch 1, 128K, mostly L2-resident): for rows up to 16K slots a
-one-launch Triton radix select (kernels/_decode_topk.py) that writes the winners ascending with
-the current slot and the -1 padding; for longer rows torch.topk(sorted=False) + a sort of the k
-winners, which measured faster there (table in kernels/_decode_topk.py). Neither meets the
-1.4x-of-full-decode target on an H200 (see the report in eval/bench/kernels_decode.py's rows).
+Top-k choice (topk_impl / PODKIT_SELECTION_TOPK): "split" (default) is an exact radix select
+whose passes run over every SM, its first pass fused into this file's attention kernel: each key
+chunk counts the top radix digit of the logits it writes into a per-row histogram
+(kernels/_decode_topk_split.py); three more histogram passes, a count pass and a write pass over
+the fp32 logits follow, each a (chunk, row) grid. "legacy" is the earlier path: for rows up to 16K
+slots a one-program-per-row Triton radix select (kernels/_decode_topk.py), for longer rows
+torch.topk(sorted=False) + a sort of the k winners (table in kernels/_decode_topk.py); on an H200
+neither met the 1.4x-of-full-decode target. Both return the same indices (ties at the k-th value:
+lowest slots first, except torch.topk, which breaks them arbitrarily).
 Per-KV-group mode adds one small Triton pass that turns the G heads' logits into summed
-probabilities with the merged LSE.
+probabilities with the merged LSE (with "split" it also builds the first histogram).
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 import triton
 import triton.language as tl
 
 from kernels import _decode_common as C
+from kernels import _decode_topk_split as TS
 from kernels._decode_topk import select_slots
 
 # Tile of keys per loop iteration and launch shape. BLOCK_N=64, 4 warps, 2 stages: the best of the
@@ -41,7 +46,7 @@ _NUM_STAGES = 2
 
 @triton.jit
 def _decode_split_kernel(
-    Q, K, V, SeqLens, OPart, LSEPart, Scores,
+    Q, K, V, SeqLens, OPart, LSEPart, Scores, Hist,
     sm_scale, N, chunk,
     stride_qb, stride_qh,
     stride_kb, stride_kh, stride_kn,
@@ -53,11 +58,14 @@ def _decode_split_kernel(
     G: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
     D: tl.constexpr, BLOCK_D: tl.constexpr,
     RETURN_SCORES: tl.constexpr, EXCLUDE_LAST: tl.constexpr, IEEE: tl.constexpr,
+    HIST0: tl.constexpr = False, GH: tl.constexpr = 1, BITS: tl.constexpr = 8, LEVELS: tl.constexpr = 4,
 ):
     """Program (split, b*Hkv + kvh): keys [split*chunk, split*chunk + chunk) of one sequence and KV
     head, for the G query heads kvh*G .. kvh*G+G-1. Writes o_part/lse_part and, with
     RETURN_SCORES, the logits of its slots (-inf past seq_len; with EXCLUDE_LAST also at the
-    current slot seq_len-1, which TidalDecode appends to the selection unconditionally)."""
+    current slot seq_len-1, which TidalDecode appends to the selection unconditionally). With HIST0
+    (needs RETURN_SCORES) it also counts the top radix digit of every finite logit it writes, per
+    head, into hist[b*Hq + head, 0, :] (the first pass of kernels/_decode_topk_split.py)."""
     split = tl.program_id(0)
     bh = tl.program_id(1)
     b = (bh // Hkv).to(tl.int64)  # int64: batch offsets of a large cache overflow int32
@@ -80,6 +88,8 @@ def _decode_split_kernel(
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    NB: tl.constexpr = 1 << BITS
+    hist = tl.zeros([GH * NB], tl.int32)
     for n0 in range(start, end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_mask = offs_n < end
@@ -93,6 +103,14 @@ def _decode_split_kernel(
             if EXCLUDE_LAST:
                 s_out = tl.where(offs_n[None, :] == seq_len - 1, float("-inf"), s)
             tl.store(s_base + offs_n[None, :], s_out, mask=g_mask[:, None] & n_mask[None, :])
+            if HIST0:
+                # one histogram of GH * NB bins: head g's digits land in bins [g*NB, g*NB + NB)
+                key = TS.order_key(s_out)
+                counted = g_mask[:, None] & (key > TS.neg_inf_key())
+                digit = (key >> (32 - BITS)).to(tl.int32) + offs_g[:, None] * NB
+                digit = tl.where(counted, digit, 0)
+                hist += tl.histogram(tl.reshape(digit, [BLOCK_G * BLOCK_N], can_reorder=True), GH * NB,
+                                     mask=tl.reshape(counted, [BLOCK_G * BLOCK_N], can_reorder=True))
         m_i, l_i, acc = C.online_softmax_update(s, v, m_i, l_i, acc, True, IEEE)
 
     if RETURN_SCORES:
@@ -103,6 +121,12 @@ def _decode_split_kernel(
             offs_n = n0 + tl.arange(0, BLOCK_N)
             neg = tl.full([BLOCK_G, BLOCK_N], float("-inf"), tl.float32)
             tl.store(s_base + offs_n[None, :], neg, mask=g_mask[:, None] & (offs_n[None, :] < tail_end))
+
+    if HIST0:
+        bins = tl.arange(0, GH * NB)
+        hist_head = bins // NB
+        row = b * (Hkv * G) + kvh * G + hist_head
+        tl.atomic_add(Hist + row * (LEVELS * NB) + bins % NB, hist, mask=(hist_head < G) & (hist > 0))
 
     C.store_partial(OPart, LSEPart, m_i, l_i, acc,
                     b * stride_opb + heads * stride_oph + split * stride_ops,
@@ -122,7 +146,7 @@ def _check_decode_inputs(q, k_cache, v_cache, seq_lens):
 
 
 def _launch_decode(q, k_cache, v_cache, seq_lens, scale, scores, exclude_last, lse_out=None,
-                   block_n=_BLOCK_N, num_warps=_NUM_WARPS, num_stages=_NUM_STAGES):
+                   block_n=_BLOCK_N, num_warps=_NUM_WARPS, num_stages=_NUM_STAGES, hist=None):
     B, Hq, D = q.shape
     Hkv, N = k_cache.shape[1], k_cache.shape[2]
     G = Hq // Hkv
@@ -132,7 +156,7 @@ def _launch_decode(q, k_cache, v_cache, seq_lens, scale, scores, exclude_last, l
     scores_arg = scores if scores is not None else lse_part
     launch = dict(num_warps=num_warps) if C.interpreting() else dict(num_warps=num_warps, num_stages=num_stages)
     _decode_split_kernel[(num_splits, B * Hkv)](
-        q, k_cache, v_cache, seq_lens, o_part, lse_part, scores_arg,
+        q, k_cache, v_cache, seq_lens, o_part, lse_part, scores_arg, hist if hist is not None else seq_lens,
         scale, N, chunk,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
@@ -144,6 +168,7 @@ def _launch_decode(q, k_cache, v_cache, seq_lens, scale, scores, exclude_last, l
         G=G, BLOCK_G=C.block_g(G), BLOCK_N=block_n, D=D, BLOCK_D=triton.next_power_of_2(D),
         RETURN_SCORES=scores is not None, EXCLUDE_LAST=exclude_last,
         IEEE=q.dtype == torch.float32,
+        HIST0=hist is not None, GH=triton.next_power_of_2(G), BITS=TS.BITS, LEVELS=TS.LEVELS,
         **launch,
     )
     out = torch.empty(B, Hq, D, device=q.device, dtype=q.dtype)
@@ -172,13 +197,15 @@ def decode_attention_triton(q, k_cache, v_cache, seq_lens, *, scale=None, return
 
 @triton.jit
 def _group_probability_kernel(
-    Scores, LSE, Out, N,
+    Scores, LSE, Out, Hist, N,
     stride_sb, stride_sh, stride_ob, stride_oh,
     Hkv, G: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
+    HIST0: tl.constexpr = False, BITS: tl.constexpr = 8, LEVELS: tl.constexpr = 4,
 ):
     """Program (n-block, b*Hkv+kvh): out[b,kvh,n] = sum_g exp(scores[b,kvh*G+g,n] - lse[b,kvh*G+g]),
     the summed softmax probability of the group (-inf where every head has -inf, so that empty
-    slots stay unselectable)."""
+    slots stay unselectable). With HIST0 also counts the top radix digit of the finite sums into
+    hist[b*Hkv + kvh, 0, :] (first pass of kernels/_decode_topk_split.py)."""
     nb = tl.program_id(0)
     bh = tl.program_id(1)
     b = (bh // Hkv).to(tl.int64)
@@ -196,10 +223,32 @@ def _group_probability_kernel(
     any_valid = tl.max(s, axis=0) > float("-inf")
     total = tl.where(any_valid, total, float("-inf"))
     tl.store(Out + b * stride_ob + kvh * stride_oh + offs_n, total, mask=n_mask)
+    if HIST0:
+        NB: tl.constexpr = 1 << BITS
+        key = TS.order_key(total)
+        counted = n_mask & (key > TS.neg_inf_key())
+        hist = tl.histogram((key >> (32 - BITS)).to(tl.int32), NB, mask=counted)
+        bins = tl.arange(0, NB)
+        tl.atomic_add(Hist + (b * Hkv + kvh) * (LEVELS * NB) + bins, hist, mask=hist > 0)
+
+
+# Top-k path of the selection layer: "split" (kernels/_decode_topk_split.py, the first radix pass
+# fused into the attention) or "legacy" (kernels/_decode_topk.py: one program per row up to 16K
+# slots, torch.topk above). PODKIT_SELECTION_TOPK picks the default, for A/B runs of the engine.
+TOPK_IMPLS = ("split", "legacy")
+_TOPK_ENV = "PODKIT_SELECTION_TOPK"
+
+
+def _resolve_topk_impl(topk_impl):
+    impl = topk_impl if topk_impl is not None else os.environ.get(_TOPK_ENV, "split")
+    if impl not in TOPK_IMPLS:
+        source = "topk_impl" if topk_impl is not None else _TOPK_ENV
+        raise ValueError(f"{source} must be one of {TOPK_IMPLS}, got {impl!r}")
+    return impl
 
 
 def selection_decode_attention_triton(q, k_cache, v_cache, seq_lens, budget, *, scale=None,
-                                      per_kv_group=False):
+                                      per_kv_group=False, topk_impl=None):
     """TidalDecode token-selection layer: full decode attention + top-k positions.
 
     q: [B,Hq,D]; k_cache, v_cache: [B,Hkv,N,D]; seq_lens: [B] in [1, N]; budget: int >= 1, the
@@ -208,21 +257,29 @@ def selection_decode_attention_triton(q, k_cache, v_cache, seq_lens, budget, *, 
     per_kv_group=True (the G heads' softmax probabilities summed, one selection per KV head).
     Indices: the top-(budget-1) slots among [0, seq_lens[b]-1) by logit (per head) or summed
     probability (per group), plus seq_lens[b]-1; ascending; -1 padded when seq_lens[b] < budget.
+    topk_impl: "split" or "legacy" (see TOPK_IMPLS above); None reads PODKIT_SELECTION_TOPK
+    (default "split"). Both return the same indices (ties at the k-th value: lowest slots first).
     """
     B, Hq, Hkv, N, D, G = _check_decode_inputs(q, k_cache, v_cache, seq_lens)
     if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
         raise ValueError(f"budget must be an int >= 1 (selected slots, current one included), got {budget!r}")
+    split = _resolve_topk_impl(topk_impl) == "split"
     scale = C.resolve_scale(scale, D)
     scores = torch.empty(B, Hq, N, device=q.device, dtype=torch.float32)
     lse = torch.empty(B, Hq, device=q.device, dtype=torch.float32) if per_kv_group else None
-    out = _launch_decode(q, k_cache, v_cache, seq_lens, scale, scores, exclude_last=True, lse_out=lse)
+    hist = TS.alloc_hist(B * (Hkv if per_kv_group else Hq), q.device) if split else None
+    out = _launch_decode(q, k_cache, v_cache, seq_lens, scale, scores, exclude_last=True, lse_out=lse,
+                         hist=None if per_kv_group else hist)
     if per_kv_group:
         group_scores = torch.empty(B, Hkv, N, device=q.device, dtype=torch.float32)
         block_n = 256
         _group_probability_kernel[(triton.cdiv(N, block_n), B * Hkv)](
-            scores, lse, group_scores, N,
+            scores, lse, group_scores, hist if split else lse, N,
             scores.stride(0), scores.stride(1), group_scores.stride(0), group_scores.stride(1),
-            Hkv, G=G, BLOCK_G=triton.next_power_of_2(G), BLOCK_N=block_n, num_warps=4,
+            Hkv, G=G, BLOCK_G=triton.next_power_of_2(G), BLOCK_N=block_n,
+            HIST0=split, BITS=TS.BITS, LEVELS=TS.LEVELS, num_warps=4,
         )
         scores = group_scores
+    if split:
+        return out, TS.split_topk_slots(scores, seq_lens, budget, hist=hist)
     return out, select_slots(scores, seq_lens, budget)

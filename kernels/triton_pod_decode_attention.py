@@ -10,11 +10,17 @@ by separate chunks of one split-K launch (distant chunks tile [sink, p-recent+1)
 tile the sink + recent virtual slots) and merged with a log-sum-exp reduction that also yields the
 gate g = sigmoid(lse_P - lse_D) (1 when there is no distant key).
 
-gate_tau (paper default 0.7): heads whose exact gate g >= tau output proximal attention only. This
-follows kernels/reference.py, which computes the exact gate first, i.e. reading (i) of METHODS.md
-A.4: the result matches the paper's skip rule, but the distant keys and values are still read
-(the gate needs lse_D), so it saves no bandwidth in this kernel. A bandwidth-saving variant would
-take g from an earlier layer (reading (ii)) and is not implemented here.
+gate_tau (paper default 0.7): heads whose gate g >= tau output proximal attention only (Ma et al.,
+section 2.3, "compute skipping"). Which gate decides:
+- exact (gate_estimate=None): this layer's own gate, as kernels/reference.py computes it (reading
+  (i) of METHODS.md A.4). The gate needs lse_D, i.e. every distant key, so this mode still reads all
+  distant keys and values: it matches the paper's rule but saves no time.
+- pre-evaluated (gate_estimate [B,Hq], e.g. the anchor layer's gate for the same query head,
+  reading (ii); sparse_models/schemes/pod.py gate_estimate="anchor"): heads with estimate >= tau are
+  skipped before any distant key is read. A distant chunk program whose G heads all skip returns at
+  once (no K_anchor / V loads, no FLOPs); in a group where only some heads skip, the skipped heads'
+  logits are masked (the group's K/V rows are read once for its G heads anyway). return_skip gives
+  the skip mask [B,Hq]; its mean is the fraction of (query, head) pairs that read no distant key.
 """
 
 from __future__ import annotations
@@ -28,14 +34,16 @@ import triton.language as tl
 from kernels import _decode_common as C
 
 _BLOCK_N = 64
+# 4 warps (as dense decode); ptxas sm_90 reports 255 registers and a 40-byte spill there, 215 and
+# none at 8 warps (tests/kernels/sm90_compile.py); the benchmark times both (`_num_warps` knob).
 _NUM_WARPS = 4
 _NUM_STAGES = 2
 
 
 @triton.jit
 def _pod_decode_split_kernel(
-    Q, KLocal, KAnchor, V, SeqLens, OPart, LSEPart,
-    sm_scale, sink, recent, num_distant_splits, chunk_d, chunk_p,
+    Q, KLocal, KAnchor, V, SeqLens, OPart, LSEPart, GateEst,
+    sm_scale, sink, recent, num_distant_splits, chunk_d, chunk_p, tau,
     stride_qb, stride_qh,
     stride_lb, stride_lh, stride_ln,
     stride_ab, stride_ah, stride_an,
@@ -44,12 +52,14 @@ def _pod_decode_split_kernel(
     stride_lpb, stride_lph,
     Hkv,
     G: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
-    D: tl.constexpr, BLOCK_D: tl.constexpr, IEEE: tl.constexpr,
+    D: tl.constexpr, BLOCK_D: tl.constexpr, IEEE: tl.constexpr, SKIP: tl.constexpr = False,
 ):
     """Program (split, b*Hkv + kvh). Splits < num_distant_splits: distant positions
     [sink + split*chunk_d, ...) below p - recent + 1, keys from k_anchor. Other splits: virtual
     proximal slots t in [(split - nd)*chunk_p, ...) below sink + recent: t < sink is position t,
-    t >= sink is position seq_len - recent + (t - sink) (kept when >= sink), keys from k_local."""
+    t >= sink is position seq_len - recent + (t - sink) (kept when >= sink), keys from k_local.
+    With SKIP, heads with gate_est[b, head] >= tau take no distant key; a distant program whose
+    heads all skip loads nothing and writes an empty partial (lse -inf)."""
     split = tl.program_id(0)
     bh = tl.program_id(1)
     b = (bh // Hkv).to(tl.int64)
@@ -74,6 +84,10 @@ def _pod_decode_split_kernel(
         dist_end = tl.maximum(sink, seq_len - recent)  # distant positions: [sink, dist_end)
         lo = sink + split * chunk_d
         hi = tl.minimum(lo + chunk_d, dist_end)
+        if SKIP:
+            est = tl.load(GateEst + b * (Hkv * G) + heads, mask=g_mask, other=float("inf"))
+            skip = est >= tau  # padded rows count as skipped
+            hi = tl.where(tl.sum((~skip).to(tl.int32), axis=0) > 0, hi, lo)
         for n0 in range(lo, hi, BLOCK_N):
             offs = n0 + tl.arange(0, BLOCK_N)
             valid = offs < hi
@@ -82,6 +96,8 @@ def _pod_decode_split_kernel(
             v = tl.load(v_base + offs[:, None] * stride_vn + offs_d[None, :], mask=kv_mask, other=0.0)
             s = C.tile_logits(q, k, sm_scale, True, IEEE)
             s = tl.where(valid[None, :], s, float("-inf"))
+            if SKIP:
+                s = tl.where(skip[:, None], float("-inf"), s)
             m_i, l_i, acc = C.online_softmax_update(s, v, m_i, l_i, acc, True, IEEE)
     else:
         # proximal: virtual slots t (sinks, then the ring in position order), keys from k_local
@@ -93,8 +109,10 @@ def _pod_decode_split_kernel(
             is_sink = offs < sink
             ring_pos = seq_len - recent + (offs - sink)
             valid = (offs < hi) & tl.where(is_sink, offs < seq_len, ring_pos >= sink)
-            pos = tl.where(valid, tl.where(is_sink, offs, ring_pos), 0).to(tl.int64)
-            local_slot = tl.where(is_sink, offs, sink + pos % recent).to(tl.int64)
+            pos32 = tl.where(valid, tl.where(is_sink, offs, ring_pos), 0)
+            # modulo in int32 (positions < 2**31), widened for the row offsets only
+            local_slot = tl.where(is_sink, offs, sink + pos32 % recent).to(tl.int64)
+            pos = pos32.to(tl.int64)
             kv_mask = valid[:, None] & d_mask[None, :]
             k = tl.load(kl_base + local_slot[:, None] * stride_ln + offs_d[None, :], mask=kv_mask, other=0.0)
             v = tl.load(v_base + pos[:, None] * stride_vn + offs_d[None, :], mask=kv_mask, other=0.0)
@@ -106,6 +124,20 @@ def _pod_decode_split_kernel(
                     b * stride_opb + heads * stride_oph + split * stride_ops,
                     b * stride_lpb + heads * stride_lph + split,
                     g_mask, offs_d, D)
+
+
+def _check_gate_estimate(gate_estimate, gate_tau, q):
+    if gate_estimate is None:
+        return
+    if gate_tau is None:
+        raise ValueError("gate_estimate is given but gate_tau is None; the estimate only decides a skip at gate_tau")
+    if not isinstance(gate_estimate, torch.Tensor) or not gate_estimate.is_floating_point():
+        raise TypeError(f"gate_estimate must be a float tensor [B,Hq], got "
+                        f"{getattr(gate_estimate, 'dtype', type(gate_estimate).__name__)}")
+    if tuple(gate_estimate.shape) != tuple(q.shape[:2]):
+        raise ValueError(f"gate_estimate shape {tuple(gate_estimate.shape)} must be [B,Hq] = {tuple(q.shape[:2])}")
+    if gate_estimate.device != q.device:
+        raise ValueError(f"gate_estimate is on {gate_estimate.device} but q is on {q.device}; they must match")
 
 
 def _check_inputs(q, k_local, k_anchor, v_cache, seq_lens, sink, recent, gate_tau):
@@ -140,16 +172,25 @@ def _check_inputs(q, k_local, k_anchor, v_cache, seq_lens, sink, recent, gate_ta
 
 
 def pod_decode_attention_triton(q, k_local, k_anchor, v_cache, seq_lens, *, sink, recent, scale=None,
-                                gate_tau=None, return_gate=False):
+                                gate_tau=None, return_gate=False, gate_estimate=None, return_skip=False,
+                                _num_warps=_NUM_WARPS):
     """POD decode attention.
 
     q: [B,Hq,D] (query at p = seq_lens-1); k_local: [B,Hkv,sink+recent,D] (sinks at slots 0..sink-1,
     the last `recent` positions j at slot sink + j % recent); k_anchor, v_cache: [B,Hkv,N,D]
     (slot = position); seq_lens: [B] in [1, N]; sink >= 0, recent >= 1.
-    Returns out [B,Hq,D] (q.dtype), and with return_gate gate [B,Hq] fp32 (the exact proximal gate,
-    computed before any gate_tau skipping; 1 where no distant key exists).
+    gate_estimate: None (gate_tau uses the exact gate) or [B,Hq] float, a pre-evaluated gate: heads
+    with gate_estimate >= gate_tau read no distant key (module docstring). Needs gate_tau.
+    `_num_warps` is a benchmark knob (launch width).
+    Returns out [B,Hq,D] (q.dtype); with return_gate also gate [B,Hq] fp32 (the exact proximal gate,
+    computed before any exact-gate skipping; 1 where no distant key exists or, with gate_estimate,
+    where the head skipped); with return_skip also skip [B,Hq] bool (heads that dropped the distant
+    part: gate >= tau, or gate_estimate >= tau; all False without gate_tau). Order: out, gate, skip.
     """
     B, Hq, Hkv, N, D, G = _check_inputs(q, k_local, k_anchor, v_cache, seq_lens, sink, recent, gate_tau)
+    _check_gate_estimate(gate_estimate, gate_tau, q)
+    use_est = gate_estimate is not None
+    est = gate_estimate.float().contiguous() if use_est else None
     scale = C.resolve_scale(scale, D)
     q, k_local, k_anchor, v_cache = (C.last_dim_contiguous(t) for t in (q, k_local, k_anchor, v_cache))
     rows = B * Hkv
@@ -157,10 +198,10 @@ def pod_decode_attention_triton(q, k_local, k_anchor, v_cache, seq_lens, *, sink
     num_p, chunk_p = C.plan_splits(sink + recent, rows, q.device, _BLOCK_N, max_splits=8)
     num_splits = num_d + num_p
     o_part, lse_part = C.alloc_partials(B, Hq, num_splits, D, q.device)
-    launch = dict(num_warps=_NUM_WARPS) if C.interpreting() else dict(num_warps=_NUM_WARPS, num_stages=_NUM_STAGES)
+    launch = dict(num_warps=_num_warps) if C.interpreting() else dict(num_warps=_num_warps, num_stages=_NUM_STAGES)
     _pod_decode_split_kernel[(num_splits, rows)](
-        q, k_local, k_anchor, v_cache, seq_lens, o_part, lse_part,
-        scale, sink, recent, num_d, chunk_d, chunk_p,
+        q, k_local, k_anchor, v_cache, seq_lens, o_part, lse_part, est if use_est else lse_part,
+        scale, sink, recent, num_d, chunk_d, chunk_p, float(gate_tau) if use_est else 0.0,
         q.stride(0), q.stride(1),
         k_local.stride(0), k_local.stride(1), k_local.stride(2),
         k_anchor.stride(0), k_anchor.stride(1), k_anchor.stride(2),
@@ -169,10 +210,23 @@ def pod_decode_attention_triton(q, k_local, k_anchor, v_cache, seq_lens, *, sink
         lse_part.stride(0), lse_part.stride(1),
         Hkv,
         G=G, BLOCK_G=C.block_g(G), BLOCK_N=_BLOCK_N, D=D, BLOCK_D=triton.next_power_of_2(D),
-        IEEE=q.dtype == torch.float32,
+        IEEE=q.dtype == torch.float32, SKIP=use_est,
         **launch,
     )
     out = torch.empty(B, Hq, D, device=q.device, dtype=q.dtype)
-    gate = torch.empty(B, Hq, device=q.device, dtype=torch.float32) if return_gate else None
-    C.merge_splits(o_part, lse_part, out, gate_out=gate, split_p_start=num_d, tau=gate_tau)
-    return (out, gate) if return_gate else out
+    exact_skip = return_skip and gate_tau is not None and not use_est
+    gate = torch.empty(B, Hq, device=q.device, dtype=torch.float32) if (return_gate or exact_skip) else None
+    # with an estimate the skipped heads' distant partials are already empty: no tau in the merge
+    C.merge_splits(o_part, lse_part, out, gate_out=gate, split_p_start=num_d, tau=None if use_est else gate_tau)
+    results = [out]
+    if return_gate:
+        results.append(gate)
+    if return_skip:
+        if use_est:
+            skip = est >= gate_tau
+        elif gate_tau is not None:
+            skip = gate >= gate_tau
+        else:
+            skip = torch.zeros(B, Hq, device=q.device, dtype=torch.bool)
+        results.append(skip)
+    return tuple(results) if len(results) > 1 else out

@@ -1,7 +1,7 @@
 """Benchmark of podkit's Triton decode kernels against torch, with the memory-bandwidth floor.
 
     python -m eval.bench.kernels_decode --out decode.json [--contexts 8192 32768 131072]
-        [--batches 1 8] [--check] [--tune]
+        [--batches 1 8] [--rows decode selection sparse pod quest] [--check] [--tune] [--topk-variants]
 
 Pure torch + triton (runs on the GPU image: no deepspeed / lm-eval / datasets). Shape: Llama-3-8B
 attention (32 query heads, 8 KV heads, D=128, bf16), every sequence full (seq_lens = context).
@@ -11,12 +11,25 @@ Each row times, in the same run, podkit's kernel, torch's closest composition an
 
 - decode: torch SDPA (enable_gqa=True) vs decode_attention_triton.
 - selection (budget 2048): naive torch (SDPA for the output + a GQA matmul for the logits +
-  topk + sort) vs selection_decode_attention_triton, per head and per KV group; ratio to podkit
-  full decode.
+  topk + sort) vs selection_decode_attention_triton, per head and per KV group, with the split
+  top-k (default: first radix pass fused into the attention, kernels/_decode_topk_split.py) and
+  the legacy top-k (kernels/_decode_topk.py); ratios to podkit full decode (issue 12 target:
+  graph_over_podkit_full <= 1.25) and the fraction of rows whose index lists agree.
 - sparse decode, k in {256, 2048, 4096}: torch gather + SDPA vs sparse_decode_attention_triton,
   lists per query head (Hs=Hq) and per KV group (Hs=Hkv).
-- pod decode (sink 4, recent 2048): vs podkit full decode at equal context.
+- pod decode (sink 4, recent 2048): vs podkit full decode at equal context; with gate_tau 0.7 and
+  the exact gate (reads everything); `pod_skip` rows: gate_tau 0.7 with a pre-evaluated gate
+  (gate_estimate) that skips a given fraction of whole GQA groups (the reads a skip saves) or of
+  single heads at random (a group reads while any of its heads does), with the skipped fractions,
+  the time, and the time predicted by proportion (issue 12 item 5).
+- pod_sparse (POD + TidalDecode, budget 2048, sink 4, recent 2048): pod_sparse_decode_attention
+  vs TidalDecode's sparse decode alone (issue 12 target: <= 1.1x) and the engine's torch gather,
+  lists per KV group and per query head; with the exact-gate tau and with half the groups skipped.
 - quest (page 16, budget 2048): page scores + page selection + sparse decode over the pages.
+
+`bw_util` (FlashInfer's metric): bytes the op must read / graph latency / the copy bandwidth
+measured here (1.0 = at the copy floor). Bytes: K and V rows read (KV cache, or the listed /
+selected / non-skipped rows), page metadata for Quest; score buffers and partials not counted.
 
 Eager timings include Python and launch overheads, which dominate the small rows (first H200 run:
 podkit sparse decode at k=256, two Triton launches, took ~55 us eager against a 1 us floor); `graph_*` columns time one CUDA-graph replay
@@ -42,6 +55,7 @@ import torch.nn.functional as F
 
 HQ, HKV, D = 32, 8, 128
 DTYPE = torch.bfloat16
+SELECTION_BUDGET = 2048  # TidalDecode's budget in the paper's efficiency runs (and the issue 12 targets)
 
 
 def _bench(fn, rep=100):
@@ -144,11 +158,13 @@ def _row(rows, op, ctx, batch, **cols):
     print(json.dumps(row), flush=True)
 
 
-def run_bench(contexts, batches, device, bw, tune=False, topk_variants=False):
+ROW_FAMILIES = ("decode", "selection", "sparse", "pod", "pod_sparse", "quest")
+
+
+def run_bench(contexts, batches, device, bw, tune=False, topk_variants=False, families=ROW_FAMILIES):
+    """Rows for every context x batch; `families` picks which ops (the decode row always runs: the
+    others' ratios refer to it)."""
     DA = importlib.import_module("kernels.triton_decode_attention")
-    from kernels.reference import quest_page_minmax
-    from kernels.triton_pod_decode_attention import pod_decode_attention_triton
-    from kernels.triton_quest_pages import quest_page_scores_triton, quest_select_pages_triton
     from kernels.triton_sparse_decode_attention import sparse_decode_attention_triton
 
     gen = torch.Generator(device=device)
@@ -166,36 +182,44 @@ def run_bench(contexts, batches, device, bw, tune=False, topk_variants=False):
             full_g = _bench_graph(lambda: DA.decode_attention_triton(q, k, v, seq_lens))
             _row(rows, "decode", N, B, floor_us=floor, sdpa_us=sdpa, podkit_us=full,
                  podkit_scores_us=full_scores, podkit_over_sdpa=full / sdpa, podkit_over_floor=full / floor,
-                 graph_sdpa_us=sdpa_g, graph_podkit_us=full_g, graph_podkit_over_sdpa=full_g / sdpa_g)
+                 graph_sdpa_us=sdpa_g, graph_podkit_us=full_g, graph_podkit_over_sdpa=full_g / sdpa_g,
+                 bw_util=floor / full_g, sdpa_bw_util=floor / sdpa_g)
             if tune:
                 for bn, nw, ns in [(32, 4, 3), (64, 4, 2), (64, 4, 4), (64, 8, 3), (128, 8, 3), (128, 4, 2)]:
                     t = _bench(lambda: DA._launch_decode(q, k, v, seq_lens, D ** -0.5, None, False,
                                                          block_n=bn, num_warps=nw, num_stages=ns))
                     _row(rows, "decode_tune", N, B, block_n=bn, num_warps=nw, num_stages=ns, podkit_us=t,
                          over_sdpa=t / sdpa)
-            budget = 2048
-            for per_group in (False, True):
+            budget = SELECTION_BUDGET
+            for per_group in (False, True) if "selection" in families else ():
                 naive = _bench(lambda: torch_selection(q, k, v, budget, per_group))
-                sel_fn = lambda: DA.selection_decode_attention_triton(q, k, v, seq_lens, budget,  # noqa: E731
-                                                                      per_kv_group=per_group)
-                sel = _bench(sel_fn)
-                sel_g = _bench_graph(sel_fn)
+                graphs = {}
+                for impl in DA.TOPK_IMPLS:
+                    sel_fn = lambda impl=impl: DA.selection_decode_attention_triton(  # noqa: E731
+                        q, k, v, seq_lens, budget, per_kv_group=per_group, topk_impl=impl)
+                    graphs[impl] = (_bench(sel_fn), _bench_graph(sel_fn), sel_fn()[1])
+                (sel, sel_g, idx), (old_e, old_g, idx_old) = graphs["split"], graphs["legacy"]
+                agree = (idx == idx_old).all(-1).float().mean().item()
                 _row(rows, "selection_group" if per_group else "selection_head", N, B, budget=budget,
                      floor_us=floor, torch_us=naive, podkit_us=sel, podkit_full_us=full,
                      over_podkit_full=sel / full, torch_over_podkit=naive / sel,
-                     graph_podkit_us=sel_g, graph_over_podkit_full=sel_g / full_g)
+                     graph_podkit_us=sel_g, graph_over_podkit_full=sel_g / full_g, bw_util=floor / sel_g,
+                     legacy_us=old_e, graph_legacy_us=old_g, graph_legacy_over_podkit_full=old_g / full_g,
+                     legacy_over_split=old_g / sel_g, rows_agreeing_with_legacy=agree)
             if topk_variants:
                 from kernels import _decode_topk as TK
                 _, sc = DA.decode_attention_triton(q, k, v, seq_lens, return_scores=True)
                 sc[torch.arange(B), :, seq_lens.long() - 1] = float("-inf")
-                variants = {"torch": lambda: TK.topk_slots_torch(sc, seq_lens, budget)}
+                from kernels import _decode_topk_split as TSP
+                variants = {"torch": lambda: TK.topk_slots_torch(sc, seq_lens, budget),
+                            "split": lambda: TSP.split_topk_slots(sc, seq_lens, budget)}
                 for bits in (2, 4, 8):
                     variants[f"radix{bits}"] = (lambda bits=bits: TK.topk_slots_with_current(sc, seq_lens, budget, _bits=bits))
                 ref_sel = variants["torch"]()
                 for name, fn in variants.items():
                     _row(rows, "topk_variant", N, B, impl=name, rows_=B * HQ, graph_us=_bench_graph(fn),
-                         agrees_with_torch=bool(torch.equal(fn(), ref_sel)))
-            for K in (256, 2048, 4096):
+                         rows_agreeing_with_torch=(fn() == ref_sel).all(-1).float().mean().item())
+            for K in (256, 2048, 4096) if "sparse" in families else ():
                 for Hs, name in ((HQ, "sparse_head"), (HKV, "sparse_group")):
                     idx = _random_lists(B, Hs, N, K, device, gen)
                     sp_floor = (2 * B * Hs * K * D * 2 + idx.numel() * 4) / bw * 1e6
@@ -205,32 +229,143 @@ def run_bench(contexts, batches, device, bw, tune=False, topk_variants=False):
                     ps_g = _bench_graph(lambda: sparse_decode_attention_triton(q, k, v, idx))
                     _row(rows, name, N, B, k=K, floor_us=sp_floor, torch_us=ts, podkit_us=ps,
                          torch_over_podkit=ts / ps, podkit_over_floor=ps / sp_floor,
-                         graph_torch_us=ts_g, graph_podkit_us=ps_g, graph_torch_over_podkit=ts_g / ps_g)
-            sink, recent = 4, 2048
-            k_local = torch.randn(B, HKV, sink + recent, D, device=device, dtype=DTYPE, generator=gen)
-            pod = _bench(lambda: pod_decode_attention_triton(q, k_local, k, v, seq_lens, sink=sink, recent=recent))
-            pod_tau = _bench(lambda: pod_decode_attention_triton(q, k_local, k, v, seq_lens, sink=sink,
-                                                                 recent=recent, gate_tau=0.7, return_gate=True))
-            pod_g = _bench_graph(lambda: pod_decode_attention_triton(q, k_local, k, v, seq_lens, sink=sink,
-                                                                     recent=recent))
-            _row(rows, "pod_decode", N, B, sink=sink, recent=recent, floor_us=floor, podkit_us=pod,
-                 podkit_tau_us=pod_tau, podkit_full_us=full, over_podkit_full=pod / full,
-                 graph_podkit_us=pod_g, graph_over_podkit_full=pod_g / full_g)
-            ps_, qbudget = 16, 2048
-            pmax, pmin = quest_page_minmax(k, seq_lens, ps_)
-            pmax, pmin = pmax.to(DTYPE), pmin.to(DTYPE)
-            t_scores = _bench(lambda: quest_page_scores_triton(q, pmax, pmin, seq_lens, ps_))
-            scores = quest_page_scores_triton(q, pmax, pmin, seq_lens, ps_)
-            t_select = _bench(lambda: quest_select_pages_triton(scores, seq_lens, ps_, qbudget))
-            qidx = quest_select_pages_triton(scores, seq_lens, ps_, qbudget)
-            t_attn = _bench(lambda: sparse_decode_attention_triton(q, k, v, qidx))
-            meta_floor = 2 * pmax.numel() * 2 / bw * 1e6
-            _row(rows, "quest", N, B, page_size=ps_, budget=qbudget, scores_us=t_scores,
-                 scores_floor_us=meta_floor, select_us=t_select, attn_us=t_attn,
-                 total_us=t_scores + t_select + t_attn, podkit_full_us=full)
-            q = k = v = k_local = pmax = pmin = None  # free the inputs before the next size
+                         graph_torch_us=ts_g, graph_podkit_us=ps_g, graph_torch_over_podkit=ts_g / ps_g,
+                         bw_util=sp_floor / ps_g)
+            if "pod" in families:
+                _pod_rows(rows, q, k, v, seq_lens, full, full_g, bw, gen)
+            if "pod_sparse" in families:
+                _pod_sparse_rows(rows, q, k, v, seq_lens, bw, gen)
+            if "quest" in families:
+                _quest_rows(rows, q, k, v, seq_lens, full, bw)
+            q = k = v = None  # free the inputs before the next size
             torch.cuda.empty_cache()
     return rows
+
+
+def _pod_rows(rows, q, k, v, seq_lens, full, full_g, bw, gen, sink=4, recent=2048, tau=0.7):
+    """POD decode without and with compute skipping (k doubles as the anchor keys)."""
+    from kernels.triton_pod_decode_attention import pod_decode_attention_triton
+    B, N = q.shape[0], k.shape[2]
+    device = q.device
+    k_local = torch.randn(B, HKV, sink + recent, D, device=device, dtype=DTYPE, generator=gen)
+    kw = dict(sink=sink, recent=recent)
+    pod_fn = lambda: pod_decode_attention_triton(q, k_local, k, v, seq_lens, **kw)  # noqa: E731
+    pod, pod_g = _bench(pod_fn), _bench_graph(pod_fn)
+    pod_tau = _bench(lambda: pod_decode_attention_triton(q, k_local, k, v, seq_lens, gate_tau=tau, return_gate=True,
+                                                         **kw))
+    pod_tau_g = _bench_graph(lambda: pod_decode_attention_triton(q, k_local, k, v, seq_lens, gate_tau=tau, **kw))
+    _, exact_skip = pod_decode_attention_triton(q, k_local, k, v, seq_lens, gate_tau=tau, return_skip=True, **kw)
+    pod_w8_g = _bench_graph(lambda: pod_decode_attention_triton(q, k_local, k, v, seq_lens, _num_warps=8, **kw))
+    # bytes: anchor keys + values of distant positions, own (ring) keys + values of proximal ones
+    distant = max(N - sink - recent, 0)
+    dist_bytes = 2 * B * HKV * distant * D * 2
+    prox_bytes = 2 * B * HKV * min(sink + recent, N) * D * 2
+    pod_bytes = dist_bytes + prox_bytes
+    _row(rows, "pod_decode", N, B, sink=sink, recent=recent, floor_us=pod_bytes / bw * 1e6, podkit_us=pod,
+         podkit_tau_us=pod_tau, podkit_full_us=full, over_podkit_full=pod / full,
+         graph_podkit_us=pod_g, graph_over_podkit_full=pod_g / full_g, bw_util=pod_bytes / bw * 1e6 / pod_g,
+         graph_tau_exact_us=pod_tau_g, tau_exact_skipped_heads=exact_skip.float().mean().item(),
+         graph_8_warps_us=pod_w8_g)
+    G = HQ // HKV
+    for pattern in ("groups", "heads"):
+        for frac in (0.0, 0.25, 0.5, 0.75, 1.0):
+            if pattern == "groups":
+                # whole GQA groups clear tau: the first round(frac * B * Hkv) (sequence, KV head) pairs
+                n_skip = round(frac * B * HKV)
+                grp = (torch.arange(B * HKV, device=device) < n_skip).view(B, HKV)
+                est = torch.where(grp, 0.9, 0.1).repeat_interleave(G, dim=1).float()
+            else:
+                est = (torch.rand(B, HQ, device=device, generator=gen) < frac).float() * 0.8 + 0.1
+            fn = lambda est=est: pod_decode_attention_triton(q, k_local, k, v, seq_lens, gate_tau=tau,  # noqa: E731
+                                                             gate_estimate=est, **kw)
+            t_g = _bench_graph(fn)
+            _, skip = pod_decode_attention_triton(q, k_local, k, v, seq_lens, gate_tau=tau, gate_estimate=est,
+                                                  return_skip=True, **kw)
+            group_skip = skip.view(B, HKV, G).all(-1).float().mean().item()
+            read = dist_bytes * (1 - group_skip) + prox_bytes
+            _row(rows, "pod_skip", N, B, pattern=pattern, tau=tau, skipped_heads=skip.float().mean().item(),
+                 skipped_groups=group_skip, graph_podkit_us=t_g, graph_no_skip_us=pod_g,
+                 over_no_skip=t_g / pod_g, predicted_over_no_skip=read / pod_bytes,
+                 bw_util=read / bw * 1e6 / t_g)
+
+
+def torch_pod_sparse(q, k_local, k_anchor, v, idx, seq_lens, sink, recent):
+    """The engine's torch gather for POD + TidalDecode (sparse_models/engine/decode_layers.py,
+    _pod_sparse_run): per selected position the ring key if proximal, else the anchor key."""
+    B, Hq, Dh = q.shape
+    G = Hq // v.shape[1]
+    if idx.shape[1] != Hq:
+        idx = idx.repeat_interleave(G, dim=1)
+    valid = idx >= 0
+    j = idx.clamp(min=0).long()
+    p = (seq_lens.long() - 1)[:, None, None]
+    proximal = (j < sink) | (p - j < recent)
+    b = torch.arange(B, device=q.device)[:, None, None]
+    kvh = (torch.arange(Hq, device=q.device) // G)[None, :, None]
+    ring = torch.where(j < sink, j, sink + j % recent)
+    kk = torch.where(proximal[..., None], k_local[b, kvh, ring], k_anchor[b, kvh, j])
+    logits = torch.einsum("bhd,bhkd->bhk", q.float(), kk.float()) * Dh ** -0.5
+    probs = torch.softmax(logits.masked_fill(~valid, float("-inf")), -1)
+    return torch.einsum("bhk,bhkd->bhd", probs, v[b, kvh, j].float()).to(q.dtype)
+
+
+def _pod_sparse_rows(rows, q, k, v, seq_lens, bw, gen, sink=4, recent=2048, tau=0.7):
+    """POD + TidalDecode sparse layer (issue 12 item 2): pod_sparse_decode_attention over the selection's
+    lists vs TidalDecode alone (sparse_decode_attention, target ratio <= 1.1) and the engine's torch
+    gather; with gate_estimate skipping half of the GQA groups. Lists: the top-budget slots of random
+    scores with the current slot, so about recent / N of each list is proximal."""
+    from kernels.triton_pod_sparse_decode_attention import pod_sparse_decode_attention_triton
+    from kernels.triton_sparse_decode_attention import sparse_decode_attention_triton
+    B, N = q.shape[0], k.shape[2]
+    budget = min(SELECTION_BUDGET, N)
+    k_local = torch.randn(B, HKV, sink + recent, D, device=q.device, dtype=DTYPE, generator=gen)
+    G = HQ // HKV
+    for Hs, name in ((HKV, "pod_sparse_group"), (HQ, "pod_sparse_head")):
+        idx = _random_lists(B, Hs, N, budget, q.device, gen)
+        idx[..., -1] = N - 1  # the current slot is always selected
+        idx = idx.sort(-1).values
+        kw = dict(sink=sink, recent=recent)
+        fused = lambda: pod_sparse_decode_attention_triton(q, k_local, k, v, idx, seq_lens, **kw)  # noqa: E731
+        t_pod = _bench_graph(fused)
+        t_tidal = _bench_graph(lambda: sparse_decode_attention_triton(q, k, v, idx))
+        t_torch = _bench_graph(lambda: torch_pod_sparse(q, k_local, k, v, idx, seq_lens, sink, recent))
+        t_tau = _bench_graph(lambda: pod_sparse_decode_attention_triton(q, k_local, k, v, idx, seq_lens,
+                                                                        gate_tau=tau, **kw))
+        grp = (torch.arange(B * HKV, device=q.device) % 2 == 0).view(B, HKV)
+        est = torch.where(grp, 0.9, 0.1).repeat_interleave(G, dim=1).float()
+        t_skip = _bench_graph(lambda: pod_sparse_decode_attention_triton(q, k_local, k, v, idx, seq_lens,
+                                                                         gate_tau=tau, gate_estimate=est, **kw))
+        other_warps = 4 if Hs == HKV else 8  # the launch width not chosen by default (see the kernel's notes)
+        t_other = _bench_graph(lambda: pod_sparse_decode_attention_triton(q, k_local, k, v, idx, seq_lens,
+                                                                          _num_warps=other_warps, **kw))
+        list_bytes = 2 * B * Hs * budget * D * 2 + idx.numel() * 4
+        _row(rows, name, N, B, budget=budget, sink=sink, recent=recent, graph_podkit_us=t_pod,
+             graph_tidal_alone_us=t_tidal, over_tidal_alone=t_pod / t_tidal, graph_torch_us=t_torch,
+             torch_over_podkit=t_torch / t_pod, graph_tau_exact_us=t_tau, graph_skip_half_groups_us=t_skip,
+             other_num_warps=other_warps, graph_other_num_warps_us=t_other,
+             bw_util=list_bytes / bw * 1e6 / t_pod)
+
+
+def _quest_rows(rows, q, k, v, seq_lens, full, bw):
+    """Quest: page scores + page selection + sparse decode over the selected pages."""
+    from kernels.reference import quest_page_minmax
+    from kernels.triton_quest_pages import quest_page_scores_triton, quest_select_pages_triton
+    from kernels.triton_sparse_decode_attention import sparse_decode_attention_triton
+    B, N = q.shape[0], k.shape[2]
+    ps_, qbudget = 16, 2048
+    pmax, pmin = quest_page_minmax(k, seq_lens, ps_)
+    pmax, pmin = pmax.to(DTYPE), pmin.to(DTYPE)
+    t_scores = _bench(lambda: quest_page_scores_triton(q, pmax, pmin, seq_lens, ps_))
+    scores = quest_page_scores_triton(q, pmax, pmin, seq_lens, ps_)
+    t_select = _bench(lambda: quest_select_pages_triton(scores, seq_lens, ps_, qbudget))
+    qidx = quest_select_pages_triton(scores, seq_lens, ps_, qbudget)
+    t_attn = _bench(lambda: sparse_decode_attention_triton(q, k, v, qidx))
+    meta_floor = 2 * pmax.numel() * 2 / bw * 1e6
+    attn_bytes = 2 * B * HKV * qbudget * D * 2
+    _row(rows, "quest", N, B, page_size=ps_, budget=qbudget, scores_us=t_scores,
+         scores_floor_us=meta_floor, select_us=t_select, attn_us=t_attn,
+         total_us=t_scores + t_select + t_attn, podkit_full_us=full,
+         bw_util=(attn_bytes + 2 * pmax.numel() * 2) / bw * 1e6 / (t_scores + t_select + t_attn))
 
 
 def checks_cost(device):
@@ -270,6 +405,12 @@ def run_checks(device):
     o, idx = selection_decode_attention_triton(q, k, v, seq_lens, 256, per_kv_group=True)
     _, idx_ref = R.selection_decode_attention(q, k, v, seq_lens, 256, per_kv_group=True)
     out["selection_group"] = dict(kernel=err(o, ref64), index_agreement=(idx == idx_ref).float().mean().item())
+    for per_group in (False, True):
+        _, idx = selection_decode_attention_triton(q, k, v, seq_lens, 2048, per_kv_group=per_group, topk_impl="split")
+        _, idx_old = selection_decode_attention_triton(q, k, v, seq_lens, 2048, per_kv_group=per_group,
+                                                       topk_impl="legacy")
+        out[f"selection_split_vs_legacy_{'group' if per_group else 'head'}"] = dict(
+            rows_equal=(idx == idx_old).all(-1).float().mean().item())
     for Hs in (HQ, HKV):
         idx = _random_lists(B, Hs, 1700, 300, device, None).long()
         idx[2, :, 100:] = -1
@@ -282,6 +423,13 @@ def run_checks(device):
     o, g = pod_decode_attention_triton(q, k_local, k, v, seq_lens, sink=sink, recent=recent, return_gate=True)
     r32 = R.pod_decode_attention(q, k_local, k, v, seq_lens, sink=sink, recent=recent)
     out["pod"] = dict(kernel=err(o, ref), torch_bf16=err(r32, ref), gate=err(g, g64))
+    est = torch.rand(B, HQ, device=device)
+    est[0, :HQ // HKV] = 0.9  # one whole group skips
+    kw = dict(sink=sink, recent=recent, gate_tau=0.7, gate_estimate=est)
+    ref = R.pod_decode_attention(qd, k_local.double(), kd, vd, seq_lens, **kw)
+    o = pod_decode_attention_triton(q, k_local, k, v, seq_lens, **kw)
+    out["pod_skip_estimate"] = dict(kernel=err(o, ref), torch_bf16=err(R.pod_decode_attention(q, k_local, k, v, seq_lens,
+                                                                                              **kw), ref))
     pmax, pmin = R.quest_page_minmax(k, seq_lens, 16)
     s = quest_page_scores_triton(q, pmax.to(DTYPE), pmin.to(DTYPE), seq_lens, 16)
     sr = R.quest_page_scores(q, pmax.to(DTYPE), pmin.to(DTYPE), seq_lens, 16)
@@ -301,6 +449,8 @@ def main(argv=None):
     ap.add_argument("--check", action="store_true", help="also check bf16 accuracy against the reference")
     ap.add_argument("--tune", action="store_true", help="also time decode launch-config variants")
     ap.add_argument("--topk-variants", action="store_true", help="also time the selection top-k variants alone")
+    ap.add_argument("--rows", nargs="+", choices=ROW_FAMILIES, default=list(ROW_FAMILIES),
+                    help="which op families to time (decode always runs: the ratios refer to it)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("kernels_decode: needs a CUDA GPU", file=sys.stderr)
@@ -318,7 +468,8 @@ def main(argv=None):
     print(f"copy bandwidth {bw / 1e12:.3f} TB/s", flush=True)
     result["checks_cost_us"] = round(checks_cost(device), 2)
     os.environ["PODKIT_SKIP_VALUE_CHECKS"] = "1"
-    result["rows"] = run_bench(args.contexts, args.batches, device, bw, tune=args.tune, topk_variants=args.topk_variants)
+    result["rows"] = run_bench(args.contexts, args.batches, device, bw, tune=args.tune, topk_variants=args.topk_variants,
+                               families=tuple(args.rows))
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
     print(f"wrote {args.out}")

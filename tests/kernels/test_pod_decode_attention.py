@@ -95,6 +95,20 @@ def test_bf16_gpu(G):
         assert (gate.double() - exact_gate).abs().max() < 1e-3
 
 
+@pytest.mark.gpu
+def test_gate_estimate_skip_bf16_gpu():
+    case = (2, 32, 8, 5000, 128, 4, 1000, [5000, 2100])
+    q, k_local, k_anchor, v, seq_lens, sink, recent = make_case(case, torch.bfloat16, "cuda", 9)
+    est = torch.rand(2, 32, device="cuda")
+    est[0, :8] = 0.95  # two whole groups skip
+    kw = dict(sink=sink, recent=recent, gate_tau=0.7, gate_estimate=est)
+    out, skip = pod_decode_attention_triton(q, k_local, k_anchor, v, seq_lens, return_skip=True, **kw)
+    exact = reference.pod_decode_attention(q.double(), k_local.double(), k_anchor.double(), v.double(), seq_lens, **kw)
+    ref = reference.pod_decode_attention(q, k_local, k_anchor, v, seq_lens, **kw)
+    assert_error_within("out (gate_estimate)", out, ref, exact)
+    assert torch.equal(skip, est >= 0.7)
+
+
 def test_bad_inputs_raise_clear_errors():
     q, kl, ka, v = torch.zeros(2, 4, 16), torch.zeros(2, 2, 12, 16), torch.zeros(2, 2, 40, 16), torch.zeros(2, 2, 40, 16)
     lens = torch.tensor([40, 3])
@@ -108,3 +122,78 @@ def test_bad_inputs_raise_clear_errors():
         pod_decode_attention_triton(q, kl, ka, v, lens, sink=4, recent=8, gate_tau=float("nan"))
     with pytest.raises(ValueError, match="seq_lens values"):
         pod_decode_attention_triton(q, kl, ka, v, torch.tensor([41, 3]), sink=4, recent=8)
+
+
+def _proximal_only(q, k_local, k_anchor, v, seq_lens, sink, recent):
+    """Proximal attention alone (sparse_models/schemes/pod.py proximal_only_decode): every gate is
+    >= 0, so tau = 0 skips the distant part of every head."""
+    return reference.pod_decode_attention(q, k_local, k_anchor, v, seq_lens, sink=sink, recent=recent, gate_tau=0.0)
+
+
+@pytest.mark.parametrize("case", [CASES[0], CASES[2], CASES[3]])
+def test_gate_estimate_skip_matches_reference(case):
+    """A pre-evaluated gate decides the skip: skipped heads output proximal attention only, the others
+    the full POD output (pod.py's gate_estimate="anchor" semantics); the skip mask is returned."""
+    if not INTERPRETING:
+        pytest.skip("CPU cases run the Triton interpreter")
+    q, k_local, k_anchor, v, seq_lens, sink, recent = make_case(case, torch.float32, "cpu", zlib.crc32(repr(case).encode()))
+    B, Hq = q.shape[:2]
+    G = Hq // k_anchor.shape[1]
+    gen = torch.Generator().manual_seed(1)
+    est = torch.rand(B, Hq, generator=gen)
+    est[0, :G] = 0.9   # a whole GQA group skips: its distant chunks load nothing
+    est[-1, -1] = 0.1  # and the last group keeps at least one reading head
+    tau = 0.5
+    kw = dict(sink=sink, recent=recent, gate_tau=tau, gate_estimate=est, return_gate=True, return_skip=True)
+    out, gate, skip = pod_decode_attention_triton(q, k_local, k_anchor, v, seq_lens, **kw)
+    assert torch.equal(skip, est >= tau)
+    full, full_gate = reference.pod_decode_attention(q.double(), k_local.double(), k_anchor.double(), v.double(),
+                                                     seq_lens, sink=sink, recent=recent, return_gate=True)
+    prox = _proximal_only(q.double(), k_local.double(), k_anchor.double(), v.double(), seq_lens, sink, recent)
+    want = torch.where(skip[..., None], prox, full)
+    assert (out.double() - want).abs().max() < 1e-5
+    ref, ref_gate, ref_skip = reference.pod_decode_attention(q.double(), k_local.double(), k_anchor.double(),
+                                                             v.double(), seq_lens, **kw)
+    assert torch.equal(ref_skip, skip) and (ref - want).abs().max() < 1e-12
+    want_gate = torch.where(skip, torch.ones_like(full_gate), full_gate)
+    assert (gate.double() - want_gate).abs().max() < 1e-5 and (ref_gate.double() - want_gate).abs().max() < 1e-6
+
+
+def test_skipped_groups_read_no_distant_key():
+    """Distant anchor keys and values of a fully skipped sequence are NaN: a kernel that loaded and
+    multiplied them would return NaN. The other sequence still reads its distant keys."""
+    if not INTERPRETING:
+        pytest.skip("CPU cases run the Triton interpreter")
+    case = (2, 8, 2, 130, 16, 3, 20, [130, 120])
+    q, k_local, k_anchor, v, seq_lens, sink, recent = make_case(case, torch.float32, "cpu", 3)
+    clean_anchor, clean_v = k_anchor.clone(), v.clone()
+    distant = slice(sink, 130 - recent)
+    k_anchor[0, :, distant] = float("nan")
+    v[0, :, distant] = float("nan")
+    est = torch.tensor([[0.95] * 8, [0.0] * 8])
+    out, skip = pod_decode_attention_triton(q, k_local, k_anchor, v, seq_lens, sink=sink, recent=recent,
+                                            gate_tau=0.7, gate_estimate=est, return_skip=True)
+    assert skip.float().mean().item() == 0.5, "the skipped fraction of (query, head) pairs"
+    prox = _proximal_only(q, k_local, clean_anchor, clean_v, seq_lens, sink, recent)
+    full = reference.pod_decode_attention(q, k_local, clean_anchor, clean_v, seq_lens, sink=sink, recent=recent)
+    assert not torch.isnan(out).any()
+    assert (out[0] - prox[0]).abs().max() < 1e-5 and (out[1] - full[1]).abs().max() < 1e-5
+
+
+def test_exact_gate_skip_mask_and_estimate_errors():
+    if not INTERPRETING:
+        pytest.skip("CPU cases run the Triton interpreter")
+    q, k_local, k_anchor, v, seq_lens, sink, recent = make_case(CASES[1], torch.float32, "cpu", 4)
+    kw = dict(sink=sink, recent=recent)
+    out, gate, skip = pod_decode_attention_triton(q, k_local, k_anchor, v, seq_lens, gate_tau=0.3, return_gate=True,
+                                                  return_skip=True, **kw)
+    assert torch.equal(skip, gate >= 0.3)
+    _, skip_none = pod_decode_attention_triton(q, k_local, k_anchor, v, seq_lens, return_skip=True, **kw)
+    assert not skip_none.any()
+    est = torch.zeros(q.shape[:2])
+    with pytest.raises(ValueError, match="gate_estimate is given but gate_tau is None"):
+        pod_decode_attention_triton(q, k_local, k_anchor, v, seq_lens, gate_estimate=est, **kw)
+    with pytest.raises(ValueError, match="gate_estimate shape"):
+        pod_decode_attention_triton(q, k_local, k_anchor, v, seq_lens, gate_tau=0.7, gate_estimate=est[:1], **kw)
+    with pytest.raises(TypeError, match="gate_estimate must be a float tensor"):
+        pod_decode_attention_triton(q, k_local, k_anchor, v, seq_lens, gate_tau=0.7, gate_estimate=est.long(), **kw)

@@ -1,0 +1,197 @@
+"""POD + TidalDecode in one kernel: decode attention over selected positions, with POD's key sharing and gate.
+
+TidalDecode's sparse layers (Yang et al., arXiv 2410.05076) attend only to the positions the
+selection layer chose; in a POD model (Ma et al., arXiv 2412.02252, section 2.3) a non-anchor layer
+holds its own keys only for proximal positions (sinks + a ring of the last `recent`), distant keys
+being the anchor layer's. So a selected position j of the query at p = seq_lens[b]-1 reads
+  - proximal (j < sink or p - j < recent): key k_local[slot], slot = j (j < sink) or sink + j % recent;
+  - distant (otherwise): key k_anchor[..., j, :];
+and its value v_cache[..., j, :] either way. Before this kernel the engine did it with a torch
+gather (sparse_models/engine/decode_layers.py, _pod_sparse_run).
+
+Layout: split-K over the index list, as kernels/triton_sparse_decode_attention.py, with the grid
+doubled: program (split, ...) with split < S attends to the distant entries of list chunk `split`,
+split >= S to the proximal entries of chunk split - S; each K/V row is loaded by exactly one of the
+two (masked loads). The merge (kernels/_decode_common.py) keeps the two sides apart, which gives the
+gate g = sigmoid(lse_P - lse_D) over the selected positions and POD's compute skip:
+  - gate_tau with the exact gate: heads with g >= tau output the proximal part only (all distant
+    rows are still read: the gate needs them);
+  - gate_tau with gate_estimate [B,Hq] (a pre-evaluated gate, e.g. the anchor layer's): heads with
+    estimate >= tau read no distant row; a distant program whose heads all skip loads nothing.
+Without gate_tau the result is one softmax over all selected positions (the gate is implicit).
+
+Lists: indices [B,Hs,K], Hs = Hq (one list per query head) or Hkv (one per GQA group, rows read once
+for the G heads); entries are positions in [0, N) or -1 (ignored); any order.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels import _decode_common as C
+from kernels.triton_pod_decode_attention import _check_gate_estimate
+from kernels.triton_pod_decode_attention import _check_inputs as _check_pod_inputs
+
+_BLOCK_N_GROUP = 64
+_BLOCK_N_HEAD = 32
+# Per-group lists (tl.dot over 16 padded query rows) need 8 warps: at 4 warps ptxas (sm_90) reports
+# 255 registers and a 216-byte spill, at 8 warps 173 registers and none; per-head lists fit 4 warps
+# (249 registers, no spill). Not yet timed: the benchmark's pod_sparse rows time both widths.
+_NUM_WARPS_GROUP = 8
+_NUM_WARPS_HEAD = 4
+_NUM_STAGES = 3
+
+
+@triton.jit
+def _pod_sparse_split_kernel(
+    Q, KLocal, KAnchor, V, Idx, SeqLens, OPart, LSEPart, GateEst,
+    sm_scale, sink, recent, list_len, chunk, num_splits, tau,
+    stride_qb, stride_qh,
+    stride_lb, stride_lh, stride_ln,
+    stride_ab, stride_ah, stride_an,
+    stride_vb, stride_vh, stride_vn,
+    stride_ib, stride_ih,
+    stride_opb, stride_oph, stride_ops,
+    stride_lpb, stride_lph,
+    Hs, Hq,
+    G: tl.constexpr, HEADS_PER_LIST: tl.constexpr, BLOCK_G: tl.constexpr,
+    BLOCK_N: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
+    USE_DOT: tl.constexpr, IEEE: tl.constexpr, SKIP: tl.constexpr,
+):
+    """Program (part * num_splits + split, b*Hs + hs): the distant (part 0) or proximal (part 1)
+    entries of list chunk [split*chunk, split*chunk+chunk) of list (b, hs), for the HEADS_PER_LIST
+    query heads that read that list. Writes partial slot part*num_splits + split."""
+    pid = tl.program_id(0)
+    bh = tl.program_id(1)
+    is_prox = pid >= num_splits
+    split = pid % num_splits
+    b = (bh // Hs).to(tl.int64)
+    hs = bh % Hs
+    if HEADS_PER_LIST == 1:
+        first_head = hs
+        kvh = hs // G
+    else:
+        first_head = hs * G
+        kvh = hs
+    seq_len = tl.load(SeqLens + b).to(tl.int32)
+    start = split * chunk
+    end = tl.minimum(start + chunk, list_len)
+
+    offs_g = tl.arange(0, BLOCK_G)
+    offs_d = tl.arange(0, BLOCK_D)
+    g_mask = offs_g < HEADS_PER_LIST
+    d_mask = offs_d < D
+    heads = first_head + offs_g
+    q = tl.load(Q + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
+                mask=g_mask[:, None] & d_mask[None, :], other=0.0)
+    kl_base = KLocal + b * stride_lb + kvh * stride_lh
+    ka_base = KAnchor + b * stride_ab + kvh * stride_ah
+    v_base = V + b * stride_vb + kvh * stride_vh
+    i_base = Idx + b * stride_ib + hs * stride_ih
+
+    if SKIP:
+        est = tl.load(GateEst + b * Hq + heads, mask=g_mask, other=float("inf"))
+        skip = (est >= tau) & ~is_prox  # padded rows count as skipped
+        end = tl.where(tl.sum((~skip).to(tl.int32), axis=0) > 0, end, start)
+
+    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    for n0 in range(start, end, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        # positions < 2**31: slot arithmetic in int32 (int64 modulo costs registers: the kernel
+        # spilled with it at 4 warps on sm_90), widened only for the row offsets
+        pos = tl.load(i_base + offs_n, mask=offs_n < end, other=-1).to(tl.int32)
+        proximal = (pos < sink) | (seq_len - 1 - pos < recent)
+        valid = (pos >= 0) & (proximal == is_prox)
+        rows = tl.where(valid, pos, 0)
+        kv_mask = valid[:, None] & d_mask[None, :]
+        # one load from either cache (a pointer select, not a branch, keeps the loop pipelinable)
+        k_row = tl.where(is_prox, tl.where(rows < sink, rows, sink + rows % recent), rows).to(tl.int64)
+        k_rows = tl.where(is_prox, kl_base + k_row * stride_ln, ka_base + k_row * stride_an)
+        rows = rows.to(tl.int64)
+        k = tl.load(k_rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(v_base + rows[:, None] * stride_vn + offs_d[None, :], mask=kv_mask, other=0.0)
+        s = C.tile_logits(q, k, sm_scale, USE_DOT, IEEE)
+        s = tl.where(valid[None, :], s, float("-inf"))
+        if SKIP:
+            s = tl.where(skip[:, None], float("-inf"), s)
+        m_i, l_i, acc = C.online_softmax_update(s, v, m_i, l_i, acc, USE_DOT, IEEE)
+
+    part = pid  # distant chunks first, then proximal: merge_splits' split_p_start = num_splits
+    C.store_partial(OPart, LSEPart, m_i, l_i, acc,
+                    b * stride_opb + heads * stride_oph + part * stride_ops,
+                    b * stride_lpb + heads * stride_lph + part,
+                    g_mask, offs_d, D)
+
+
+def pod_sparse_decode_attention_triton(q, k_local, k_anchor, v_cache, indices, seq_lens, *, sink, recent,
+                                       scale=None, gate_tau=None, gate_estimate=None, return_gate=False,
+                                       return_skip=False, _num_warps=None):
+    """POD-aware sparse decode.
+
+    q: [B,Hq,D] (query at p = seq_lens-1); k_local: [B,Hkv,sink+recent,D] (the layer's own keys: sinks
+    at slots 0..sink-1, position j of the ring at sink + j % recent); k_anchor, v_cache: [B,Hkv,N,D]
+    (slot = position); indices: [B,Hs,K] int32/int64 positions in [0, N) or -1, Hs = Hq or Hkv;
+    seq_lens: [B] in [1, N]; sink >= 0, recent >= 1; gate_tau / gate_estimate as in
+    kernels/triton_pod_decode_attention.py. `_num_warps` overrides the launch width (benchmark knob).
+    Returns out [B,Hq,D] (q.dtype; 0 for a head whose list is empty after skipping); with return_gate
+    also gate [B,Hq] fp32 = sigmoid(lse_P - lse_D) over the selected positions (1 without distant
+    entries or, with gate_estimate, for skipped heads; 0 without proximal ones); with return_skip
+    also skip [B,Hq] bool. Order: out, gate, skip.
+    """
+    B, Hq, Hkv, N, D, G = _check_pod_inputs(q, k_local, k_anchor, v_cache, seq_lens, sink, recent, gate_tau)
+    _check_gate_estimate(gate_estimate, gate_tau, q)
+    C.check_index_tensor("indices", indices, 3, "[B,Hs,K]", q.device)
+    if indices.shape[0] != B or indices.shape[1] not in (Hq, Hkv):
+        raise ValueError(f"indices shape {tuple(indices.shape)} must be [B={B}, Hs, K] with Hs = Hq={Hq} "
+                         f"(per query head) or Hs = Hkv={Hkv} (per KV group)")
+    C.check_index_values("indices", indices, N)
+    scale = C.resolve_scale(scale, D)
+    Hs, list_len = indices.shape[1], indices.shape[2]
+    per_group = Hs == Hkv and G > 1
+    use_est = gate_estimate is not None
+    est = gate_estimate.float().contiguous() if use_est else None
+    q, k_local, k_anchor, v_cache = (C.last_dim_contiguous(t) for t in (q, k_local, k_anchor, v_cache))
+    indices = indices if indices.stride(-1) == 1 else indices.contiguous()
+    block_n = _BLOCK_N_GROUP if per_group else _BLOCK_N_HEAD
+    # half the usual split cap: the merge holds all 2 * num_splits partials of a row in registers
+    num_splits, chunk = C.plan_splits(max(list_len, 1), B * Hs, q.device, block_n, max_splits=C.MAX_SPLITS // 2)
+    o_part, lse_part = C.alloc_partials(B, Hq, 2 * num_splits, D, q.device)
+    num_warps = _num_warps or (_NUM_WARPS_GROUP if per_group else _NUM_WARPS_HEAD)
+    launch = dict(num_warps=num_warps) if C.interpreting() else dict(num_warps=num_warps, num_stages=_NUM_STAGES)
+    _pod_sparse_split_kernel[(2 * num_splits, B * Hs)](
+        q, k_local, k_anchor, v_cache, indices, seq_lens, o_part, lse_part, est if use_est else lse_part,
+        scale, sink, recent, list_len, chunk, num_splits, float(gate_tau) if use_est else 0.0,
+        q.stride(0), q.stride(1),
+        k_local.stride(0), k_local.stride(1), k_local.stride(2),
+        k_anchor.stride(0), k_anchor.stride(1), k_anchor.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        indices.stride(0), indices.stride(1),
+        o_part.stride(0), o_part.stride(1), o_part.stride(2),
+        lse_part.stride(0), lse_part.stride(1),
+        Hs, Hq,
+        G=G, HEADS_PER_LIST=G if per_group else 1, BLOCK_G=C.block_g(G) if per_group else 1,
+        BLOCK_N=block_n, D=D, BLOCK_D=triton.next_power_of_2(D),
+        USE_DOT=per_group, IEEE=q.dtype == torch.float32, SKIP=use_est,
+        **launch,
+    )
+    out = torch.empty(B, Hq, D, device=q.device, dtype=q.dtype)
+    exact_skip = return_skip and gate_tau is not None and not use_est
+    gate = torch.empty(B, Hq, device=q.device, dtype=torch.float32) if (return_gate or exact_skip) else None
+    C.merge_splits(o_part, lse_part, out, gate_out=gate, split_p_start=num_splits,
+                   tau=None if use_est else gate_tau)
+    results = [out]
+    if return_gate:
+        results.append(gate)
+    if return_skip:
+        if use_est:
+            skip = est >= gate_tau
+        elif gate_tau is not None:
+            skip = gate >= gate_tau
+        else:
+            skip = torch.zeros(B, Hq, device=q.device, dtype=torch.bool)
+        results.append(skip)
+    return tuple(results) if len(results) > 1 else out

@@ -1,0 +1,88 @@
+"""Compile podkit's decode kernels for sm_90 (H200) on a machine without a GPU and print ptxas resource use.
+
+    TRITON_INTERPRET=0 python tests/kernels/sm90_compile.py
+
+Triton lowers each kernel to PTX and assembles it with the ptxas bundled in its wheel, so compile
+errors that the CPU interpreter cannot see (layouts, histogram / atomic lowering, type rules) and
+register spills show up before a GPU run. Prints one JSON object per kernel variant:
+{"kernel", "variant", "regs", "stack"} (stack > 0: spilled bytes per thread).
+Used by tests/kernels/test_sm90_compile.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+_TYPES = dict(Q="*bf16", K="*bf16", V="*bf16", KLocal="*bf16", KAnchor="*bf16", Idx="*i32", SeqLens="*i32",
+              OPart="*fp32", LSEPart="*fp32", GateEst="*fp32", Scores="*fp32", LSE="*fp32", Out="*fp32",
+              Hist="*i32", Counts="*i32", sm_scale="fp32", tau="fp32")
+
+
+def resource_usage(fn, constexprs, types=None, num_warps=4, num_stages=2):
+    """(registers, stack bytes) per thread of `fn` compiled for sm_90; other args default to i32."""
+    types = {**_TYPES, **(types or {})}
+    signature = {n: ("constexpr" if n in constexprs else types.get(n, "i32")) for n in fn.arg_names}
+    kernel = triton.compile(ASTSource(fn, signature, constexprs), target=GPUTarget("cuda", 90, 32),
+                            options=dict(num_warps=num_warps, num_stages=num_stages))
+    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+        f.write(kernel.asm["cubin"])
+    try:
+        tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+        text = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
+    finally:
+        os.unlink(f.name)
+    fields = dict(tok.split(":") for tok in next(line for line in text.splitlines() if "REG:" in line).split()
+                  if ":" in tok)
+    return int(fields["REG"]), int(fields["STACK"])
+
+
+def variants():
+    from kernels import _decode_topk_split as TS
+    from kernels import triton_decode_attention as DA
+    from kernels import triton_pod_decode_attention as PD
+    from kernels import triton_pod_sparse_decode_attention as PS
+    tile = dict(BLOCK_N=64, D=128, BLOCK_D=128, IEEE=False)
+    for G in (1, 4, 8):
+        yield ("decode_split", f"selection G={G}", DA._decode_split_kernel,
+               dict(G=G, BLOCK_G=16, RETURN_SCORES=True, EXCLUDE_LAST=True, HIST0=True, GH=G, BITS=8, LEVELS=4,
+                    **tile), {}, DA._NUM_WARPS, DA._NUM_STAGES)
+    yield ("group_probability", "hist0", DA._group_probability_kernel,
+           dict(G=4, BLOCK_G=4, BLOCK_N=256, HIST0=True, BITS=8, LEVELS=4), {}, 4, 2)
+    passes = dict(BITS_=TS.BITS, LEVELS_=TS.LEVELS, BLOCK=TS._BLOCK)
+    for level in range(TS.LEVELS):
+        yield ("topk_hist_pass", f"level {level}", TS._hist_pass_kernel, dict(LEVEL=level, **passes), {"K": "i32"},
+               TS._NUM_WARPS, 2)
+    yield "topk_count", "", TS._count_kernel, passes, {"K": "i32"}, TS._NUM_WARPS, 2
+    yield ("topk_write", "", TS._write_kernel, dict(BLOCK_S=128, **passes), {"K": "i32", "Out": "*i64"},
+           TS._NUM_WARPS, 2)
+    for skip in (False, True):
+        yield ("pod_decode_split", f"skip={skip}", PD._pod_decode_split_kernel,
+               dict(G=4, BLOCK_G=16, SKIP=skip, **tile), {}, PD._NUM_WARPS, PD._NUM_STAGES)
+    for per_group in (False, True):
+        yield ("pod_sparse_split", f"per_group={per_group}", PS._pod_sparse_split_kernel,
+               dict(G=4, HEADS_PER_LIST=4 if per_group else 1, BLOCK_G=16 if per_group else 1, D=128, BLOCK_D=128,
+                    BLOCK_N=PS._BLOCK_N_GROUP if per_group else PS._BLOCK_N_HEAD, USE_DOT=per_group, IEEE=False,
+                    SKIP=True), {},
+               PS._NUM_WARPS_GROUP if per_group else PS._NUM_WARPS_HEAD, PS._NUM_STAGES)
+
+
+def main() -> int:
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        print("sm90_compile: run with TRITON_INTERPRET=0", file=sys.stderr)
+        return 2
+    for name, variant, fn, constexprs, types, num_warps, num_stages in variants():
+        regs, stack = resource_usage(fn, constexprs, types, num_warps, num_stages)
+        print(json.dumps(dict(kernel=name, variant=variant, num_warps=num_warps, regs=regs, stack=stack)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
