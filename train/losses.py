@@ -90,21 +90,24 @@ def _chunk_sums(student_hidden: torch.Tensor, teacher_hidden: torch.Tensor | Non
 def chunked_objective_loss(student_hidden: torch.Tensor, labels: torch.Tensor, student_head: Callable, *,
                            weights: ObjectiveWeights, teacher_hidden: torch.Tensor | None = None,
                            teacher_head: Callable | None = None, temperature: float = 1.0,
-                           chunk_tokens: int | None = 4096) -> LossTerms:
+                           chunk_tokens: int | None = 4096, labels_shifted: bool = False) -> LossTerms:
     """Mean next-token loss of a micro-batch from final hidden states.
 
     ``student_hidden [B, S, H]`` (after the final norm), ``labels [B, S]`` (unshifted: position t
     predicts ``labels[:, t + 1]``; -100 ignored), ``teacher_hidden [B, S, H]`` (no grad) for the KL
     term. ``student_head`` / ``teacher_head`` map ``[n, H] -> [n, V]`` (the LM heads; passing modules
-    rather than weights keeps DeepSpeed ZeRO-3's gather hooks working).
+    rather than weights keeps DeepSpeed ZeRO-3's gather hooks working). ``labels_shifted=True``: ``labels``
+    are already aligned with the positions (sequence parallelism's ``shift_labels``: a rank's slice has no
+    next token of its own at its last position).
     """
     if weights.kl and (teacher_hidden is None or teacher_head is None):
         raise ValueError("the distill objective needs teacher_hidden and teacher_head")
     if temperature <= 0:
         raise ValueError(f"train.distill_temperature={temperature}: expected a positive number")
-    hidden = student_hidden[:, :-1].reshape(-1, student_hidden.shape[-1])
-    targets = labels[:, 1:].reshape(-1).to(hidden.device)
-    teacher = teacher_hidden[:, :-1].reshape(-1, teacher_hidden.shape[-1]) if weights.kl else None
+    keep = slice(None) if labels_shifted else slice(None, -1)  # shifted: labels[:, t] is position t's target
+    hidden = student_hidden[:, keep].reshape(-1, student_hidden.shape[-1])
+    targets = (labels if labels_shifted else labels[:, 1:]).reshape(-1).to(hidden.device)
+    teacher = teacher_hidden[:, keep].reshape(-1, teacher_hidden.shape[-1]) if weights.kl else None
     tokens = int((targets != -100).sum())
     n = hidden.shape[0]
     step = n if not chunk_tokens or chunk_tokens >= n else chunk_tokens

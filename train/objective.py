@@ -30,14 +30,15 @@ class ObjectiveLoss:
         attention_mask = inputs.get("attention_mask")
         teacher_hidden = self.teacher.hidden(input_ids, attention_mask) if self.weights.kl else None
         hidden = final_hidden_states(model, input_ids, attention_mask)
-        student_head = _output_embeddings(model)
+        student_head = output_embeddings(model)
         return chunked_objective_loss(hidden, labels, student_head, weights=self.weights,
                                       teacher_hidden=teacher_hidden,
                                       teacher_head=self.teacher.head if self.teacher is not None else None,
                                       temperature=self.temperature, chunk_tokens=self.chunk_tokens)
 
 
-def _output_embeddings(model):
+def output_embeddings(model):
+    """The LM head module of ``model`` (through DeepSpeed / peft wrappers)."""
     inner = getattr(model, "module", model)  # DeepSpeed engine: the module (peft or podkit) has the head
     head = inner.get_output_embeddings() if hasattr(inner, "get_output_embeddings") else None
     return head if head is not None else podkit_model_of(model).get_output_embeddings()

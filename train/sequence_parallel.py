@@ -146,7 +146,7 @@ def resumed_micro_batches(checkpoint: str | None, batches_per_epoch: int, accumu
     return json.loads(state.read_text())["global_step"] % steps_per_epoch * accumulation
 
 
-def sequence_parallel_loss(model, inputs: dict, sp: UlyssesAttention):
+def sequence_parallel_loss(model, inputs: dict, sp: UlyssesAttention, chunk_tokens: int | None = 4096):
     """Loss of one SP micro-batch. ``inputs``: ``input_ids`` [B, S/P] (this rank's slice), ``shift_labels``
     [B, S/P] (-100 = ignored), optional ``position_ids``.
 
@@ -156,18 +156,22 @@ def sequence_parallel_loss(model, inputs: dict, sp: UlyssesAttention):
     """
     import torch.distributed as dist
 
+    from train.losses import ObjectiveWeights, chunked_objective_loss
+    from train.objective import output_embeddings
+
     if "shift_labels" not in inputs:
         raise KeyError(f"inputs holds {sorted(inputs)}: sequence-parallel batches carry shift_labels "
                        f"(UlyssesSPDataLoaderAdapter adds them)")
     inputs = dict(inputs)
     labels = inputs.pop("shift_labels")
     inputs.pop("labels", None)
-    outputs = model(**inputs, use_cache=False)
-    logits = outputs.logits
-    slice_sum = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]),
-                                                  labels.reshape(-1).to(logits.device), ignore_index=-100,
-                                                  reduction="sum")
-    counts = torch.stack([(labels != -100).sum().to(slice_sum.device, torch.float32), slice_sum.detach()])
+    # The LM head and the cross-entropy run in token chunks from the final hidden states (train/losses.py):
+    # at 64K tokens per rank and a 128K vocabulary the slice's fp32 logits alone would be 31 GiB.
+    outputs = model(**inputs, use_cache=False, skip_lm_head=True)
+    terms = chunked_objective_loss(outputs.hidden_states[-1], labels, output_embeddings(model),
+                                   weights=ObjectiveWeights(1.0, 0.0), chunk_tokens=chunk_tokens, labels_shifted=True)
+    slice_sum = terms.loss * terms.tokens
+    counts = torch.stack([(labels != -100).sum().to(slice_sum.device, torch.float32), slice_sum.detach().float()])
     dist.all_reduce(counts, group=sp.group)  # [tokens of the rows, loss sum of the rows]
     tokens = counts[0].clamp(min=1)
     return slice_sum * (sp.size / tokens), counts[1] / tokens, outputs
