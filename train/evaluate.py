@@ -26,7 +26,7 @@ def perplexity(model, windows: torch.Tensor, batch_size: int = 1, desc: str | No
     from tqdm.auto import tqdm
 
     from train.losses import ObjectiveWeights, chunked_objective_loss
-    from train.teacher import podkit_model_of
+    from train.teacher import final_hidden_states, podkit_model_of
 
     was_training = model.training
     model.eval()
@@ -37,7 +37,7 @@ def perplexity(model, windows: torch.Tensor, batch_size: int = 1, desc: str | No
     for i in tqdm(range(0, windows.shape[0], batch_size), desc=desc, unit="batch" if batch_size > 1 else "window",
                   disable=desc is None, mininterval=1.0):
         ids = windows[i:i + batch_size].to(device)
-        hidden = model(input_ids=ids, use_cache=False, skip_lm_head=True).hidden_states[-1]
+        hidden = final_hidden_states(model, ids)  # podkit or any transformers causal LM
         terms = chunked_objective_loss(hidden, ids, head, weights=ObjectiveWeights(1.0, 0.0), chunk_tokens=chunk_tokens)
         total_nll += terms.lm * terms.tokens
         total_tokens += terms.tokens
