@@ -66,6 +66,14 @@ def load_samples(out: Path, length: int, tasks: list[str], num_samples: int, see
         counts = {task: sum(s.task == task for s in samples) for task in tasks}
         if stored.get("seed") == seed and all(count >= num_samples for count in counts.values()):
             return [s for s in samples if s.task in tasks and s.index < num_samples]
+    import importlib.util
+
+    missing = [name for name in ("lm_eval", "long_context_eval") if importlib.util.find_spec(name) is None]
+    if missing:
+        raise SystemExit(f"{path} lacks the samples asked for ({num_samples} per task of {', '.join(tasks)}, seed "
+                         f"{seed}) and {' and '.join(missing)} is not installed here to generate them: run "
+                         f"`python -m eval.leaderboard --generate-only` with the same arguments where the eval extra "
+                         f"is installed and bring {path} along")
     samples = []
     for task in tasks:
         print(f"generating {num_samples} {task} samples at {length} tokens", flush=True)
@@ -136,14 +144,18 @@ def kv_fractions(model, num_tokens: int) -> tuple[float, float]:
 # ---------------------------------------------------------------------------------------------- run
 
 def run_setting(model, tokenizer, setting, samples: list[ruler.RulerSample], records: lr.RecordFile, *,
-                chat: bool, max_new_tokens: int | None, device_name: str, model_name: str) -> None:
-    """Answer every sample not yet in ``records`` under the model's current scheme; one record each."""
+                chat: bool, max_new_tokens: int | None, device_name: str, model_name: str,
+                deadline: float = float("inf")) -> bool:
+    """Answer every sample not yet in ``records`` under the model's current scheme, one record each;
+    False if ``deadline`` (a ``time.time()``) came first."""
     from tqdm import tqdm
 
     from eval.runner import retrieval_generate
 
     todo = [s for s in samples if (setting.label, s.task, s.max_length, s.index, s.seed) not in records.done]
     for sample in tqdm(todo, desc=setting.label, leave=False):
+        if time.time() > deadline:
+            return False
         context, question = ruler.render(sample, tokenizer, chat)
         start = time.perf_counter()
         tokens = min(sample.tokens_to_generate, max_new_tokens or sample.tokens_to_generate)
@@ -159,6 +171,7 @@ def run_setting(model, tokenizer, setting, samples: list[ruler.RulerSample], rec
             "budget": setting.budget, "coverage": setting.coverage, "compression_ratio": None,
             "token_sparsity": generation.token_sparsity, "max_new_tokens": tokens, "chat": chat,
             "seconds": round(time.perf_counter() - start, 3), "device": device_name, "model": model_name})
+    return True
 
 
 def calibration_for(model, tokenizer, out: Path, args) -> dict[str, Any]:
@@ -216,6 +229,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--generate-only", action="store_true", help="write the samples files and stop")
     parser.add_argument("--peers", action="store_true", help="then run kvpress's presses in .venv-peers (make peers)")
     parser.add_argument("--peers-venv", default=".venv-peers")
+    parser.add_argument("--peer-presses", nargs="+", default=None, help="kvpress presses (default: all six)")
+    parser.add_argument("--peer-ratios", nargs="+", type=float, default=None,
+                        help="kvpress compression ratios (default 0.5 0.75 0.875 0.9375)")
+    parser.add_argument("--time-limit", type=float, default=None,
+                        help="seconds: start no new sample after that (the peers get what is left), write the "
+                             "outputs and exit 0; a rerun continues (one device call per length)")
     parser.add_argument("--replot", action="store_true", help="only merge the records and redraw (no model)")
     args = parser.parse_args(argv)
     for fraction in args.fractions:
@@ -260,19 +279,30 @@ def main(argv: list[str] | None = None) -> dict:
     name = device_name(args.device)
     failures: dict[str, str] = {}
     chat = not args.plain
+    deadline = started + args.time_limit if args.time_limit else float("inf")
+    # Rounds: sample 0 of every task under every setting, then sample 1, ...: a run stopped by the time
+    # limit (or killed) leaves every row with the same samples, a comparable partial board.
+    finished = True
     for length in args.lengths:
         settings = podkit_settings(length, args.fractions, args.coverages, calibration)
         if args.settings:
             settings = [s for s in settings if s.label in args.settings]
-        for setting in settings:
-            try:  # one broken setting must not cost the rest of the sweep (as in eval.fidelity)
-                apply_overrides(model, base, setting.overrides)
-                run_setting(model, tokenizer, setting, samples[length], records, chat=chat,
-                            max_new_tokens=args.max_new_tokens, device_name=name, model_name=args.model)
-                print(f"[{time.time() - started:7.0f}s] {setting.label} at {length}: done", flush=True)
-            except Exception:  # noqa: BLE001 - reported below and in leaderboard.json
-                failures[f"{setting.label}@{length}"] = traceback.format_exc()
-                print(f"setting {setting.label} FAILED:\n{failures[f'{setting.label}@{length}']}", file=sys.stderr)
+        for index in range(args.samples):
+            batch = [s for s in samples[length] if s.index == index]
+            for setting in settings:
+                if f"{setting.label}@{length}" in failures:
+                    continue
+                try:  # one broken setting must not cost the rest of the sweep (as in eval.fidelity)
+                    apply_overrides(model, base, setting.overrides)
+                    finished &= run_setting(model, tokenizer, setting, batch, records, chat=chat,
+                                            max_new_tokens=args.max_new_tokens, device_name=name,
+                                            model_name=args.model, deadline=deadline)
+                except Exception:  # noqa: BLE001 - reported below and in leaderboard.json
+                    failures[f"{setting.label}@{length}"] = traceback.format_exc()
+                    print(f"setting {setting.label} FAILED:\n{failures[f'{setting.label}@{length}']}",
+                          file=sys.stderr)
+            print(f"[{time.time() - started:7.0f}s] round {index + 1}/{args.samples} at {length}: "
+                  f"{len(settings)} settings x {len(batch)} tasks", flush=True)
     apply_overrides(model, base, {})
     if args.pod_adapted and (not args.settings or "pod_adapted" in args.settings):
         del model
@@ -281,10 +311,13 @@ def main(argv: list[str] | None = None) -> dict:
 
         setting = Setting("pod_adapted", "pod_adapted", {})
         for length in args.lengths:
-            run_setting(adapted, tokenizer, setting, samples[length], records, chat=chat,
-                        max_new_tokens=args.max_new_tokens, device_name=name, model_name=args.pod_adapted)
-    if args.peers:
-        run_peers(args)
+            finished &= run_setting(adapted, tokenizer, setting, samples[length], records, chat=chat,
+                                    max_new_tokens=args.max_new_tokens, device_name=name,
+                                    model_name=args.pod_adapted, deadline=deadline)
+    if not finished:
+        print(f"--time-limit {args.time_limit:g} s reached: rerun the same command to continue", flush=True)
+    if args.peers and time.time() < deadline:
+        run_peers(args, None if deadline == float("inf") else deadline - time.time())
     meta = {"command": "python -m eval.leaderboard " + " ".join(argv if argv is not None else sys.argv[1:]),
             "model": args.model, "device": name, "dtype": args.dtype, "chat_template": chat,
             "date": time.strftime("%Y-%m-%d"), "calibration": calibration, "seconds": round(time.time() - started, 1),
@@ -297,7 +330,7 @@ def main(argv: list[str] | None = None) -> dict:
     return result
 
 
-def run_peers(args: argparse.Namespace) -> None:
+def run_peers(args: argparse.Namespace, seconds_left: float | None = None) -> None:
     """kvpress's presses in their own virtualenv (``make peers`` creates it) on the same samples files."""
     import subprocess
 
@@ -311,7 +344,10 @@ def run_peers(args: argparse.Namespace) -> None:
     command = [str(python), "-m", "eval.peers_kvpress", "--out", args.out, "--model", model,
                "--lengths", *map(str, args.lengths), "--samples", str(args.samples), "--tasks", *args.tasks,
                "--device", args.device] + (["--plain"] if args.plain else []) \
-        + (["--max-new-tokens", str(args.max_new_tokens)] if args.max_new_tokens else [])
+        + (["--max-new-tokens", str(args.max_new_tokens)] if args.max_new_tokens else []) \
+        + (["--presses", *args.peer_presses] if args.peer_presses else []) \
+        + (["--ratios", *map(str, args.peer_ratios)] if args.peer_ratios else []) \
+        + (["--time-limit", f"{seconds_left:.0f}"] if seconds_left is not None else [])
     print("peers:", " ".join(command), flush=True)
     subprocess.run(command, check=True, cwd=Path(__file__).resolve().parents[1])
 

@@ -131,6 +131,7 @@ def main(argv: list[str] | None = None) -> None:
                         help="skip the no-press row (kvpress:none@0, which should score like podkit's dense)")
     parser.add_argument("--plain", action="store_true", help="no chat template (must match the podkit rows)")
     parser.add_argument("--max-new-tokens", type=int, default=None)
+    parser.add_argument("--time-limit", type=float, default=None, help="seconds: start no new sample after that")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", default="auto", help="auto = bf16 on CUDA, fp32 on CPU")
     args = parser.parse_args(argv)
@@ -153,25 +154,32 @@ def main(argv: list[str] | None = None) -> None:
     records = lr.RecordFile(out / "records_kvpress.jsonl")
     device = torch.cuda.get_device_name() if args.device.startswith("cuda") else f"{platform.machine()} CPU"
     chat = not args.plain
+    deadline = time.time() + args.time_limit if args.time_limit else float("inf")
+    runs = ([] if args.no_dense_check else [("none", 0.0)]) + [(p, r) for p in args.presses for r in args.ratios]
     for length, rows in samples.items():
-        runs = ([] if args.no_dense_check else [("none", 0.0)]) + [(p, r) for p in args.presses for r in args.ratios]
-        for press_name, ratio in runs:
-            label = setting_label(press_name, ratio)
-            todo = [s for s in rows if (label, s.task, length, s.index, s.seed) not in records.done]
-            for sample in tqdm(todo, desc=f"{label} {length}", leave=False):
-                context, question = ruler.render(sample, tokenizer, chat)
-                context_ids = tokenizer(context, return_tensors="pt").input_ids
-                question_ids = tokenizer(question, add_special_tokens=False, return_tensors="pt").input_ids
-                tokens = min(sample.tokens_to_generate, args.max_new_tokens or sample.tokens_to_generate)
-                start = time.perf_counter()
-                with torch.no_grad():
-                    (answer,) = pipe._forward({"context_ids": context_ids, "questions_ids": [question_ids]},
-                                              max_new_tokens=tokens, press=make_press(press_name, ratio))
-                records.append(peer_record(sample, press_name, ratio, answer,
-                                           prompt_tokens=context_ids.shape[1] + question_ids.shape[1],
-                                           seconds=time.perf_counter() - start, device=device, model=args.model,
-                                           chat=chat, max_new_tokens=tokens))
-            print(f"{label} at {length}: done", flush=True)
+        # rounds (sample 0 of every task under every press, then sample 1, ...), as eval.leaderboard does
+        for index in range(args.samples):
+            for press_name, ratio in runs:
+                label = setting_label(press_name, ratio)
+                todo = [s for s in rows if s.index == index and (label, s.task, length, s.index, s.seed)
+                        not in records.done]
+                for sample in tqdm(todo, desc=f"{label} {length} #{index}", leave=False):
+                    if time.time() > deadline:
+                        print(f"--time-limit reached: rerun to continue ({len(records.records)} records)")
+                        return
+                    context, question = ruler.render(sample, tokenizer, chat)
+                    context_ids = tokenizer(context, return_tensors="pt").input_ids
+                    question_ids = tokenizer(question, add_special_tokens=False, return_tensors="pt").input_ids
+                    tokens = min(sample.tokens_to_generate, args.max_new_tokens or sample.tokens_to_generate)
+                    start = time.perf_counter()
+                    with torch.no_grad():
+                        (answer,) = pipe._forward({"context_ids": context_ids, "questions_ids": [question_ids]},
+                                                  max_new_tokens=tokens, press=make_press(press_name, ratio))
+                    records.append(peer_record(sample, press_name, ratio, answer,
+                                               prompt_tokens=context_ids.shape[1] + question_ids.shape[1],
+                                               seconds=time.perf_counter() - start, device=device,
+                                               model=args.model, chat=chat, max_new_tokens=tokens))
+            print(f"round {index + 1}/{args.samples} at {length}: {len(runs)} presses done", flush=True)
 
 if __name__ == "__main__":
     main()

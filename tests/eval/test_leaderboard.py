@@ -195,3 +195,27 @@ def test_kvpress_stand_ins_only_where_a_module_is_missing(monkeypatch):
     with pytest.raises(ImportError, match="fire.Fire is a stand-in"):
         sys.modules["fire"].Fire()
     monkeypatch.delitem(sys.modules, "fire")
+
+
+def test_a_passed_deadline_stops_before_any_sample(tmp_path):
+    sample = RulerSample(task="vt", index=0, seed=0, max_length=2048, input="c\nQuestion: Find all variables",
+                         question_start=1, gen_prefix="Answer:", outputs=["A"], tokens_to_generate=30,
+                         category="multi-hop tracing")
+    records = lr.RecordFile(tmp_path / "records.jsonl")
+    setting = leaderboard.podkit_settings(2048, ["1/8"], [], {})[0]
+    assert leaderboard.run_setting(None, None, setting, [sample], records, chat=False, max_new_tokens=None,
+                                   device_name="cpu", model_name="m", deadline=0.0) is False
+    assert records.records == []
+
+
+def test_samples_file_is_reused_and_a_missing_generator_is_named(tmp_path, monkeypatch):
+    import importlib.util
+
+    sample = RulerSample(task="vt", index=0, seed=0, max_length=2048, input="c\nQuestion: Find all variables",
+                         question_start=1, gen_prefix="Answer:", outputs=["A"], tokens_to_generate=30)
+    (tmp_path / "samples_2048.json").write_text(json.dumps({"seed": 0, "samples": [sample.to_dict()]}))
+    assert leaderboard.load_samples(tmp_path, 2048, ["vt"], 1, 0, "m", None) == [sample]
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None if name == "lm_eval" else real(name))
+    with pytest.raises(SystemExit, match="lm_eval is not installed here"):
+        leaderboard.load_samples(tmp_path, 2048, ["vt"], 2, 0, "m", None)  # 2 asked, 1 stored
