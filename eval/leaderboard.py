@@ -174,6 +174,48 @@ def run_setting(model, tokenizer, setting, samples: list[ruler.RulerSample], rec
     return True
 
 
+def run_setting_engine(model, tokenizer, setting, samples: list[ruler.RulerSample], records: lr.RecordFile, *,
+                       chat: bool, max_new_tokens: int | None, device_name: str, model_name: str,
+                       deadline: float = float("inf"), batch_size: int = 64) -> bool:
+    """:func:`run_setting` through podkit's generation engine (eval/engine_runner.py): the same protocol,
+    ``batch_size`` prompts at a time, CUDA-graph decode steps on a GPU; False if ``deadline`` came first."""
+    import torch
+
+    from eval.engine_runner import engine_answers, slots_needed
+    from sparse_models.engine import GenerationEngine
+
+    todo = [s for s in samples if (setting.label, s.task, s.max_length, s.index, s.seed) not in records.done]
+    for start in range(0, len(todo), batch_size):
+        if time.time() > deadline:
+            return False
+        chunk = todo[start:start + batch_size]
+        rendered = [ruler.render(s, tokenizer, chat) for s in chunk]
+        contexts = [tokenizer(c).input_ids for c, _ in rendered]
+        questions = [tokenizer(q, add_special_tokens=False).input_ids for _, q in rendered]
+        tokens = [min(s.tokens_to_generate, max_new_tokens or s.tokens_to_generate) for s in chunk]
+        capacity = slots_needed(contexts, questions, tokens)
+        began = time.perf_counter()
+        engine = GenerationEngine(model, sparse_config=model.sparse_config, max_batch_size=len(chunk),
+                                  max_seq_len=capacity)
+        answers = engine_answers(engine, contexts, questions, tokens, tokenizer.eos_token_id)
+        del engine
+        seconds = (time.perf_counter() - began) / len(chunk)
+        for sample, context, question, answer, limit in zip(chunk, contexts, questions, answers, tokens):
+            text = tokenizer.decode(answer)
+            kept, read = kv_fractions(model, len(context) + len(question))
+            records.append({
+                "source": "podkit", "setting": setting.label, "method": setting.method, "task": sample.task,
+                "category": sample.category, "length": sample.max_length, "index": sample.index,
+                "seed": sample.seed, "score": ruler.score(sample.task, text, sample.outputs), "generation": text,
+                "outputs": sample.outputs, "prompt_tokens": len(context) + len(question), "kv_kept": kept,
+                "kv_read": read, "budget": setting.budget, "coverage": setting.coverage, "compression_ratio": None,
+                "token_sparsity": None, "max_new_tokens": limit, "chat": chat, "engine": True,
+                "seconds": round(seconds, 3), "device": device_name, "model": model_name})
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    return True
+
+
 def calibration_for(model, tokenizer, out: Path, args) -> dict[str, Any]:
     """eval.fidelity's calibration (POD blocks, Token Sparse layers, TidalDecode selection layers), cached
     in ``out/calibration/summary.json`` or read from ``--calibration-from`` (an eval.fidelity output)."""
@@ -226,6 +268,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-new-tokens", type=int, default=None, help="cap RULER's answer lengths (smoke runs)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", default="auto", help="auto = bf16 on CUDA, fp32 on CPU")
+    parser.add_argument("--engine", action=argparse.BooleanOptionalAction, default=None,
+                        help="batched answers through podkit's generation engine (default: on CUDA; the same "
+                             "protocol as the one-prompt loop, checked in tests/eval/test_engine_runner.py)")
+    parser.add_argument("--batch-size", type=int, default=64, help="prompts per engine batch")
     parser.add_argument("--generate-only", action="store_true", help="write the samples files and stop")
     parser.add_argument("--peers", action="store_true", help="then run kvpress's presses in .venv-peers (make peers)")
     parser.add_argument("--peers-venv", default=".venv-peers")
@@ -250,6 +296,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             parser.error(f"--lengths {length} is invalid: the tasks {args.tasks} need at least {shortest} tokens")
     if args.samples < 1:
         parser.error(f"--samples {args.samples} is invalid: expected >= 1")
+    if args.batch_size < 1:
+        parser.error(f"--batch-size {args.batch_size} is invalid: expected >= 1")
+    if args.engine is None:
+        args.engine = args.device.startswith("cuda")
     if args.pod_adapted and not (Path(args.pod_adapted) / "config.json").exists():
         parser.error(f"--pod-adapted {args.pod_adapted!r} is invalid: no config.json in that folder")
     return args
@@ -280,29 +330,37 @@ def main(argv: list[str] | None = None) -> dict:
     failures: dict[str, str] = {}
     chat = not args.plain
     deadline = started + args.time_limit if args.time_limit else float("inf")
-    # Rounds: sample 0 of every task under every setting, then sample 1, ...: a run stopped by the time
-    # limit (or killed) leaves every row with the same samples, a comparable partial board.
+    options = {"chat": chat, "max_new_tokens": args.max_new_tokens, "device_name": name}
+    if args.engine:
+        def run(*positional, **keywords):
+            return run_setting_engine(*positional, **keywords, **options, batch_size=args.batch_size)
+    else:
+        def run(*positional, **keywords):
+            return run_setting(*positional, **keywords, **options)
+    # Blocks of sample indices, each under every setting before the next: a run stopped by the time limit
+    # (or killed) leaves every row with (nearly) the same samples, a comparable partial board.
     finished = True
     for length in args.lengths:
         settings = podkit_settings(length, args.fractions, args.coverages, calibration)
         if args.settings:
             settings = [s for s in settings if s.label in args.settings]
-        for index in range(args.samples):
-            batch = [s for s in samples[length] if s.index == index]
+        # blocks of sample indices (one index per block in the one-prompt loop; with the engine as many as
+        # fill --batch-size across the tasks)
+        block = max(1, args.batch_size // len(args.tasks)) if args.engine else 1
+        for first in range(0, args.samples, block):
+            batch = [s for s in samples[length] if first <= s.index < first + block]
             for setting in settings:
                 if f"{setting.label}@{length}" in failures:
                     continue
                 try:  # one broken setting must not cost the rest of the sweep (as in eval.fidelity)
                     apply_overrides(model, base, setting.overrides)
-                    finished &= run_setting(model, tokenizer, setting, batch, records, chat=chat,
-                                            max_new_tokens=args.max_new_tokens, device_name=name,
-                                            model_name=args.model, deadline=deadline)
+                    finished &= run(model, tokenizer, setting, batch, records, deadline=deadline, model_name=args.model)
                 except Exception:  # noqa: BLE001 - reported below and in leaderboard.json
                     failures[f"{setting.label}@{length}"] = traceback.format_exc()
                     print(f"setting {setting.label} FAILED:\n{failures[f'{setting.label}@{length}']}",
                           file=sys.stderr)
-            print(f"[{time.time() - started:7.0f}s] round {index + 1}/{args.samples} at {length}: "
-                  f"{len(settings)} settings x {len(batch)} tasks", flush=True)
+            print(f"[{time.time() - started:7.0f}s] samples {first}-{min(first + block, args.samples) - 1} at "
+                  f"{length}: {len(settings)} settings x {len(args.tasks)} tasks", flush=True)
     apply_overrides(model, base, {})
     if args.pod_adapted and (not args.settings or "pod_adapted" in args.settings):
         del model
@@ -311,9 +369,8 @@ def main(argv: list[str] | None = None) -> dict:
 
         setting = Setting("pod_adapted", "pod_adapted", {})
         for length in args.lengths:
-            finished &= run_setting(adapted, tokenizer, setting, samples[length], records, chat=chat,
-                                    max_new_tokens=args.max_new_tokens, device_name=name,
-                                    model_name=args.pod_adapted, deadline=deadline)
+            finished &= run(adapted, tokenizer, setting, samples[length], records, deadline=deadline,
+                            model_name=args.pod_adapted)
     if not finished:
         print(f"--time-limit {args.time_limit:g} s reached: rerun the same command to continue", flush=True)
     if args.peers and time.time() < deadline:
