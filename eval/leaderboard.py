@@ -6,7 +6,8 @@ Rows (podkit, this process): dense; TidalDecode, Quest and StreamingLLM with a b
 at coverage 0.005 (prefill only: decode reads everything); POD zero-shot (blocks calibrated on Persuasion
 by eval.fidelity's calibration, reused here); POD adapted when ``--pod-adapted`` names the adaptation's
 exported checkpoint. Rows (kvpress, ``--peers``, in ``.venv-peers``, see eval/peers_kvpress.py): KVzip,
-Compactor, LeverageScore, SnapKV, StreamingLLM, ExpectedAttention at compression 0.5 / 0.75 / 0.875 / 0.9375.
+Compactor, LeverageScore, SnapKV, StreamingLLM, ExpectedAttention at compression 0.5 / 0.75 / 0.875 / 0.9375, run alongside podkit's rows
+(``--peer-jobs`` processes, 6 on CUDA).
 
 Protocol, the same for every row (kvpress's pipeline): the RULER context, opened by the model's chat
 template, is prefilled (a prefill scheme acts there, a press compresses the cache there); the question,
@@ -278,6 +279,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--peer-presses", nargs="+", default=None, help="kvpress presses (default: all six)")
     parser.add_argument("--peer-ratios", nargs="+", type=float, default=None,
                         help="kvpress compression ratios (default 0.5 0.75 0.875 0.9375)")
+    parser.add_argument("--peer-jobs", type=int, default=None,
+                        help="kvpress processes at once, presses split among them (default: 6 on CUDA, 1 on CPU)")
     parser.add_argument("--time-limit", type=float, default=None,
                         help="seconds: start no new sample after that (the peers get what is left), write the "
                              "outputs and exit 0; a rerun continues (one device call per length)")
@@ -300,6 +303,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error(f"--batch-size {args.batch_size} is invalid: expected >= 1")
     if args.engine is None:
         args.engine = args.device.startswith("cuda")
+    if args.peer_jobs is None:
+        args.peer_jobs = 6 if args.device.startswith("cuda") else 1
+    if args.peer_jobs < 1:
+        parser.error(f"--peer-jobs {args.peer_jobs} is invalid: expected >= 1")
     if args.pod_adapted and not (Path(args.pod_adapted) / "config.json").exists():
         parser.error(f"--pod-adapted {args.pod_adapted!r} is invalid: no config.json in that folder")
     return args
@@ -322,6 +329,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.generate_only:
         print(f"samples written to {', '.join(str(samples_file(out, n)) for n in args.lengths)}")
         return {}
+    peers = start_peers(args, args.time_limit) if args.peers else []
     model = load_model(args.model, device=args.device, dtype=args.dtype)
     base = model.sparse_config
     calibration = calibration_for(model, tokenizer, out, args)
@@ -373,8 +381,9 @@ def main(argv: list[str] | None = None) -> dict:
                             model_name=args.pod_adapted)
     if not finished:
         print(f"--time-limit {args.time_limit:g} s reached: rerun the same command to continue", flush=True)
-    if args.peers and time.time() < deadline:
-        run_peers(args, None if deadline == float("inf") else deadline - time.time())
+    codes = [process.wait() for process in peers]
+    if any(codes):
+        failures["peers"] = f"kvpress processes exited with {codes}: their records so far are kept; rerun to continue"
     meta = {"command": "python -m eval.leaderboard " + " ".join(argv if argv is not None else sys.argv[1:]),
             "model": args.model, "device": name, "dtype": args.dtype, "chat_template": chat,
             "date": time.strftime("%Y-%m-%d"), "calibration": calibration, "seconds": round(time.time() - started, 1),
@@ -387,9 +396,13 @@ def main(argv: list[str] | None = None) -> dict:
     return result
 
 
-def run_peers(args: argparse.Namespace, seconds_left: float | None = None) -> None:
-    """kvpress's presses in their own virtualenv (``make peers`` creates it) on the same samples files."""
+def start_peers(args: argparse.Namespace, seconds_left: float | None = None) -> list:
+    """Start kvpress's presses in their own virtualenv (``make peers`` creates it) on the same samples files,
+    alongside podkit's rows; ``--peer-jobs N``: N processes, each with its share of the presses and its own
+    records file (a 135M model leaves a GPU mostly idle; kvpress answers one prompt at a time)."""
     import subprocess
+
+    from eval.peers_kvpress import PRESSES
 
     python = Path(args.peers_venv) / "bin" / "python"
     if not python.exists():
@@ -398,15 +411,24 @@ def run_peers(args: argparse.Namespace, seconds_left: float | None = None) -> No
     from sparse_models.smollm2 import default_model_path
 
     model = str(default_model_path()) if args.model == "default" else args.model
-    command = [str(python), "-m", "eval.peers_kvpress", "--out", args.out, "--model", model,
-               "--lengths", *map(str, args.lengths), "--samples", str(args.samples), "--tasks", *args.tasks,
-               "--device", args.device] + (["--plain"] if args.plain else []) \
+    common = [str(python), "-m", "eval.peers_kvpress", "--out", args.out, "--model", model,
+              "--lengths", *map(str, args.lengths), "--samples", str(args.samples), "--tasks", *args.tasks,
+              "--device", args.device] + (["--plain"] if args.plain else []) \
         + (["--max-new-tokens", str(args.max_new_tokens)] if args.max_new_tokens else []) \
-        + (["--presses", *args.peer_presses] if args.peer_presses else []) \
         + (["--ratios", *map(str, args.peer_ratios)] if args.peer_ratios else []) \
         + (["--time-limit", f"{seconds_left:.0f}"] if seconds_left is not None else [])
-    print("peers:", " ".join(command), flush=True)
-    subprocess.run(command, check=True, cwd=Path(__file__).resolve().parents[1])
+    presses = args.peer_presses or PRESSES
+    jobs = max(1, min(args.peer_jobs, len(presses)))
+    shares = [presses[i::jobs] for i in range(jobs)]
+    commands = [common + ["--presses", *share, "--records", "records_kvpress.jsonl" if jobs == 1 else
+                          f"records_kvpress_{'_'.join(share)}.jsonl"] + ([] if i == 0 else ["--no-dense-check"])
+                for i, share in enumerate(shares)]
+    root = Path(__file__).resolve().parents[1]
+    processes = []
+    for command in commands:
+        print("peers:", " ".join(command), flush=True)
+        processes.append(subprocess.Popen(command, cwd=root))
+    return processes
 
 
 # ---------------------------------------------------------------------------------------------- outputs

@@ -132,6 +132,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--plain", action="store_true", help="no chat template (must match the podkit rows)")
     parser.add_argument("--max-new-tokens", type=int, default=None)
     parser.add_argument("--time-limit", type=float, default=None, help="seconds: start no new sample after that")
+    parser.add_argument("--records", default="records_kvpress.jsonl",
+                        help="file name in --out (one per process when several run at once; the board merges "
+                             "every records*.jsonl)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", default="auto", help="auto = bf16 on CUDA, fp32 on CPU")
     args = parser.parse_args(argv)
@@ -151,7 +154,9 @@ def main(argv: list[str] | None = None) -> None:
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).to(args.device).eval()
     tokenizer = AutoTokenizer.from_pretrained(folder)
     pipe = pipeline("kv-press-text-generation", model=model, tokenizer=tokenizer, device=args.device)
-    records = lr.RecordFile(out / "records_kvpress.jsonl")
+    if not args.records.startswith("records") or not args.records.endswith(".jsonl") or "/" in args.records:
+        parser.error(f"--records {args.records!r} is invalid: expected a file name records*.jsonl (the board merges those)")
+    records = lr.RecordFile(out / args.records)
     device = torch.cuda.get_device_name() if args.device.startswith("cuda") else f"{platform.machine()} CPU"
     chat = not args.plain
     deadline = time.time() + args.time_limit if args.time_limit else float("inf")

@@ -219,3 +219,26 @@ def test_samples_file_is_reused_and_a_missing_generator_is_named(tmp_path, monke
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None if name == "lm_eval" else real(name))
     with pytest.raises(SystemExit, match="lm_eval is not installed here"):
         leaderboard.load_samples(tmp_path, 2048, ["vt"], 2, 0, "m", None)  # 2 asked, 1 stored
+
+
+def test_peers_are_split_over_processes_with_their_own_records(tmp_path, monkeypatch):
+    import subprocess
+
+    python = tmp_path / "venv" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.write_text("")
+    started = []
+    monkeypatch.setattr(subprocess, "Popen", lambda command, cwd: started.append(command) or SimpleNamespace())
+    args = leaderboard.parse_args(["--out", str(tmp_path), "--model", str(tmp_path), "--lengths", "4096",
+                                   "--device", "cpu", "--peers", "--peers-venv", str(tmp_path / "venv"),
+                                   "--peer-jobs", "4", "--peer-ratios", "0.5", "0.875"])
+    assert len(leaderboard.start_peers(args, 300)) == 4
+    presses = [c[c.index("--presses") + 1:c.index("--records")] for c in started]
+    assert sorted(p for share in presses for p in share) == sorted(peers_kvpress.PRESSES)
+    records = [c[c.index("--records") + 1] for c in started]
+    assert len(set(records)) == 4 and all(r.startswith("records_kvpress_") for r in records)
+    assert sum("--no-dense-check" not in c for c in started) == 1  # one process runs the no-press check
+    assert all(c[c.index("--ratios") + 1:c.index("--ratios") + 3] == ["0.5", "0.875"] for c in started)
+    assert all(c[c.index("--time-limit") + 1] == "300" for c in started)
+    with pytest.raises(SystemExit, match="make peers"):
+        leaderboard.start_peers(leaderboard.parse_args(["--peers-venv", str(tmp_path / "none"), "--device", "cpu"]))
