@@ -38,8 +38,9 @@ peers:
 
 # RULER leaderboard smoke run on CPU (eval/leaderboard.py; the full sweep is a GPU run, see BENCHMARKS.md).
 leaderboard: install peers
-	$(PY) -m eval.leaderboard --lengths 2048 --samples 2 --settings dense tidal@1/8 --max-new-tokens 32 \
-		--no-calibrate --out outputs/leaderboard_smoke --peers --peers-venv $(PEERS_VENV)
+	$(PY) -m eval.leaderboard --lengths 2048 --samples 1 --tasks niah_single_1 vt cwe qa_1 \
+		--settings dense tidal@1/8 --max-new-tokens 24 --no-calibrate --out outputs/leaderboard_smoke \
+		--peers --peers-venv $(PEERS_VENV) --peer-presses KVzip SnapKV --peer-ratios 0.875
 
 lint: install
 	$(VENV)/bin/ruff check kernels sparse_models train eval tests

@@ -26,6 +26,17 @@ settings more than 10 points below dense with the categories they lose), ``leade
     python -m eval.leaderboard --lengths 2048 --samples 2 --settings dense tidal@1/8 --out outputs/lb_smoke
     python -m eval.leaderboard --lengths 4096 --samples 20 --out outputs/leaderboard --peers
     python -m eval.leaderboard --replot --out outputs/leaderboard
+
+On the GPU machine (no network, no lm-eval): generate the samples and the peers' wheels here, carry them,
+build the peers' venv there over the image's torch, run one call per length (``--time-limit`` ends it
+cleanly before the call's limit; the same command again continues from the records)::
+
+    python -m eval.leaderboard --generate-only --lengths 2048 4096 8192 --samples 10 --out outputs/leaderboard
+    scripts/peers_env.sh --download .peers-wheels
+    # device call, carrying outputs/leaderboard and .peers-wheels:
+    scripts/peers_env.sh --offline .peers-wheels && python -m eval.leaderboard --lengths 4096 --samples 10 \
+        --calibration-from eval/results/fidelity_smollm2 --out outputs/leaderboard --peers --time-limit 500; \
+        cp -r outputs/leaderboard $OUT/
 """
 
 from __future__ import annotations
