@@ -6,7 +6,7 @@ export DS_ACCELERATOR ?= cpu
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: install test test-gpu demo bench eval lint clean
+.PHONY: install test test-gpu demo bench eval leaderboard peers lint clean
 
 install:
 	@scripts/setup_env.sh $(VENV) >/dev/null
@@ -30,6 +30,17 @@ bench: install
 # Reduced fidelity sweep on the embedded default (minutes on CPU).
 eval: install
 	$(PY) -m eval.fidelity --reduced --out outputs/fidelity_reduced
+
+# kvpress's environment for the leaderboard's peer rows (kvpress pins transformers < 5.3: never in $(VENV)).
+PEERS_VENV ?= .venv-peers
+peers:
+	@scripts/peers_env.sh $(PEERS_VENV) >/dev/null
+
+# RULER leaderboard smoke run on CPU (eval/leaderboard.py; the full sweep is a GPU run, see BENCHMARKS.md).
+leaderboard: install peers
+	$(PY) -m eval.leaderboard --lengths 2048 --samples 1 --tasks niah_single_1 vt cwe qa_1 \
+		--settings dense tidal@1/8 --max-new-tokens 24 --no-calibrate --out outputs/leaderboard_smoke \
+		--peers --peers-venv $(PEERS_VENV) --peer-presses KVzip SnapKV --peer-ratios 0.875
 
 lint: install
 	$(VENV)/bin/ruff check kernels sparse_models train eval tests

@@ -104,3 +104,52 @@ def process_perplexity(doc: dict[str, Any], results: list[float]) -> dict[str, A
 def token_perplexity(items: list[tuple[float, int]]) -> float:
     """exp(-sum loglik / sum tokens): perplexity per model token over all windows."""
     return math.exp(-sum(ll for ll, _ in items) / sum(n for _, n in items))
+
+
+# ---------------------------------------------------------------------------------------------- RULER
+# podkit_ruler_<task> (eval/tasks/podkit_ruler_*.yaml, tag podkit_ruler): samples from eval.tasks.ruler at
+# ``lengths`` (default [4096]; the budget counts prompt + answer tokens), ``num_samples`` per length [20],
+# ``seed`` [0]. ``lengths`` and ``num_samples`` can be given as RULER's ``max_seq_lengths`` / ``num_samples``.
+
+RULER_DEFAULT_LENGTHS = [4096]
+
+
+def ruler_dataset(task: str, **kwargs: Any):
+    """One RULER task's samples over ``lengths``; each row has ``input``, ``gen_prefix``, ``outputs``,
+    ``max_length`` (the budget it was sized to) and ``task``."""
+    from eval.tasks.ruler import generate
+
+    lengths = kwargs.get("lengths", kwargs.get("max_seq_lengths", RULER_DEFAULT_LENGTHS))
+    lengths = _grid_args({"lengths": lengths})["lengths"]
+    num_samples, seed = int(kwargs.get("num_samples", 20)), int(kwargs.get("seed", 0))
+    tokenizer = _tokenizer(kwargs)
+    rows = []
+    for length in lengths:
+        rows += [sample.to_dict() for sample in generate(task, tokenizer, length, num_samples, seed)]
+    return _as_dataset(rows)
+
+
+def process_ruler(doc: dict[str, Any], results: list[str]) -> dict[str, float]:
+    """RULER's score of the generation (eval.tasks.ruler.score): ``string_match_all``, or ``part`` for QA."""
+    from eval.tasks.ruler import score
+
+    return {"score": score(doc["task"], results[0], doc["outputs"])}
+
+
+def _ruler_builder(task: str):
+    def build(**kwargs: Any):
+        return ruler_dataset(task, **kwargs)
+
+    build.__name__ = build.__qualname__ = f"ruler_{task}"
+    build.__doc__ = f"RULER {task} (see ruler_dataset)."
+    return build
+
+
+def _register_ruler_builders() -> None:
+    from eval.tasks.ruler import TASKS
+
+    for task in TASKS:
+        globals()[f"ruler_{task}"] = _ruler_builder(task)
+
+
+_register_ruler_builders()

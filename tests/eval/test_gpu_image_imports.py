@@ -8,7 +8,8 @@ REPO = Path(__file__).resolve().parents[2]
 BLOCKED = ("lm_eval", "datasets", "deepspeed", "pydantic")
 MODULES = ("eval.fidelity", "eval.quality", "eval.runner", "eval.calibrate", "eval.models", "eval.schemes",
            "eval.plots", "eval.tasks.passkey", "eval.tasks.needle", "eval.tasks.perplexity", "eval.data.texts",
-           "sparse_models.calibration.token_sparse_drift", "sparse_models.calibration.tidal_reselection")
+           "sparse_models.calibration.token_sparse_drift", "sparse_models.calibration.tidal_reselection",
+           "eval.leaderboard", "eval.leaderboard_records", "eval.tasks.ruler")
 
 SCRIPT = f"""
 import importlib, sys
@@ -16,11 +17,14 @@ for blocked in {BLOCKED!r}:
     sys.modules[blocked] = None  # import raises ImportError, find_spec says absent
 for name in {MODULES!r}:
     importlib.import_module(name)
-import eval.fidelity
-try:
-    eval.fidelity.main(['--help'])
-except SystemExit as e:
-    assert e.code == 0
+import eval.fidelity, eval.leaderboard
+for command in (eval.fidelity.main, eval.leaderboard.main):
+    try:
+        command(['--help'])
+    except SystemExit as e:
+        assert e.code == 0
+from eval.tasks.ruler import score
+assert score('qa_1', 'It is Paris.', ['paris', 'Lyon']) == 1.0  # the scorer's fallback without lm-eval
 print('OK')
 """
 

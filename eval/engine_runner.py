@@ -1,0 +1,67 @@
+"""Batched retrieval answers through podkit's generation engine (sparse_models.engine): the protocol of
+:func:`eval.runner.retrieval_generate` (context prefilled with the prefill scheme, question fed token
+by token through the decode path, greedy answer through the decode path) for many prompts at once,
+with CUDA-graph decode steps on a GPU. The RULER leaderboard uses it on CUDA (``--engine``), where
+the one-prompt loop would take hours per length.
+
+Ragged batches: each row's question has its own length, so at decode step t a row still in its
+question feeds its question's token t (teacher forcing) while a row past it feeds its own last
+greedy token; a finished row (end-of-sequence or its ``max_new_tokens``) feeds a dummy token whose
+cache slot nothing reads before the batch ends.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+
+def slots_needed(context_ids: Sequence[Sequence[int]], question_ids: Sequence[Sequence[int]],
+                 max_new_tokens: Sequence[int]) -> int:
+    """Cache slots per row for :func:`engine_answers`: the longest context plus the most decode steps."""
+    return max(len(c) for c in context_ids) + max(len(q) + n for q, n in zip(question_ids, max_new_tokens))
+
+
+@torch.no_grad()
+def engine_answers(engine, context_ids: Sequence[Sequence[int]], question_ids: Sequence[Sequence[int]],
+                   max_new_tokens: Sequence[int], eos_token_id: int | None) -> list[list[int]]:
+    """Greedy answer token ids (end-of-sequence excluded) per row, at most ``max_new_tokens[b]`` each.
+
+    ``engine``: a :class:`sparse_models.engine.GenerationEngine` with ``max_batch_size >= len(context_ids)``
+    and a capacity of at least :func:`slots_needed` (every row advances until the last row finishes).
+    """
+    batch = len(context_ids)
+    if not batch or not len(question_ids) == len(max_new_tokens) == batch:
+        raise ValueError(f"engine_answers: {batch} contexts, {len(question_ids)} questions and "
+                         f"{len(max_new_tokens)} answer lengths: expected the same non-zero number")
+    if any(len(q) < 1 for q in question_ids) or any(n < 1 for n in max_new_tokens):
+        raise ValueError("engine_answers: every question needs >= 1 token and every row max_new_tokens >= 1")
+    need = slots_needed(context_ids, question_ids, max_new_tokens)
+    if need > engine.capacity or batch > engine.max_batch_size:
+        raise ValueError(f"engine_answers: {batch} rows needing {need} slots, but the engine holds "
+                         f"{engine.max_batch_size} rows of {engine.capacity}")
+    engine.prefill([list(c) for c in context_ids])
+    answers: list[list[int]] = [[] for _ in range(batch)]
+    done = [False] * batch
+    fed = [q[0] for q in question_ids]
+    step = 0
+    device = engine.cache.device
+    while not all(done):
+        logits = engine.step(batch, torch.tensor(fed, dtype=torch.long, device=device))
+        greedy = logits.argmax(-1).tolist()
+        step += 1
+        for b in range(batch):
+            if done[b]:
+                continue
+            if step < len(question_ids[b]):
+                fed[b] = question_ids[b][step]
+                continue
+            token = greedy[b]
+            if eos_token_id is not None and token == eos_token_id:
+                done[b] = True
+                continue
+            answers[b].append(token)
+            fed[b] = token
+            done[b] = len(answers[b]) >= max_new_tokens[b]
+    return answers
