@@ -316,3 +316,32 @@ def merge_splits(o_part: torch.Tensor, lse_part: torch.Tensor, out: torch.Tensor
         WRITE_LSE=lse_out is not None, WRITE_GATE=gate_out is not None,
         num_warps=4,
     )
+
+
+def merge_gated_splits(o_part: torch.Tensor, lse_part: torch.Tensor, q: torch.Tensor, *, split_p_start: int,
+                       gate_tau: float | None, estimate: torch.Tensor | None, return_gate: bool, return_skip: bool):
+    """Merge POD's distant + proximal partials into ``out [B, Hq, D]`` and build the optional outputs.
+
+    Shared by the POD decode launchers (``triton_pod_decode_attention``, ``triton_pod_sparse_decode_attention``).
+    ``estimate [B, Hq]``: a pre-evaluated gate (the skipped heads' distant partials are already empty, so no tau in
+    the merge) or None (this layer's exact gate, with ``gate_tau`` applied in the merge). Returns ``out``, or a tuple
+    ``(out[, gate [B, Hq] fp32][, skip [B, Hq] bool])`` following ``return_gate`` / ``return_skip``."""
+    B, Hq, D = q.shape
+    use_estimate = estimate is not None
+    out = torch.empty(B, Hq, D, device=q.device, dtype=q.dtype)
+    exact_skip = return_skip and gate_tau is not None and not use_estimate
+    gate = torch.empty(B, Hq, device=q.device, dtype=torch.float32) if (return_gate or exact_skip) else None
+    merge_splits(o_part, lse_part, out, gate_out=gate, split_p_start=split_p_start,
+                 tau=None if use_estimate else gate_tau)
+    results = [out]
+    if return_gate:
+        results.append(gate)
+    if return_skip:
+        if use_estimate:
+            skip = estimate >= gate_tau
+        elif gate_tau is not None:
+            skip = gate >= gate_tau
+        else:
+            skip = torch.zeros(B, Hq, device=q.device, dtype=torch.bool)
+        results.append(skip)
+    return tuple(results) if len(results) > 1 else out

@@ -178,20 +178,6 @@ def pod_sparse_decode_attention_triton(q, k_local, k_anchor, v_cache, indices, s
         USE_DOT=per_group, IEEE=q.dtype == torch.float32, SKIP=use_est,
         **launch,
     )
-    out = torch.empty(B, Hq, D, device=q.device, dtype=q.dtype)
-    exact_skip = return_skip and gate_tau is not None and not use_est
-    gate = torch.empty(B, Hq, device=q.device, dtype=torch.float32) if (return_gate or exact_skip) else None
-    C.merge_splits(o_part, lse_part, out, gate_out=gate, split_p_start=num_splits,
-                   tau=None if use_est else gate_tau)
-    results = [out]
-    if return_gate:
-        results.append(gate)
-    if return_skip:
-        if use_est:
-            skip = est >= gate_tau
-        elif gate_tau is not None:
-            skip = gate >= gate_tau
-        else:
-            skip = torch.zeros(B, Hq, device=q.device, dtype=torch.bool)
-        results.append(skip)
-    return tuple(results) if len(results) > 1 else out
+    # with an estimate the skipped heads' distant partials are already empty: no tau in the merge
+    return C.merge_gated_splits(o_part, lse_part, q, split_p_start=num_splits, gate_tau=gate_tau, estimate=est,
+                                return_gate=return_gate, return_skip=return_skip)
