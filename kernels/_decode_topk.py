@@ -36,28 +36,11 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels._decode_topk_split import order_key, pick_digit  # the radix helpers both selection paths use
+
 _BLOCK = 1024
 # Radix digit width: 32 / _BITS histogram passes of 2**_BITS bins (8 and 4 timed on the H200).
 _BITS = 4
-
-
-@triton.jit
-def _order_key(x):
-    """fp32 -> uint32 with the same order (negative floats reversed, positive ones above them)."""
-    bits = x.to(tl.uint32, bitcast=True)
-    return tl.where((bits >> 31) != 0, bits ^ 0xFFFFFFFF, bits | 0x80000000)
-
-
-@triton.jit
-def _pick_digit(hist, k, NUM_BINS: tl.constexpr):
-    """Among the counted keys, the digit t of the k-th largest (k >= 1) and k's rank within t."""
-    bins = tl.arange(0, NUM_BINS)
-    cum = tl.cumsum(hist, axis=0)
-    total = tl.sum(hist, axis=0)
-    at_or_above = total - cum + hist
-    t = tl.max(tl.where(at_or_above >= k, bins, -1), axis=0)
-    above = tl.sum(tl.where(bins > t, hist, 0), axis=0)
-    return t, k - above
 
 
 @triton.jit
@@ -74,7 +57,7 @@ def _topk_rows_kernel(
     seq_len = tl.load(SeqLens + b).to(tl.int32)
     row = Scores + r.to(tl.int64) * stride_sr
     out_row = Out + r.to(tl.int64) * stride_or
-    neg_inf_key = _order_key(tl.full([BLOCK], float("-inf"), tl.float32))
+    neg_inf_key = order_key(tl.full([BLOCK], float("-inf"), tl.float32))
 
     NUM_BINS: tl.constexpr = 1 << BITS
     LEVELS: tl.constexpr = 32 // BITS
@@ -84,7 +67,7 @@ def _topk_rows_kernel(
     for n0 in range(0, N, BLOCK):
         offs = n0 + tl.arange(0, BLOCK)
         x = tl.load(row + offs, mask=offs < N, other=float("-inf"))
-        key = _order_key(x)
+        key = order_key(x)
         valid = key > neg_inf_key
         n_valid += tl.sum(valid.to(tl.int32), axis=0)
         hist += tl.histogram((key >> (32 - BITS)).to(tl.int32), NUM_BINS, mask=valid)
@@ -92,18 +75,18 @@ def _topk_rows_kernel(
     threshold = tl.full((), 0x007FFFFF, tl.uint32)  # key of -inf: with n_valid <= K all valid keys are above
     ties = 0
     if n_valid > K:
-        digit, k_rem = _pick_digit(hist, K, NUM_BINS)
+        digit, k_rem = pick_digit(hist, K, NUM_BINS)
         prefix = digit.to(tl.uint32)
         for level in tl.static_range(1, LEVELS):
             hist = tl.zeros([NUM_BINS], tl.int32)
             for n0 in range(0, N, BLOCK):
                 offs = n0 + tl.arange(0, BLOCK)
                 x = tl.load(row + offs, mask=offs < N, other=float("-inf"))
-                key = _order_key(x)
+                key = order_key(x)
                 match = (key > neg_inf_key) & ((key >> (32 - BITS * level)) == prefix)
                 hist += tl.histogram(((key >> (32 - BITS * (level + 1))) & (NUM_BINS - 1)).to(tl.int32),
                                      NUM_BINS, mask=match)
-            digit, k_rem = _pick_digit(hist, k_rem, NUM_BINS)
+            digit, k_rem = pick_digit(hist, k_rem, NUM_BINS)
             prefix = (prefix << BITS) | digit.to(tl.uint32)
         threshold = prefix
         ties = k_rem
@@ -114,7 +97,7 @@ def _topk_rows_kernel(
     for n0 in range(0, N, BLOCK):
         offs = n0 + tl.arange(0, BLOCK)
         x = tl.load(row + offs, mask=offs < N, other=float("-inf"))
-        key = _order_key(x)
+        key = order_key(x)
         valid = key > neg_inf_key
         eq = (valid & (key == threshold)).to(tl.int32)
         tie_rank = ties_seen + tl.cumsum(eq, axis=0) - eq

@@ -58,7 +58,7 @@ def neg_inf_key():
 
 
 @triton.jit
-def _pick_digit(hist, k, NB: tl.constexpr):
+def pick_digit(hist, k, NB: tl.constexpr):
     """Among the counted keys, the digit t of the k-th largest (k >= 1) and k's rank within t."""
     bins = tl.arange(0, NB)
     cum = tl.cumsum(hist, axis=0)
@@ -82,7 +82,7 @@ def resolve_prefix(hist_row, K, UPTO: tl.constexpr, BITS_: tl.constexpr):
     prefix = tl.full((), 0, tl.uint32)
     for level in tl.static_range(UPTO):
         h = tl.load(hist_row + level * NB + bins)
-        digit, k_rem = _pick_digit(h, k_rem, NB)
+        digit, k_rem = pick_digit(h, k_rem, NB)
         prefix = (prefix << BITS_) | digit.to(tl.uint32)
     return prefix, k_rem, n_valid
 
