@@ -65,9 +65,7 @@ def _learning_curve_callback_class():
                 pod = perplexity(model, windows, self.batch_size)["ppl"]
                 with dense_attention(model):
                     dense = perplexity(model, windows, self.batch_size)["ppl"]
-                if state.global_step == 0 or source not in self.original_dense:
-                    self.original_dense.setdefault(source, dense)
-                base = self.original_dense[source]
+                base = self.original_dense.setdefault(source, dense)  # the first point is the original model
                 point["sources"][source] = {"pod_ppl": pod, "dense_ppl": dense, "original_dense_ppl": base,
                                             "pod_gap": pod / base - 1, "dense_gap": dense / base - 1}
             point["seconds"] = time.perf_counter() - started
