@@ -1,7 +1,8 @@
 """Test-wide setup.
 
 - Triton kernels run on CPU through the interpreter: TRITON_INTERPRET must be set before any
-  ``@triton.jit`` decorator runs, i.e. before the kernel modules are imported.
+  ``@triton.jit`` decorator runs, i.e. before the kernel modules are imported. On a GPU they run
+  compiled, with autotuning off (``PODKIT_TRITON_AUTOTUNE=0``).
 - No hub, ever: tests build tiny models locally or use the embedded default.
 - podkit's top-level package ``kernels`` shadows Hugging Face's optional ``kernels`` package, which
   transformers probes; a test below checks transformers still reports it unavailable.
@@ -13,6 +14,11 @@ import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+else:
+    # GPU tests check correctness, not speed: one launch config per kernel instead of autotuning 7-11
+    # candidates per key (each a compile), which made `make test-gpu` exceed 10 minutes on an H200.
+    # tests/kernels/test_autotune_configs.py covers the candidate lists; the benchmarks autotune.
+    os.environ.setdefault("PODKIT_TRITON_AUTOTUNE", "0")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
