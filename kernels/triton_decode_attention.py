@@ -11,7 +11,8 @@ METHODS.md): full attention (exact output) plus, per query head (Hs = Hq) or per
 GQA group (Hs = Hkv, summing the group's softmax probabilities), the top-(budget-1) slots among
 slots < seq_lens-1 plus the current slot, returned ascending and -1 padded.
 
-Top-k choice (topk_impl / PODKIT_SELECTION_TOPK): "split" (default) is an exact radix select
+Top-k choice (topk_impl / PODKIT_SELECTION_TOPK; default "auto" = "split" per KV group, "legacy" per head,
+the faster of the two in each mode on an H200, BENCHMARKS.md "Decode selection"): "split" is an exact radix select
 whose passes run over every SM, its first pass fused into this file's attention kernel: each key
 chunk counts the top radix digit of the logits it writes into a per-row histogram
 (kernels/_decode_topk_split.py); three more histogram passes, a count pass and a write pass over
@@ -235,15 +236,22 @@ def _group_probability_kernel(
 # Top-k path of the selection layer: "split" (kernels/_decode_topk_split.py, the first radix pass
 # fused into the attention) or "legacy" (kernels/_decode_topk.py: one program per row up to 16K
 # slots, torch.topk above). PODKIT_SELECTION_TOPK picks the default, for A/B runs of the engine.
+# "auto" (the default) takes the faster one per selection mode, as measured on an H200
+# (benchmarks/h200_2026-11-30/decode_issue12/kernels_decode_issue12.json, graph-timed, x full decode):
+# per KV group split 1.52-1.85 vs legacy 1.79-3.07; per head split 3.81-5.79 vs legacy 2.01-3.28, because
+# the fused first histogram pass (GH * 256 bins per key tile) slows the attention kernel itself.
 TOPK_IMPLS = ("split", "legacy")
+_TOPK_CHOICES = ("auto",) + TOPK_IMPLS
 _TOPK_ENV = "PODKIT_SELECTION_TOPK"
 
 
-def _resolve_topk_impl(topk_impl):
-    impl = topk_impl if topk_impl is not None else os.environ.get(_TOPK_ENV, "split")
-    if impl not in TOPK_IMPLS:
+def _resolve_topk_impl(topk_impl, per_kv_group: bool) -> str:
+    impl = topk_impl if topk_impl is not None else os.environ.get(_TOPK_ENV, "auto")
+    if impl not in _TOPK_CHOICES:
         source = "topk_impl" if topk_impl is not None else _TOPK_ENV
-        raise ValueError(f"{source} must be one of {TOPK_IMPLS}, got {impl!r}")
+        raise ValueError(f"{source} must be one of {_TOPK_CHOICES}, got {impl!r}")
+    if impl == "auto":
+        return "split" if per_kv_group else "legacy"
     return impl
 
 
@@ -257,13 +265,13 @@ def selection_decode_attention_triton(q, k_cache, v_cache, seq_lens, budget, *, 
     per_kv_group=True (the G heads' softmax probabilities summed, one selection per KV head).
     Indices: the top-(budget-1) slots among [0, seq_lens[b]-1) by logit (per head) or summed
     probability (per group), plus seq_lens[b]-1; ascending; -1 padded when seq_lens[b] < budget.
-    topk_impl: "split" or "legacy" (see TOPK_IMPLS above); None reads PODKIT_SELECTION_TOPK
-    (default "split"). Both return the same indices (ties at the k-th value: lowest slots first).
+    topk_impl: "auto", "split" or "legacy" (see TOPK_IMPLS above); None reads PODKIT_SELECTION_TOPK
+    (default "auto"). All return the same indices (ties at the k-th value: lowest slots first).
     """
     B, Hq, Hkv, N, D, G = _check_decode_inputs(q, k_cache, v_cache, seq_lens)
     if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
         raise ValueError(f"budget must be an int >= 1 (selected slots, current one included), got {budget!r}")
-    split = _resolve_topk_impl(topk_impl) == "split"
+    split = _resolve_topk_impl(topk_impl, per_kv_group) == "split"
     scale = C.resolve_scale(scale, D)
     scores = torch.empty(B, Hq, N, device=q.device, dtype=torch.float32)
     lse = torch.empty(B, Hq, device=q.device, dtype=torch.float32) if per_kv_group else None

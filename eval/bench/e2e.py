@@ -45,6 +45,11 @@ import torch
 LLAMA3_8B = dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
                  num_attention_heads=32, num_key_value_heads=8, rope_theta=500000.0, max_position_embeddings=139264,
                  tie_word_embeddings=False)
+# TidalDecode's own end-to-end comparison (Yang et al. 2024, Section 4.3): LLaMA-2-7B, 32 query = 32 KV heads
+LLAMA2_7B = dict(vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
+                 num_attention_heads=32, num_key_value_heads=32, rope_theta=10000.0, max_position_embeddings=139264,
+                 tie_word_embeddings=False)
+SHAPES = {"llama3-8b": ("Llama-3-8B shape", LLAMA3_8B), "llama2-7b": ("LLaMA-2-7B shape", LLAMA2_7B)}
 TINY = dict(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4,
             num_key_value_heads=2, max_position_embeddings=4096, tie_word_embeddings=False)
 GIB = 1 << 30
@@ -431,6 +436,8 @@ def main(argv=None) -> int:
     ap.add_argument("--memory-budget-gb", type=float, default=120.0)
     ap.add_argument("--check-fit", action="store_true", help="allocate the largest batch to prove it fits")
     ap.add_argument("--num-layers", type=int, default=None, help="fewer layers (quick checks; not the benchmark)")
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="llama3-8b",
+                    help="random-init model shape; llama2-7b (no GQA) is TidalDecode's own e2e setting")
     ap.add_argument("--tiny", action="store_true", help="a tiny model and contexts: exercises the code on CPU")
     ap.add_argument("--sections", nargs="+", default=["memory", "decode", "prefill"],
                     choices=["memory", "decode", "prefill"], help="what to measure (split a run across calls)")
@@ -453,7 +460,8 @@ def main(argv=None) -> int:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cpu" and not args.tiny:
         raise SystemExit("eval.bench e2e measures the H200 engine: no CUDA GPU here (use --tiny for a CPU smoke test)")
-    shape = dict(TINY if args.tiny else LLAMA3_8B)
+    shape_name, full_shape = SHAPES[args.shape]
+    shape = dict(TINY if args.tiny else full_shape)
     if args.num_layers:
         shape["num_hidden_layers"] = args.num_layers
     if args.tiny:
@@ -473,7 +481,7 @@ def main(argv=None) -> int:
     result = {"benchmark": "e2e", "date": datetime.datetime.now().isoformat(timespec="seconds"),
               "command": "python -m eval.bench e2e " + " ".join(argv if argv is not None else sys.argv[1:]),
               "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
-              "torch": torch.__version__, "model": "random-init " + ("tiny Llama" if args.tiny else "Llama-3-8B shape"),
+              "torch": torch.__version__, "model": "random-init " + ("tiny Llama" if args.tiny else shape_name),
               "shape": shape, "dtype": str(dtype).replace("torch.", ""), "budget": args.budget,
               "pod_anchor_layers": pod_anchor_layers(shape["num_hidden_layers"], shape["num_key_value_heads"],
                                                      2 if args.tiny else 9),

@@ -178,6 +178,21 @@ def test_topk_impl_switch(monkeypatch):
                        selection_decode_attention_triton(q, k, v, seq_lens, 4, topk_impl="split")[1])
 
 
+def test_auto_topk_takes_the_faster_path_per_mode(monkeypatch):
+    """The default: split per KV group, legacy per head (the H200 measurements in triton_decode_attention.py)."""
+    from kernels import triton_decode_attention as DA
+    monkeypatch.delenv("PODKIT_SELECTION_TOPK", raising=False)
+    assert DA._resolve_topk_impl(None, per_kv_group=True) == "split"
+    assert DA._resolve_topk_impl(None, per_kv_group=False) == "legacy"
+    assert DA._resolve_topk_impl("split", per_kv_group=False) == "split"
+    q, k, v, seq_lens = make_inputs((2, 4, 2, 70, 16, [70, 41]), 3)
+    for per_kv_group in (False, True):
+        auto = selection_decode_attention_triton(q, k, v, seq_lens, 9, per_kv_group=per_kv_group)[1]
+        for impl in ("split", "legacy"):
+            assert torch.equal(auto, selection_decode_attention_triton(q, k, v, seq_lens, 9, per_kv_group=per_kv_group,
+                                                                       topk_impl=impl)[1])
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("per_kv_group", [False, True])
 def test_split_selection_gpu_long_rows(per_kv_group):
