@@ -83,7 +83,8 @@ def load_samples(out: Path, length: int, tasks: list[str], num_samples: int, see
     missing = [name for name in ("lm_eval", "long_context_eval") if importlib.util.find_spec(name) is None]
     if missing:
         raise SystemExit(f"{path} lacks the samples asked for ({num_samples} per task of {', '.join(tasks)}, seed "
-                         f"{seed}) and {' and '.join(missing)} is not installed here to generate them: run "
+                         f"{seed}) and {' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not installed "
+                         f"here to generate them: run "
                          f"`python -m eval.leaderboard --generate-only` with the same arguments where the eval extra "
                          f"is installed and bring {path} along")
     samples = []

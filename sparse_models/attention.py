@@ -44,6 +44,8 @@ class ForwardState:
         queries: this step's queries by layer (decode/chunk, POD score sharing reads the anchor's).
         stats: Token Sparse statistics of this prefill (None unless Token Sparse runs).
         capture: when not None, layer -> (q, k) post-RoPE for the layers in ``capture_layers``.
+        scale, token_sparse_keep_ratio: see :class:`sparse_models.schemes.base.PrefillState` (the engine's
+            prefill sets them; the model uses the defaults).
     """
 
     phase: str
@@ -59,6 +61,8 @@ class ForwardState:
     stats: TokenSparseStats | None = None
     capture: dict | None = None
     capture_layers: set | None = None
+    scale: float | None = None
+    token_sparse_keep_ratio: float | None = None
 
 
 def _autocast_inputs(*tensors):

@@ -160,8 +160,9 @@ class PodkitModelMixin:
         stats = TokenSparseStats() if phase == "prefill" and self.sparse_config.prefill_scheme == "token_sparse" else None
         state = ForwardState(phase, old_lens, num_new, new_lens, cache, self.sparse_config, self.plan, stats=stats,
                              capture=capture, capture_layers=set(capture_layers) if capture_layers is not None else None)
-        pod_prefill = phase == "prefill" and any(p.prefill == "pod-shared" for p in self.plan)
-        anchor_sources = {a for p in self.plan if p.prefill == "pod-shared" for a in p.anchors if a != p.layer} \
+        anchor_key_roles = get_scheme(self.sparse_config.prefill_scheme).anchor_key_roles
+        pod_prefill = phase == "prefill" and any(p.prefill in anchor_key_roles for p in self.plan)
+        anchor_sources = {a for p in self.plan if p.prefill in anchor_key_roles for a in p.anchors if a != p.layer} \
             if pod_prefill else set()
         keys_by_layer: dict[int, torch.Tensor] = {}
         queries_by_layer: dict[int, torch.Tensor] = {}
@@ -173,7 +174,7 @@ class PodkitModelMixin:
                 all_hidden.append(hidden)
             p = self.plan[i]
             k_partial, q_partial, own = None, None, None
-            if pod_prefill and p.prefill == "pod-shared":
+            if pod_prefill and p.prefill in anchor_key_roles:
                 # own-anchor heads are filled with the layer's own keys (and queries) inside the layer
                 k_partial = assemble_anchor_keys(p.anchors, _with_placeholder(keys_by_layer, i))
                 own = torch.tensor([a == i for a in p.anchors], device=hidden.device)

@@ -2,16 +2,13 @@
 
 ``forward_chunk`` runs a chunk of tokens ``tokens [B, S]`` at positions ``offsets[b] + i`` through the
 model, writes their K/V (and POD ring / Quest pages) into the static cache and returns the logits of
-each sequence's last valid token. Attention per layer follows the plan's prefill role:
+each sequence's last valid token. On a fresh prompt each layer runs its prefill role's function from
+the scheme registry (``sparse_models/schemes/<method>.py``), the same function the model's attention
+runs, over a :class:`~sparse_models.attention.ForwardState`; the engine only supplies what lives in its
+cache: the anchor layers' keys for the scheme's ``anchor_key_roles`` (POD's ``pod-shared``).
 
-* ``dense`` / ``pod-anchor``: causal attention (``kernels.prefill_attention``; with nonzero offsets it
-  reads the cache, so chunks continue earlier ones);
-* ``token-sparse``: Token Sparse Attention (arXiv 2602.03216) on fresh prompts: per-head kept tokens
-  (``token_sparse_select``), compressed causal attention (``kernels.sparse_prefill_attention``);
-* ``pod-shared``: POD (arXiv 2412.02252): proximal pairs use the layer's own keys, distant pairs the
-  anchor layer's keys (``kernels.pod_prefill_attention``) — fresh prompts only.
-
-``mode="full"`` forces exact dense attention everywhere (the KV-cache correction).
+A chunk that continues earlier ones (nonzero offsets: TidalDecode's KV correction) and ``mode="full"``
+run exact causal attention over the cache (``kernels.prefill_attention`` reading the cached prefix).
 Prefill is eager (variable shapes) and may sync with the host.
 """
 
@@ -21,25 +18,22 @@ import torch
 
 import kernels
 
+from ..attention import ForwardState
 from ..config import SparseAttentionConfig
+from ..schemes.registry import get_scheme
 from ..schemes.token_sparse import TokenSparseStats
 from .errors import EngineError
 from .model_parts import ModelParts, finish_layer, project_qkv, rms_norm, rope_tables
 from .static_cache import StaticCache
-from .token_sparse_select import token_sparse_attention
-
-# The prefill roles forward_chunk implements on the static cache (every other role would silently be
-# dense here, so the engine refuses plans with any other role: see check_prefill_roles).
-ENGINE_PREFILL_ROLES = ("dense", "pod-anchor", "pod-shared", "token-sparse")
 
 
 def check_prefill_roles(plan, scheme_name: str) -> None:
-    """Raise EngineError if a layer's prefill role has no engine implementation."""
-    missing = sorted({p.prefill for p in plan} - set(ENGINE_PREFILL_ROLES))
+    """Raise EngineError if a layer's prefill role has no function in the prefill scheme."""
+    functions = get_scheme(scheme_name).prefill
+    missing = sorted({p.prefill for p in plan} - set(functions))
     if missing:
-        raise EngineError(f"prefill_scheme={scheme_name!r} plans prefill role(s) {missing} that the engine's prefill "
-                          f"(sparse_models/engine/prefill.py) does not implement: expected roles in "
-                          f"{list(ENGINE_PREFILL_ROLES)}; use the model's generate() or add the role there")
+        raise EngineError(f"prefill_scheme={scheme_name!r} plans prefill role(s) {missing} without a function in its "
+                          f"scheme (sparse_models/schemes/registry.py); expected roles in {sorted(functions)}")
 
 
 @torch.no_grad()
@@ -53,6 +47,7 @@ def forward_chunk(parts: ModelParts, plan, cache: StaticCache, config: SparseAtt
         offsets: [B] first position of the chunk per row (0 for a fresh prompt).
         lens: [B] length of each sequence after the chunk.
         mode: "scheme" (the plan's prefill roles) or "full" (dense attention in every layer).
+        token_sparse_keep_ratio: Token Sparse's fixed kept fraction (benchmarks), None: Dynamic Token Coverage.
         stats: if given, receives ``token_sparse``: a TokenSparseStats (kept tokens per layer and row).
     Returns:
         logits [B, V] fp32 of each row's last valid token (position lens[b] - 1).
@@ -63,28 +58,22 @@ def forward_chunk(parts: ModelParts, plan, cache: StaticCache, config: SparseAtt
         raise EngineError("forward_chunk with nonzero offsets is not supported on POD's shared-key cache "
                           "(kernels.pod_prefill_attention has no offset); replay tokens with the decode step instead")
     device = cache.device
+    scheme = get_scheme(config.prefill_scheme)
+    state = ForwardState("prefill", offsets, lens, lens, None, config, plan, stats=TokenSparseStats(),
+                         scale=parts.scale, token_sparse_keep_ratio=token_sparse_keep_ratio)
     position_ids = offsets[:, None] + torch.arange(s, device=device)[None, :]
     hidden = parts.embed_tokens(tokens)
     cos, sin = rope_tables(parts, hidden, position_ids)
-    ts = config.token_sparse
     kv_max = int(lens.max())
     for layer_idx, layer in enumerate(parts.layers):
-        role = "dense" if mode == "full" else plan[layer_idx].prefill
+        role = plan[layer_idx].prefill
         residual = hidden
         x = rms_norm(layer.input_layernorm, hidden)
         q, k, v = project_qkv(parts, layer, x, cos, sin)
         cache.write_chunk(layer_idx, k, v, offsets, lens)
-        if role == "token-sparse" and fresh:
-            if stats is not None and "token_sparse" not in stats:
-                stats["token_sparse"] = TokenSparseStats()
-            out = token_sparse_attention(q, k, v, lens, ts, layer_idx, stats.get("token_sparse") if stats is not None
-                                         else None, keep_ratio=token_sparse_keep_ratio, scale=parts.scale)
-        elif role == "pod-shared" and mode != "full":
-            k_anchor = torch.cat([k[:, r.h0:r.h1] if r.own else cache.full_keys(r.anchor, r.h0, r.h1, batch)[:, :, :s]
-                                  for r in cache.runs[layer_idx]], dim=1) if _has_shared(cache, layer_idx) else \
-                _anchor_keys_dense_layout(cache, plan, layer_idx, k, batch, s)
-            out = kernels.pod_prefill_attention(q, k, k_anchor, v, lens, sink=config.pod.sink_tokens,
-                                                recent=config.pod.recent_window, scale=parts.scale)
+        if fresh and mode == "scheme":
+            k_anchor = _anchor_keys(cache, plan, layer_idx, k, batch, s) if role in scheme.anchor_key_roles else None
+            out = scheme.prefill[role](layer_idx, q, k, v, state, k_anchor, None)
         elif fresh:
             out = kernels.prefill_attention(q, k, v, offsets, lens, scale=parts.scale)
         else:
@@ -92,9 +81,20 @@ def forward_chunk(parts: ModelParts, plan, cache: StaticCache, config: SparseAtt
             values = cache.values[layer_idx][:batch, :, :kv_max]
             out = kernels.prefill_attention(q, keys, values, offsets, lens, scale=parts.scale)
         hidden = finish_layer(layer, residual, out.transpose(1, 2).reshape(batch, s, -1).to(hidden.dtype))
+    if stats is not None and state.stats.layers:
+        stats["token_sparse"] = state.stats
     last = (lens - offsets - 1).clamp(min=0)
     hidden = hidden[torch.arange(batch, device=device), last]  # [B, hidden]
     return parts.lm_head(rms_norm(parts.norm, hidden)).float()
+
+
+def _anchor_keys(cache: StaticCache, plan, layer: int, k: torch.Tensor, batch: int, s: int) -> torch.Tensor:
+    """[B, Hkv, S, D]: per KV head, the fresh keys of its anchor layer (its own where it is the anchor), read
+    from the static cache, which already holds the earlier layers' keys of this prompt."""
+    if _has_shared(cache, layer):
+        return torch.cat([k[:, r.h0:r.h1] if r.own else cache.full_keys(r.anchor, r.h0, r.h1, batch)[:, :, :s]
+                          for r in cache.runs[layer]], dim=1)
+    return _anchor_keys_dense_layout(cache, plan, layer, k, batch, s)
 
 
 def _has_shared(cache: StaticCache, layer: int) -> bool:

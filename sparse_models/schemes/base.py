@@ -58,6 +58,26 @@ class DecodeView(Protocol):
         """Per-page key max/min [B, Hkv, P, D] and the page size (layers whose role keeps pages)."""
 
 
+class PrefillState(Protocol):
+    """What a prefill function reads besides its tensors (the model's ``ForwardState`` in
+    ``sparse_models/attention.py``, built by the model's forward or by the engine's prefill).
+
+    Attributes:
+        num_new: [B] fresh tokens per sequence (queries and keys at positions 0 .. num_new - 1).
+        config: the SparseAttentionConfig.
+        stats: TokenSparseStats receiving what Token Sparse layers kept, or None.
+        scale: softmax scale (None: D ** -0.5).
+        token_sparse_keep_ratio: a fixed kept fraction replacing Token Sparse's Dynamic Token
+            Coverage (the engine's benchmark knob), or None.
+    """
+
+    num_new: torch.Tensor
+    config: Any
+    stats: Any
+    scale: float | None
+    token_sparse_keep_ratio: float | None
+
+
 @dataclass
 class DecodeStepState:
     """What the layers of one decode step share: the TidalDecode indices chosen so far, by layer."""
@@ -124,7 +144,11 @@ class Scheme:
         prefill_roles: (config, num_layers, anchors) -> one prefill role per layer; None: not a prefill scheme.
         decode_roles: (config, num_layers, anchors, family) -> one (role, selection_source) per layer;
             None: not a decode scheme.
-        prefill: role -> model-path prefill function ``fn(layer, q, k, v, state, k_anchor, q_anchor)``.
+        prefill: role -> prefill function ``fn(layer, q, k, v, state, k_anchor, q_anchor)`` on fresh tokens,
+            run by the model's attention and by the engine's prefill alike; ``state`` is a
+            :class:`PrefillState`.
+        anchor_key_roles: prefill roles that take the anchor layers' keys (``k_anchor``); both paths
+            assemble them for these roles only.
         decode: role -> decode function over a :class:`DecodeView`.
         uses_anchors: the plan needs POD's anchor map (``pod.anchor_layers``) in the phases it runs.
         cache: what the cache keeps for it.
@@ -143,6 +167,7 @@ class Scheme:
     prefill: Mapping[str, Callable[..., torch.Tensor]] = field(default_factory=dict)
     decode: Mapping[str, DecodeFn] = field(default_factory=dict)
     uses_anchors: bool = False
+    anchor_key_roles: tuple[str, ...] = ()
     cache: CacheNeeds = CacheNeeds()
     budget: Budget | None = None
     check: Callable[[Any, int], None] | None = None

@@ -10,9 +10,9 @@ from .base import Scheme, exact_decode
 
 
 def dense_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offsets: torch.Tensor,
-                  kv_lens: torch.Tensor) -> torch.Tensor:
+                  kv_lens: torch.Tensor, scale: float | None = None) -> torch.Tensor:
     """q [B, Hq, S, D] at positions q_offsets + i; k, v [B, Hkv, N, D] (slot = position) -> [B, Hq, S, D]."""
-    return kernels.prefill_attention(q, k, v, q_offsets, kv_lens)
+    return kernels.prefill_attention(q, k, v, q_offsets, kv_lens, scale=scale)
 
 
 def dense_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:
@@ -21,8 +21,8 @@ def dense_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
 
 
 def fresh_prefill(layer, q, k, v, state, k_anchor=None, q_anchor=None) -> torch.Tensor:
-    """Model-path prefill role ``dense``: causal attention over the fresh tokens (no past)."""
-    return dense_prefill(q, k, v, torch.zeros_like(state.num_new), state.num_new)
+    """Prefill role ``dense``: causal attention over the fresh tokens (no past)."""
+    return dense_prefill(q, k, v, torch.zeros_like(state.num_new), state.num_new, state.scale)
 
 
 SCHEME = Scheme(

@@ -26,6 +26,7 @@ import kernels
 
 from ..validation import check_int, fail
 from .base import CacheNeeds, Scheme
+from .dense import fresh_prefill
 
 if TYPE_CHECKING:
     from ..cache import SparseKVCache
@@ -194,10 +195,10 @@ def pod_scores_decode(q: torch.Tensor, q_anchor: torch.Tensor, k_local: torch.Te
 
 
 def pod_prefill(q: torch.Tensor, k_own: torch.Tensor, k_anchor: torch.Tensor, v: torch.Tensor,
-                seq_lens: torch.Tensor, cfg: PodConfig) -> torch.Tensor:
+                seq_lens: torch.Tensor, cfg: PodConfig, scale: float | None = None) -> torch.Tensor:
     """q [B, Hq, S, D]; k_own, k_anchor, v [B, Hkv, S, D] -> [B, Hq, S, D] (differentiable)."""
     return kernels.pod_prefill_attention(q, k_own, k_anchor, v, seq_lens, sink=cfg.sink_tokens,
-                                         recent=cfg.recent_window)
+                                         recent=cfg.recent_window, scale=scale)
 
 
 def proximal_only_decode(q: torch.Tensor, k_local: torch.Tensor, v_cache: torch.Tensor, seq_lens: torch.Tensor,
@@ -271,18 +272,14 @@ def pod_layer_roles(anchors, num_layers: int) -> list[str]:
 
 
 def shared_prefill(layer, q, k, v, state, k_anchor=None, q_anchor=None) -> torch.Tensor:
-    """Model-path prefill role ``pod-shared``: POD attention with the anchor keys the decoder loop passes."""
+    """Prefill role ``pod-shared``: POD attention with the anchor keys the caller assembled (the model's
+    decoder loop, or the engine's prefill from its static cache)."""
     if k_anchor is None:
         raise RuntimeError(f"layer {layer} is POD-shared but received no anchor keys")
     cfg = state.config.pod
     if cfg.sharing == "scores":
         return pod_scores_prefill(q, q_anchor, k, k_anchor, v, state.num_new, cfg)
-    return pod_prefill(q, k, k_anchor, v, state.num_new, cfg)
-
-
-def anchor_prefill(layer, q, k, v, state, k_anchor=None, q_anchor=None) -> torch.Tensor:
-    """Model-path prefill role ``pod-anchor``: every KV head is its own anchor, i.e. causal attention."""
-    return kernels.prefill_attention(q, k, v, torch.zeros_like(state.num_new), state.num_new)
+    return pod_prefill(q, k, k_anchor, v, state.num_new, cfg, state.scale)
 
 
 def pod_layer_decode(view, q: torch.Tensor, row, step) -> torch.Tensor:
@@ -297,7 +294,8 @@ SCHEME = Scheme(
     config_cls=PodConfig,
     prefill_roles=lambda config, num_layers, anchors: pod_layer_roles(anchors, num_layers),
     decode_roles=lambda config, num_layers, anchors, family: [(r, None) for r in pod_layer_roles(anchors, num_layers)],
-    prefill={"pod-anchor": anchor_prefill, "pod-shared": shared_prefill},
+    prefill={"pod-anchor": fresh_prefill, "pod-shared": shared_prefill},  # an anchor layer attends causally
+    anchor_key_roles=("pod-shared",),
     decode={"pod-anchor": pod_layer_decode, "pod-shared": pod_layer_decode},
     uses_anchors=True,
     cache=CacheNeeds(pod_keys=True),

@@ -22,6 +22,7 @@ import kernels
 
 from ..validation import check_int, check_layer_list, check_layers_exist, fail
 from .base import Scheme
+from .dense import fresh_prefill
 
 
 @dataclass
@@ -87,11 +88,14 @@ class TokenSparseStats:
                                    "token_sparsity": r.token_sparsity} for layer, r in self.layers.items()}}
 
 
-def token_sparse_indices(q: torch.Tensor, k: torch.Tensor, seq_lens: torch.Tensor,
-                         cfg: TokenSparseConfig) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def token_sparse_indices(q: torch.Tensor, k: torch.Tensor, seq_lens: torch.Tensor, cfg: TokenSparseConfig,
+                         keep_ratio: float | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per-head kept positions.
 
     Args: q [B, Hq, S, D]; k [B, Hkv, S, D]; seq_lens [B] (tokens at slots [0, seq_lens)).
+        keep_ratio: if given, each long-enough sequence keeps ceil(keep_ratio * prefix) prefix tokens per head
+        (at least 1) instead of Dynamic Token Coverage's budget (a benchmark knob: the e2e benchmark sweeps
+        fixed ratios); ``coverage`` is then ignored.
     Returns:
         indices [B, Hq, K] ascending, -1 padded; kept [B] tokens kept per head; sparse [B] bool
         (False where the sequence is too short, coverage is 0 or nothing could be dropped).
@@ -102,7 +106,7 @@ def token_sparse_indices(q: torch.Tensor, k: torch.Tensor, seq_lens: torch.Tenso
     pos = torch.arange(s, device=q.device)
     prefix_len = (lens - window).clamp(min=0)
     sparse = lens > (cfg.min_tokens + window)
-    if cfg.coverage == 0:
+    if cfg.coverage == 0 and keep_ratio is None:
         sparse = torch.zeros_like(sparse)
     k_keep = prefix_len.clone()
     if bool(sparse.any()):
@@ -112,13 +116,16 @@ def token_sparse_indices(q: torch.Tensor, k: torch.Tensor, seq_lens: torch.Tenso
         pooled = pooled.reshape(batch, num_heads, s)
         prefix = pos[None, :] < prefix_len[:, None]  # [B, S]
         pooled = pooled.masked_fill(~prefix[:, None, :], 0.0)
-        # dynamic token coverage: one layer-level budget per sequence, from the head-mean scores
-        mean = pooled.mean(1)
-        mean = mean / mean.sum(-1, keepdim=True).clamp_min(torch.finfo(mean.dtype).tiny)
-        ordered = torch.where(prefix, mean, torch.full_like(mean, float("inf"))).sort(-1).values
-        cum = torch.where(torch.isfinite(ordered), ordered, torch.zeros_like(ordered)).cumsum(-1)
-        k_sparse = ((cum < cfg.coverage) & torch.isfinite(ordered)).sum(-1) + 1
-        budget = torch.maximum(torch.full_like(prefix_len, cfg.min_tokens), prefix_len - k_sparse)
+        if keep_ratio is not None:
+            budget = torch.ceil(prefix_len.double() * keep_ratio).long().clamp(min=1)
+        else:
+            # dynamic token coverage: one layer-level budget per sequence, from the head-mean scores
+            mean = pooled.mean(1)
+            mean = mean / mean.sum(-1, keepdim=True).clamp_min(torch.finfo(mean.dtype).tiny)
+            ordered = torch.where(prefix, mean, torch.full_like(mean, float("inf"))).sort(-1).values
+            cum = torch.where(torch.isfinite(ordered), ordered, torch.zeros_like(ordered)).cumsum(-1)
+            k_sparse = ((cum < cfg.coverage) & torch.isfinite(ordered)).sum(-1) + 1
+            budget = torch.maximum(torch.full_like(prefix_len, cfg.min_tokens), prefix_len - k_sparse)
         k_keep = torch.where(sparse, budget.clamp(max=prefix_len), prefix_len)
         ranking = pooled.masked_fill(~prefix[:, None, :], float("-inf"))
     else:
@@ -142,15 +149,17 @@ def token_sparse_indices(q: torch.Tensor, k: torch.Tensor, seq_lens: torch.Tenso
 
 
 def token_sparse_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens: torch.Tensor,
-                         cfg: TokenSparseConfig, layer: int, stats: TokenSparseStats | None = None) -> torch.Tensor:
-    """Token Sparse attention of one layer: q [B, Hq, S, D], k/v [B, Hkv, S, D] -> [B, Hq, S, D]."""
-    indices, kept, sparse = token_sparse_indices(q, k, seq_lens, cfg)
+                         cfg: TokenSparseConfig, layer: int, stats: TokenSparseStats | None = None, *,
+                         keep_ratio: float | None = None, scale: float | None = None) -> torch.Tensor:
+    """Token Sparse attention of one layer: q [B, Hq, S, D], k/v [B, Hkv, S, D] -> [B, Hq, S, D].
+    ``keep_ratio``: see :func:`token_sparse_indices`; ``scale``: softmax scale (None: D ** -0.5)."""
+    indices, kept, sparse = token_sparse_indices(q, k, seq_lens, cfg, keep_ratio)
     if stats is not None:
         stats.layers[layer] = LayerSparsity(layer, seq_lens.tolist(), kept.tolist(), sparse.tolist())
     if not bool(sparse.any()):
         zeros = torch.zeros_like(seq_lens)
-        return kernels.prefill_attention(q, k, v, zeros, seq_lens)
-    return kernels.sparse_prefill_attention(q, k, v, indices)
+        return kernels.prefill_attention(q, k, v, zeros, seq_lens, scale=scale)
+    return kernels.sparse_prefill_attention(q, k, v, indices, scale=scale)
 
 
 def token_sparse_layers(config, num_layers: int) -> list[int]:
@@ -168,12 +177,9 @@ def _prefill_roles(config, num_layers: int, anchors) -> list[str]:
 
 
 def sparse_layer_prefill(layer, q, k, v, state, k_anchor=None, q_anchor=None) -> torch.Tensor:
-    """Model-path prefill role ``token-sparse`` (statistics go to ``state.stats``)."""
-    return token_sparse_prefill(q, k, v, state.num_new, state.config.token_sparse, layer, state.stats)
-
-
-def _dense_layer_prefill(layer, q, k, v, state, k_anchor=None, q_anchor=None) -> torch.Tensor:
-    return kernels.prefill_attention(q, k, v, torch.zeros_like(state.num_new), state.num_new)
+    """Prefill role ``token-sparse`` (statistics go to ``state.stats``)."""
+    return token_sparse_prefill(q, k, v, state.num_new, state.config.token_sparse, layer, state.stats,
+                                keep_ratio=state.token_sparse_keep_ratio, scale=state.scale)
 
 
 SCHEME = Scheme(
@@ -182,5 +188,5 @@ SCHEME = Scheme(
     config_key="token_sparse",
     config_cls=TokenSparseConfig,
     prefill_roles=_prefill_roles,
-    prefill={"dense": _dense_layer_prefill, "token-sparse": sparse_layer_prefill},
+    prefill={"dense": fresh_prefill, "token-sparse": sparse_layer_prefill},
 )

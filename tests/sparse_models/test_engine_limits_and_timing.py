@@ -130,3 +130,48 @@ def test_warmup_takes_graph_capture_out_of_the_timed_run_on_gpu():
     timed = warm.generate([[1, 2, 3]], max_new_tokens=8).timings
     assert timed["warmup_in_first_step"] is False and timed["steady_ms_per_step"] > 0
     assert timed["first_step_ms"] < first["first_step_ms"]  # capture is much slower than a replay
+
+
+SECOND_RUN_CHILD = """
+import sys, torch
+from sparse_models.engine.compile_cache import enable_persistent_compile_caches
+enable_persistent_compile_caches(sys.argv[1])  # before the first kernel compiles, as the generate CLI does
+from sparse_models import PodkitLlamaConfig, PodkitLlamaForCausalLM
+from sparse_models.engine import GenerationEngine
+torch.manual_seed(0)
+model = PodkitLlamaForCausalLM(PodkitLlamaConfig(
+    vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
+    num_key_value_heads=2, max_position_embeddings=256)).eval().cuda()
+engine = GenerationEngine(model, max_seq_len=96, decode_scheme="tidal", tidal_budget=16, tidal_full_layers=[0, 1],
+                          tidal_selection_layers=[2], compile_layers=True)
+engine.warmup([list(range(40))])
+print(engine.generate([list(range(40))], max_new_tokens=6).tokens[0])
+"""
+
+
+@pytest.mark.gpu
+def test_second_run_compiles_nothing_new_on_gpu(tmp_path):
+    """Issue 16 item 9: with the caches under the cache root, a second process running the same engine finds
+    every Triton kernel and Inductor graph on disk: the cache folders gain no entry."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR")}
+
+    def run() -> tuple[str, set[str]]:
+        done = subprocess.run([sys.executable, "-c", SECOND_RUN_CHILD, str(tmp_path / "compile")], cwd=repo, env=env,
+                              capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-4000:]
+        files = {str(p.relative_to(tmp_path)) for p in (tmp_path / "compile").rglob("*") if p.is_file()}
+        return done.stdout.strip().splitlines()[-1], files
+
+    tokens, after_first = run()
+    assert any(f.startswith("compile/triton/") for f in after_first)
+    assert any(f.startswith("compile/inductor/") for f in after_first)
+    again, after_second = run()
+    assert again == tokens
+    triton_new = {f for f in after_second - after_first if f.startswith("compile/triton/")}
+    assert not triton_new, sorted(triton_new)[:10]

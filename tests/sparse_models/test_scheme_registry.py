@@ -158,20 +158,40 @@ def test_a_scheme_added_as_one_object_runs_in_model_and_engine():
         registry.unregister("first_and_current")
 
 
-def test_engine_refuses_a_prefill_role_it_does_not_implement():
-    from test_engine import podkit_model
+def test_a_registered_prefill_scheme_runs_in_the_engine_through_the_same_function():
+    """One decode path and one prefill path: the engine's prefill calls the scheme's role functions (with its
+    softmax scale), as the model does; a role without a function is refused before any work."""
+    from test_engine import podkit_model, random_prompts
 
     from sparse_models.engine import EngineError, GenerationEngine
 
+    dense_fn = registry.SCHEMES["dense"].prefill["dense"]
+    calls = []
+
+    def recording_prefill(layer, q, k, v, state, k_anchor=None, q_anchor=None):
+        calls.append((layer, state.scale))
+        return dense_fn(layer, q, k, v, state, k_anchor, q_anchor)
+
     toy = Scheme("toy_prefill", "toy", prefill_roles=lambda config, n, anchors: ["toy"] * n,
-                 prefill={"toy": registry.SCHEMES["dense"].prefill["dense"]})
+                 prefill={"toy": recording_prefill})
+    broken = Scheme("broken_prefill", "toy", prefill_roles=lambda config, n, anchors: ["nowhere"] * n,
+                    prefill={"toy": recording_prefill})
     registry.register(toy)
+    registry.register(broken)
     try:
-        with pytest.raises(EngineError, match=r"prefill_scheme='toy_prefill' plans prefill role\(s\) \['toy'\]"):
-            GenerationEngine(podkit_model(6, 2, seed=1), sparse_config=SparseAttentionConfig(), max_batch_size=1,
-                             max_seq_len=16, prefill_scheme="toy_prefill")
+        model = podkit_model(6, 2, seed=1)
+        prompts = random_prompts([11, 7], seed=2)
+        engine = GenerationEngine(model, max_batch_size=2, max_seq_len=32, prefill_scheme="toy_prefill")
+        tokens = engine.generate(prompts, max_new_tokens=4).tokens
+        assert [layer for layer, _ in calls] == list(range(model.config.num_hidden_layers))
+        assert all(scale == pytest.approx(model.config.head_dim ** -0.5) for _, scale in calls)
+        dense = GenerationEngine(model, max_batch_size=2, max_seq_len=32).generate(prompts, max_new_tokens=4).tokens
+        assert tokens == dense
+        with pytest.raises(EngineError, match=r"prefill_scheme='broken_prefill' plans prefill role\(s\) \['nowhere'\]"):
+            GenerationEngine(model, max_batch_size=1, max_seq_len=16, prefill_scheme="broken_prefill")
     finally:
         registry.unregister("toy_prefill")
+        registry.unregister("broken_prefill")
 
 
 def test_streaming_llm_is_one_file_and_one_registry_line(tmp_path):
