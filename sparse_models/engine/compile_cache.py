@@ -17,6 +17,20 @@ from pathlib import Path
 CACHE_VARIABLES = ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR")
 
 
+def _torch_default(variable: str) -> str | None:
+    """The value torch itself writes into the environment: importing ``torch._dynamo`` (transformers and
+    podkit do) calls Inductor's ``cache_dir()``, which sets ``TORCHINDUCTOR_CACHE_DIR`` to its temporary
+    default. That value is torch's, not the user's, so it does not count as set (found on an H200: the
+    second run recompiled every Inductor graph)."""
+    if variable != "TORCHINDUCTOR_CACHE_DIR":
+        return None
+    try:
+        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+    except ImportError:
+        return None
+    return os.path.abspath(default_cache_dir())
+
+
 def enable_persistent_compile_caches(root: str | os.PathLike | None = None, environ=None) -> dict[str, str]:
     """Set the cache folders (unless already set) and return the variables in effect.
 
@@ -30,7 +44,7 @@ def enable_persistent_compile_caches(root: str | os.PathLike | None = None, envi
         root = cache_root() / "compile"
     root = Path(root).expanduser()
     for variable, folder in (("TRITON_CACHE_DIR", root / "triton"), ("TORCHINDUCTOR_CACHE_DIR", root / "inductor")):
-        if not environ.get(variable):
+        if not environ.get(variable) or environ[variable] == _torch_default(variable):
             try:
                 folder.mkdir(parents=True, exist_ok=True)
             except OSError:

@@ -4,6 +4,7 @@ from the steady state (issue 16, items 2 and 9). CPU checks the structure; the n
 from __future__ import annotations
 
 import json
+import os
 import warnings
 
 import pytest
@@ -62,6 +63,11 @@ def test_compile_caches_persist_under_the_cache_root(tmp_path):
     assert values["TRITON_CACHE_DIR"] == str(tmp_path / "compile" / "triton")
     assert values["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "compile" / "inductor")
     assert (tmp_path / "compile" / "triton").is_dir() and environ["TORCHINDUCTOR_FX_GRAPH_CACHE"] == "1"
+    # torch's own default, written into the environment when torch._dynamo is imported, is not the user's
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+    torch_default = {"TORCHINDUCTOR_CACHE_DIR": os.path.abspath(default_cache_dir())}
+    assert enable_persistent_compile_caches(tmp_path / "c3", environ=torch_default)["TORCHINDUCTOR_CACHE_DIR"] == str(
+        tmp_path / "c3" / "inductor")
     mine = {"TRITON_CACHE_DIR": "/elsewhere"}  # the user's setting wins
     assert enable_persistent_compile_caches(tmp_path / "c2", environ=mine)["TRITON_CACHE_DIR"] == "/elsewhere"
 
@@ -146,6 +152,9 @@ engine = GenerationEngine(model, max_seq_len=96, decode_scheme="tidal", tidal_bu
                           tidal_selection_layers=[2], compile_layers=True)
 engine.warmup([list(range(40))])
 print(engine.generate([list(range(40))], max_new_tokens=6).tokens[0])
+import json
+from torch._dynamo.utils import counters
+print(json.dumps({k: v for k, v in counters["inductor"].items() if k.startswith("fxgraph_cache")}))
 """
 
 
@@ -161,17 +170,20 @@ def test_second_run_compiles_nothing_new_on_gpu(tmp_path):
     repo = Path(__file__).resolve().parents[2]
     env = {k: v for k, v in os.environ.items() if k not in ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR")}
 
-    def run() -> tuple[str, set[str]]:
+    def run() -> tuple[str, dict, set[str]]:
         done = subprocess.run([sys.executable, "-c", SECOND_RUN_CHILD, str(tmp_path / "compile")], cwd=repo, env=env,
                               capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stderr[-4000:]
+        tokens, inductor = done.stdout.strip().splitlines()[-2:]
         files = {str(p.relative_to(tmp_path)) for p in (tmp_path / "compile").rglob("*") if p.is_file()}
-        return done.stdout.strip().splitlines()[-1], files
+        return tokens, json.loads(inductor), files
 
-    tokens, after_first = run()
+    tokens, first_counters, after_first = run()
     assert any(f.startswith("compile/triton/") for f in after_first)
-    assert any(f.startswith("compile/inductor/") for f in after_first)
-    again, after_second = run()
+    again, second_counters, after_second = run()
     assert again == tokens
     triton_new = {f for f in after_second - after_first if f.startswith("compile/triton/")}
     assert not triton_new, sorted(triton_new)[:10]
+    # torch.compile'd layers: the second process hits Inductor's FX-graph cache instead of compiling again
+    assert second_counters.get("fxgraph_cache_hit", 0) >= 1 and not second_counters.get("fxgraph_cache_miss"), (
+        first_counters, second_counters, sorted(f for f in after_first if "inductor" in f)[:20])
