@@ -82,7 +82,7 @@ def tidal_command(args) -> dict:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description="podkit calibration analyses (JSON + PNG each)")
+    parser = argparse.ArgumentParser(prog="python -m eval.calibrate", description="podkit calibration analyses (JSON + PNG each)")
     parser.add_argument("analysis", choices=["pod", "drift", "tidal", "all"])
     parser.add_argument("--model", default="default")
     parser.add_argument("--text", default="persuasion")

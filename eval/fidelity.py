@@ -237,7 +237,7 @@ def check_targets(summary: dict) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description="podkit fidelity sweep (passkey + perplexity) on SmolLM2-135M")
+    parser = argparse.ArgumentParser(prog="python -m eval.fidelity", description="podkit fidelity sweep (passkey + perplexity) on SmolLM2-135M")
     parser.add_argument("--reduced", action="store_true", help="the `make eval` sweep: minutes on CPU")
     parser.add_argument("--out", default="outputs/fidelity")
     parser.add_argument("--model", default="default")

@@ -261,7 +261,7 @@ def device_name(device: str) -> str:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     import torch
 
-    parser = argparse.ArgumentParser(description="RULER fidelity leaderboard: score vs KV kept / read per scheme")
+    parser = argparse.ArgumentParser(prog="python -m eval.leaderboard", description="RULER fidelity leaderboard: score vs KV kept / read per scheme")
     parser.add_argument("--out", default="outputs/leaderboard")
     parser.add_argument("--model", default="default", help="'default' (SmolLM2-135M-Instruct) or a checkpoint folder")
     parser.add_argument("--lengths", nargs="+", type=int, default=[4096])
@@ -288,7 +288,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--generate-only", action="store_true", help="write the samples files and stop")
     parser.add_argument("--peers", action="store_true", help="then run kvpress's presses in .venv-peers (make peers)")
     parser.add_argument("--peers-venv", default=".venv-peers")
-    parser.add_argument("--peer-presses", nargs="+", default=None, help="kvpress presses (default: all six)")
+    from eval.peers_kvpress import PRESSES
+
+    parser.add_argument("--peer-presses", nargs="+", default=None, choices=PRESSES,
+                        help="kvpress presses (default: all six)")
     parser.add_argument("--peer-ratios", nargs="+", type=float, default=None,
                         help="kvpress compression ratios (default 0.5 0.75 0.875 0.9375)")
     parser.add_argument("--peer-jobs", type=int, default=None,
@@ -319,6 +322,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.peer_jobs = 6 if args.device.startswith("cuda") else 1
     if args.peer_jobs < 1:
         parser.error(f"--peer-jobs {args.peer_jobs} is invalid: expected >= 1")
+    for ratio in args.peer_ratios or ():
+        if not 0 < ratio < 1:
+            parser.error(f"--peer-ratios {ratio} is invalid: expected a compression ratio in (0, 1), e.g. 0.875")
     if args.pod_adapted and not (Path(args.pod_adapted) / "config.json").exists():
         parser.error(f"--pod-adapted {args.pod_adapted!r} is invalid: no config.json in that folder")
     return args

@@ -329,7 +329,7 @@ def plot_needle_heads(result: dict, path: str | Path, budget: int = 128) -> Path
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m eval.needle_heads", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="default", help="'default' (SmolLM2) or a checkpoint folder")
     parser.add_argument("--lengths", type=int, nargs="+", default=[2048, 4096, 8192])
     parser.add_argument("--depths", type=int, default=10, help="needle depths per length")

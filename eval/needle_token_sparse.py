@@ -166,7 +166,7 @@ def build_prompts(tokenizer, samples) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m eval.needle_token_sparse", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="default", help="'default' (SmolLM2) or a checkpoint folder")
     parser.add_argument("--lengths", type=int, nargs="+", default=[2048, 4096, 8192])
     parser.add_argument("--depths", type=int, default=10)

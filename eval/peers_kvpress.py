@@ -119,7 +119,7 @@ def read_samples(out: Path, length: int, tasks: list[str], num_samples: int) -> 
 def main(argv: list[str] | None = None) -> None:
     import torch
 
-    parser = argparse.ArgumentParser(description="kvpress presses on the RULER leaderboard samples")
+    parser = argparse.ArgumentParser(prog="python -m eval.peers_kvpress", description="kvpress presses on the RULER leaderboard samples")
     parser.add_argument("--out", default="outputs/leaderboard")
     parser.add_argument("--model", required=True, help="a transformers checkpoint folder (with its tokenizer)")
     parser.add_argument("--lengths", nargs="+", type=int, default=[4096])

@@ -442,7 +442,7 @@ def run_checks(device):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m eval.bench kernels-decode", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, help="JSON output path")
     ap.add_argument("--contexts", type=int, nargs="+", default=[8192, 32768, 131072])
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8])

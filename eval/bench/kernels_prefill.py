@@ -233,7 +233,7 @@ def _tuned_configs():
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m eval.bench kernels-prefill", description=__doc__.split("\n")[0])
     parser.add_argument("--out", default="bench_prefill.json")
     parser.add_argument("--lengths", type=int, nargs="+", default=[32768, 131072])
     parser.add_argument("--pod-lengths", type=int, nargs="+", default=[32768])

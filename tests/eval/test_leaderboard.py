@@ -141,6 +141,10 @@ def test_bad_arguments_fail_before_work(tmp_path):
         leaderboard.main(["--lengths", "1024", "--out", str(tmp_path)])  # qa_2 needs 2048
     with pytest.raises(SystemExit):
         leaderboard.main(["--pod-adapted", str(tmp_path / "missing"), "--out", str(tmp_path)])
+    with pytest.raises(SystemExit):  # kvpress's class name instead of the press name
+        leaderboard.main(["--peers", "--peer-presses", "SnapKVPress", "--out", str(tmp_path)])
+    with pytest.raises(SystemExit):
+        leaderboard.main(["--peers", "--peer-ratios", "1.5", "--out", str(tmp_path)])
     assert not list(tmp_path.iterdir())
 
 
