@@ -78,7 +78,8 @@ with torch.no_grad():
 print(json.dumps({"ppl": math.exp(total / count), "tokens": count, "seconds": time.perf_counter() - start,
                   "class": type(model).__module__ + "." + type(model).__name__}))
 """
-    tensor_path = Path(export) / ".chain_windows.pt"
+    export = Path(export).resolve()  # the child runs in "/" so that the repository is not importable
+    tensor_path = export / ".chain_windows.pt"
     torch.save(windows.cpu(), tensor_path)
     try:
         env = {k: v for k, v in __import__("os").environ.items() if k != "PYTHONPATH"}

@@ -41,3 +41,30 @@ def test_chain_rejects_a_folder_without_a_checkpoint(tmp_path, capsys):
     with pytest.raises(SystemExit):
         chain.main([str(tmp_path), "--out", str(tmp_path / "o")])
     assert "no config.json" in capsys.readouterr().err
+
+
+def test_remote_code_child_gets_absolute_paths(tmp_path, monkeypatch):
+    """The trust_remote_code child runs in "/" (so the repository is not importable): a relative export path, as
+    a user types it (`python -m eval.chain outputs/run/export ...`), must reach it absolute."""
+    import subprocess
+
+    import torch
+
+    from eval import chain
+
+    export = tmp_path / "run" / "export"
+    export.mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    seen = {}
+
+    def fake_run(command, **kwargs):
+        seen["command"], seen["cwd"] = command, kwargs.get("cwd")
+        assert Path(command[-1]).is_file()  # the windows file exists while the child runs
+        return subprocess.CompletedProcess(command, 0, stdout='{"ppl": 1.0}\n', stderr="")
+
+    monkeypatch.setattr(chain.subprocess, "run", fake_run)
+    assert chain.remote_code_perplexity(Path("run/export"), torch.zeros(1, 4, dtype=torch.long), "cpu",
+                                        "float32") == {"ppl": 1.0}
+    assert seen["cwd"] == "/"
+    assert seen["command"][3] == str(export) and seen["command"][-1] == str(export / ".chain_windows.pt")
+    assert not (export / ".chain_windows.pt").exists()
