@@ -102,31 +102,16 @@ def full_attention_run(cache: StaticCache, layer: int, run: KeyRun, q_run, lens,
 
 
 def _pod_sparse_run(cache: StaticCache, layer: int, run: KeyRun, q_run, indices, lens, scale):
-    """Attention of a POD non-anchor run over selected slots: a selected position's key is the
-    layer's own (ring) key if it is proximal to the query, else the anchor layer's key.
-
-    No kernel covers this combination yet (kernels has no POD-aware sparse decode op), so it is a
-    gather in PyTorch: it reads only the selected rows, B * Hq_run * K * D elements.
-    """
-    batch, hq, d = q_run.shape
-    r = run.h1 - run.h0
-    group = hq // r
-    if indices.shape[1] == r and group > 1:
-        indices = indices.repeat_interleave(group, dim=1)
-    valid = indices >= 0
-    j = indices.clamp(min=0)  # [B, Hq_run, K]
-    p = (lens - 1)[:, None, None]
-    proximal = (j < cache.sink) | (p - j < cache.recent)
-    b = torch.arange(batch, device=q_run.device)[:, None, None]
-    kvh = (torch.arange(hq, device=q_run.device) // group)[None, :, None]
-    k_anchor = cache.full_keys(run.anchor, run.h0, run.h1, batch)[b, kvh, j]  # [B, Hq_run, K, D]
-    k_local = cache.local_keys[layer][:batch, run.h0:run.h1][b, kvh, cache.ring_slots(j)]
-    v = cache.values[layer][:batch, run.h0:run.h1][b, kvh, j]
-    k = torch.where(proximal[..., None], k_local, k_anchor)
-    logits = torch.einsum("bhd,bhkd->bhk", q_run.float(), k.float()) * scale
-    logits = logits.masked_fill(~valid, float("-inf"))
-    probs = torch.softmax(logits, dim=-1)
-    return torch.einsum("bhk,bhkd->bhd", probs, v.float()).to(q_run.dtype)
+    """Attention of a POD non-anchor run over selected slots (``kernels.pod_sparse_decode_attention``): a
+    selected position's key is the layer's own (sink or ring) key if it is proximal to the query, else the
+    anchor layer's key; values are the layer's own. indices [B, Hs, K] with Hs = the run's query heads or
+    its KV heads. One softmax over the selected positions, as TidalDecode's sparse layers do (no gate skip)."""
+    batch = q_run.shape[0]
+    k_local = cache.local_keys[layer][:batch, run.h0:run.h1]
+    k_anchor = cache.full_keys(run.anchor, run.h0, run.h1, batch)
+    v = cache.values[layer][:batch, run.h0:run.h1]
+    return kernels.pod_sparse_decode_attention(q_run, k_local, k_anchor, v, indices, lens, sink=cache.sink,
+                                               recent=cache.recent, scale=scale)
 
 
 def sparse_attention(cache: StaticCache, layer: int, q, lens, scale, indices):
