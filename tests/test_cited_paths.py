@@ -17,7 +17,22 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 CODE_DIRS = ("kernels", "sparse_models", "train", "eval", "tests", "benchmarks", "scripts")
-TOP = tuple(p.name for p in ROOT.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+
+def _top_level_folders() -> tuple[str, ...]:
+    """The repository's own top-level folders: those git tracks files in (a run's ``outputs/`` or a virtualenv
+    beside them are not the repository); every non-hidden folder where git is unavailable."""
+    import subprocess
+
+    try:
+        tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return tuple(p.name for p in ROOT.iterdir() if p.is_dir() and not p.name.startswith("."))
+    return tuple(sorted({line.split("/", 1)[0] for line in tracked.splitlines() if "/" in line
+                         and not line.startswith(".")}))
+
+
+TOP = _top_level_folders()
 _EXT = r"(?:py|md|yaml|yml|json|toml|cfg|sh|txt)"
 # A repository path: top-level folder / ... / file.ext (or folder/, or a template prefix such as
 # ``kernels/triton_<op>.py``), or a note: an upper-case ``NAME.md`` or any ``name.md`` followed by a
