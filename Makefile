@@ -6,7 +6,7 @@ export DS_ACCELERATOR ?= cpu
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: install test test-gpu demo bench eval leaderboard peers lint clean
+.PHONY: install test test-gpu test-gpu-parallel demo bench eval leaderboard peers lint clean
 
 install:
 	@scripts/setup_env.sh $(VENV) >/dev/null
@@ -18,6 +18,10 @@ test: install
 # On a CUDA machine: the same kernel tests in bf16 plus the GPU-only tests.
 test-gpu:
 	python3 -m pytest -q -m gpu tests
+
+# The same suite as concurrent pytest processes over two or more GPUs (about 210 s on 2 x H200; logs in outputs/test_gpu).
+test-gpu-parallel:
+	scripts/test_gpu_parallel.sh python3
 
 # The main job on the embedded default: POD adaptation of SmolLM2-135M on public-domain text (CPU).
 demo: install

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# The GPU test suite (pytest -m gpu) as concurrent pytest processes, for a machine with two or more GPUs
+# (`make test-gpu` runs it serially: about 12 minutes on an H200, mostly Triton compiles on the CPU).
+# Kernel tests share GPU 0, model/engine/training tests GPU 1, the 2-GPU sequence-parallel test uses both.
+# On 2 x H200 (2026-11-30) this took about 210 s. Logs: $LOGS (default outputs/test_gpu), one per group.
+# Usage: scripts/test_gpu_parallel.sh [python]      exit status: 0 when every group passed
+set -u
+PY=${1:-python3}
+LOGS=${LOGS:-outputs/test_gpu}
+mkdir -p "$LOGS"
+export DS_ACCELERATOR=${DS_ACCELERATOR:-cuda}
+gpus=$("$PY" -c "import torch; print(torch.cuda.device_count())")
+if [ "$gpus" -lt 2 ]; then
+  echo "fewer than 2 GPUs ($gpus): running the suite serially"
+  exec "$PY" -m pytest -q -m gpu tests
+fi
+declare -A TEST_GROUPS=(
+  [k_prefill]="0|tests/kernels/test_prefill_attention.py tests/kernels/test_pod_prefill_attention.py tests/kernels/test_sparse_prefill_attention.py tests/kernels/test_token_sparse_scores.py"
+  [k_decode]="0|tests/kernels/test_decode_attention.py tests/kernels/test_decode_topk_split.py tests/kernels/test_pod_decode_attention.py tests/kernels/test_pod_sparse_decode_attention.py tests/kernels/test_sparse_decode_attention.py tests/kernels/test_quest_pages.py"
+  [k_autotuned]="0|tests/kernels/test_autotuned_kernels_gpu.py"
+  [engine]="1|tests/sparse_models/test_engine.py"
+  [models]="1|tests/sparse_models/test_engine_limits_and_timing.py tests/sparse_models/test_training_on_kernels.py tests/sparse_models/test_calibration_tidal_reselection.py"
+  [mixed_precision]="1|tests/train/test_mixed_precision_gpu.py"
+  [sequence_parallel]="0,1|tests/train/test_sequence_parallel_dist.py"
+)
+# every GPU test file must be in a group: a new one would otherwise never run here
+listed=" $(for g in "${TEST_GROUPS[@]}"; do echo "${g#*|}"; done | tr '\n' ' ') "
+for f in $("$PY" -m pytest -q -m gpu --collect-only -p no:cacheprovider tests 2>/dev/null | grep '::' | cut -d: -f1 | sort -u); do
+  case "$listed" in *" $f "*) ;; *) echo "error: $f has GPU tests but no group in $0" >&2; exit 2 ;; esac
+done
+pids=()
+for name in "${!TEST_GROUPS[@]}"; do
+  devices=${TEST_GROUPS[$name]%%|*}; files=${TEST_GROUPS[$name]#*|}
+  # shellcheck disable=SC2086
+  ( CUDA_VISIBLE_DEVICES=$devices "$PY" -m pytest -v -m gpu -rfE -p no:cacheprovider $files > "$LOGS/$name.log" 2>&1
+    echo "rc=$?" >> "$LOGS/$name.log" ) &
+  pids+=($!)
+done
+wait "${pids[@]}"
+status=0
+for name in "${!TEST_GROUPS[@]}"; do
+  rc=$(tail -1 "$LOGS/$name.log"); passed=$(grep -c " PASSED" "$LOGS/$name.log")
+  echo "$name: $passed passed, $rc"
+  grep -E "^(FAILED|ERROR) " "$LOGS/$name.log" || true
+  [ "$rc" = "rc=0" ] || status=1
+done
+exit $status
