@@ -370,21 +370,28 @@ def pod_decode_attention(q, k_local, k_anchor, v_cache, seq_lens, *, sink, recen
     logits_d = logits_d.masked_fill(~distant[:, None], float("-inf"))
     lse_p = torch.logsumexp(logits_p, -1)
     lse_d = torch.logsumexp(logits_d, -1)
-    gate = torch.sigmoid(lse_p - lse_d)
-    skip = torch.zeros_like(gate, dtype=torch.bool)
-    if gate_tau is not None:
-        skip = (gate_estimate.to(gate.device) if gate_estimate is not None else gate) >= gate_tau
-        logits_d = logits_d.masked_fill(skip.unsqueeze(-1), float("-inf"))
-        if gate_estimate is not None:
-            gate = torch.where(skip, torch.ones_like(gate), gate)
+    gate, skip = _pod_gate_skip(torch.sigmoid(lse_p - lse_d), gate_tau, gate_estimate)
+    logits_d = logits_d.masked_fill(skip.unsqueeze(-1), float("-inf"))
     logits = torch.where(proximal[:, None], logits_p, logits_d)
     valid = causal[:, None].expand_as(logits) & torch.isfinite(logits)
     out, _ = _masked_softmax_attend(logits, valid, _expand_kv(v_cache, num_heads).to(ct))
-    results = [out.to(q.dtype)]
-    if return_gate:
-        results.append(gate.float())
-    if return_skip:
-        results.append(skip)
+    return _pod_results(out.to(q.dtype), gate, skip, return_gate, return_skip)
+
+
+def _pod_gate_skip(gate, gate_tau, gate_estimate):
+    """(reported gate [B, Hq], skip [B, Hq] bool): heads whose gate (or gate_estimate) >= gate_tau drop their
+    distant part; with an estimate, skipped heads report gate 1 (their distant part is never read)."""
+    if gate_tau is None:
+        return gate, torch.zeros_like(gate, dtype=torch.bool)
+    skip = (gate_estimate.to(gate.device) if gate_estimate is not None else gate) >= gate_tau
+    if gate_estimate is not None:
+        gate = torch.where(skip, torch.ones_like(gate), gate)
+    return gate, skip
+
+
+def _pod_results(out, gate, skip, return_gate: bool, return_skip: bool):
+    """out, then the gate (fp32) and the skip mask if asked for, in that order."""
+    results = [out] + ([gate.float()] if return_gate else []) + ([skip] if return_skip else [])
     return tuple(results) if len(results) > 1 else results[0]
 
 
@@ -428,19 +435,10 @@ def pod_sparse_decode_attention(q, k_local, k_anchor, v_cache, indices, seq_lens
     lse_d = torch.logsumexp(logits.masked_fill(proximal, float("-inf")), -1)
     inf = float("-inf")
     gate = torch.where((lse_p == inf) | (lse_d == inf), (lse_d == inf).to(lse_p.dtype), torch.sigmoid(lse_p - lse_d))
-    skip = torch.zeros_like(gate, dtype=torch.bool)
-    if gate_tau is not None:
-        skip = (gate_estimate.to(gate.device) if gate_estimate is not None else gate) >= gate_tau
-        logits = logits.masked_fill(skip[..., None] & ~proximal, float("-inf"))
-        if gate_estimate is not None:
-            gate = torch.where(skip, torch.ones_like(gate), gate)
+    gate, skip = _pod_gate_skip(gate, gate_tau, gate_estimate)
+    logits = logits.masked_fill(skip[..., None] & ~proximal, float("-inf"))
     out, _ = _masked_softmax_attend(logits, torch.isfinite(logits), v)  # [B, Hq, D]
-    results = [out.to(q.dtype)]
-    if return_gate:
-        results.append(gate.float())
-    if return_skip:
-        results.append(skip)
-    return tuple(results) if len(results) > 1 else results[0]
+    return _pod_results(out.to(q.dtype), gate, skip, return_gate, return_skip)
 
 
 # ----------------------------------------------------------------------------------------------
