@@ -1,7 +1,7 @@
 """An adapted POD checkpoint through the whole serving chain, measured.
 
     python -m eval.chain EXPORT_DIR --out outputs/chain [--held-out podkit:heldout-indomain] [--windows 8]
-        [--lengths 2048 4096] [--skip-lm-eval] [--update-card]
+        [--lengths 2048 4096] [--skip-lm-eval] [--lm-eval-runs pod adapted_dense original_dense] [--update-card]
 
 1. **Engine vs pipeline.** Held-out perplexity of the export as the pipeline scores it (one POD prefill
    per window, ``train.evaluate.perplexity``) and as the engine serves it: the first token prefilled,
@@ -30,6 +30,9 @@ from pathlib import Path
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+LM_EVAL_RUNS = ("pod", "adapted_dense", "original_dense")  # the export with POD, its weights run densely, the base
 
 
 @torch.no_grad()
@@ -121,6 +124,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--skip-lm-eval", action="store_true")
+    parser.add_argument("--lm-eval-runs", nargs="+", choices=LM_EVAL_RUNS, default=list(LM_EVAL_RUNS),
+                        help="which models lm-eval scores (a sweep of exports scores original_dense once)")
     parser.add_argument("--update-card", action="store_true", help="copy chain.json into the export, re-render the card")
     args = parser.parse_args(argv)
     if not (args.export / "config.json").is_file():
@@ -161,6 +166,8 @@ def main(argv: list[str] | None = None) -> int:
                 "original_dense": (args.dense_model, "prefill_scheme=dense,decode_scheme=dense")}
         report["lm_eval"] = {}
         for name, (pretrained, extra) in runs.items():
+            if name not in args.lm_eval_runs:
+                continue
             report["lm_eval"][name] = lm_eval_scores(pretrained, extra, tasks, args.lengths, args.out / f"lm_eval_{name}",
                                                      args.device)
             print(f"[chain] lm-eval {name}: {report['lm_eval'][name]}")

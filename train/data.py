@@ -42,11 +42,12 @@ def embedded_documents(name: str) -> list[str]:
 def _uses_shards(source: str) -> bool:
     """Registry-derived sources are read from token shards (their text may be absent on a GPU machine
     that received a packed token folder)."""
-    from train.corpus.documents import HELDOUT_PREFIX, HELDOUT_SETS
+    from train.corpus.documents import HELDOUT_PREFIX, HELDOUT_SETS, RECALL
     from train.corpus.registry import SOURCES
 
     name = source[len(EMBEDDED_DATA_PREFIX):] if source.startswith(EMBEDDED_DATA_PREFIX) else None
-    return name is not None and (name in SOURCES or name in HELDOUT_SETS or name.startswith(HELDOUT_PREFIX))
+    return name is not None and (name in SOURCES or name in HELDOUT_SETS or name == RECALL
+                                 or name.startswith(HELDOUT_PREFIX))
 
 
 def training_rows(recipe, tokenizer, *, context_length: int | None = None, num_rows: int | None = None, log=print):

@@ -41,6 +41,9 @@ def parse_args(argv):
     p.add_argument("--intermediate", type=int, default=8192)
     p.add_argument("--vocab", type=int, default=128256)
     p.add_argument("--seq", type=int, default=32768)
+    p.add_argument("--batch", type=int, default=1, help="sequences per step (the SmolLM2 GPU recipe: 8 x 2048)")
+    p.add_argument("--no-gradient-checkpointing", action="store_true",
+                   help="keep activations (recipes/smollm2_135m_gpu.yaml trains without recomputation)")
     p.add_argument("--sink", type=int, default=16)
     p.add_argument("--recent", type=int, default=4080)
     p.add_argument("--block-size", type=int, default=2, help="consecutive layers per POD block (all KV heads)")
@@ -78,7 +81,8 @@ def build_model(scheme: str, args, device):
         model.set_sparse_attention(prefill_scheme="pod", decode_scheme="pod", pod_anchor_layers=anchors,
                                    pod_sink_tokens=args.sink, pod_recent_window=args.recent)
     model.config.use_cache = False
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if not args.no_gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return model.to(device=device, dtype=torch.bfloat16).train()
 
 
@@ -102,7 +106,7 @@ def _deepspeed_engine(model, args):
         import deepspeed.ops
 
         deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
-    config = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "gradient_clipping": 1.0,
+    config = {"train_micro_batch_size_per_gpu": args.batch, "gradient_accumulation_steps": 1, "gradient_clipping": 1.0,
               "bf16": {"enabled": True}, "zero_optimization": {"stage": 2, "overlap_comm": True,
                                                                "contiguous_gradients": True},
               "optimizer": {"type": "AdamW", "params": {"lr": 1e-5, "weight_decay": 0.0, "torch_adam": True}},
@@ -113,7 +117,7 @@ def _deepspeed_engine(model, args):
 
 def measure(scheme: str, args, device, use_deepspeed: bool) -> dict:
     model = build_model(scheme, args, device)
-    ids = torch.randint(0, args.vocab, (1, args.seq), device=device)
+    ids = torch.randint(0, args.vocab, (args.batch, args.seq), device=device)
     engine = None
     if use_deepspeed:
         engine = _deepspeed_engine(model, args)
@@ -144,7 +148,7 @@ def measure(scheme: str, args, device, use_deepspeed: bool) -> dict:
         loss = step()
     sync()
     seconds = (time.perf_counter() - start) / args.steps
-    result = {"scheme": scheme, "seconds_per_step": seconds, "tokens_per_s": args.seq / seconds,
+    result = {"scheme": scheme, "seconds_per_step": seconds, "tokens_per_s": args.batch * args.seq / seconds,
               "loss": float(loss.detach()), "peak_memory_gib": torch.cuda.max_memory_allocated() / 2 ** 30
               if device.type == "cuda" else None}
     model = engine = None  # free the weights and optimizer state before the next scheme (closures hold the names)
@@ -190,7 +194,8 @@ def main(argv=None) -> int:
     ratio = by["pod"]["tokens_per_s"] / by["dense"]["tokens_per_s"] if {"pod", "dense"} <= set(by) else None
     device_name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
     print(f"train benchmark on {device_name}: {args.layers} layers, hidden {args.hidden}, {args.heads}/{args.kv_heads} "
-          f"heads, seq {args.seq}, bf16, grad ckpt, {'DeepSpeed ZeRO-2' if use_deepspeed else 'torch AdamW'}")
+          f"heads, {args.batch} x {args.seq} tokens per step, bf16, "
+          f"{'no grad ckpt' if args.no_gradient_checkpointing else 'grad ckpt'}, {'DeepSpeed ZeRO-2' if use_deepspeed else 'torch AdamW'}")
     print(f"{'scheme':<8}{'s/step':>10}{'tokens/s':>12}{'MFU(spec)':>11}{'MFU(meas)':>11}{'mem GiB':>9}")
     for r in rows:
         fmt = lambda x, spec: (spec.format(x) if x is not None else f"{'-':>{10 if '%' in spec else 9}}")  # noqa: E731

@@ -20,3 +20,13 @@ def test_bench_train_tiny_cpu(tmp_path):
     # 6N + attention term, N counted by hand for this shape
     per_layer = 64 * 16 * (2 * 4 + 2 * 2) + 3 * 64 * 128
     assert data["model_flops_per_token"] == 6 * (2 * per_layer + 64 * 256) + 6 * 2 * 4 * 16 * 96
+
+
+def test_bench_train_counts_every_sequence_of_a_batch(tmp_path):
+    out = tmp_path / "train.json"
+    assert bench.main(["--layers", "1", "--hidden", "32", "--heads", "2", "--kv-heads", "1", "--intermediate", "64",
+                       "--vocab", "128", "--seq", "40", "--batch", "3", "--sink", "2", "--recent", "8", "--warmup", "0",
+                       "--steps", "1", "--no-deepspeed", "--no-gradient-checkpointing", "--out", str(out)]) == 0
+    data = json.loads(out.read_text())
+    for row in data["rows"]:
+        assert math.isclose(row["tokens_per_s"] * row["seconds_per_step"], 3 * 40)

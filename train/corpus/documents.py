@@ -8,6 +8,8 @@ Source strings (``data.train`` entries, ``data.eval``, ``python -m train.corpus`
   (``podkit:gcide``, ``podkit:shakespeare``, ...), without any line of its family's held-out
   documents, *Emma* or the out-of-domain books (:func:`heldout_lines`), and (in its token shards) without any
   span it shares with them (``train.corpus.shards``);
+* ``podkit:recall`` -- synthetic recall documents (facts in real prose, then a quiz on them) built from
+  the training splits of the prose sources (``train.corpus.recall``);
 * ``podkit:heldout/<corpus source>`` -- that source's held-out documents (``podkit:heldout/austen``
   is *Emma*);
 * ``podkit:heldout-indomain`` -- *Emma* and every corpus source's held-out documents, cut into
@@ -33,6 +35,7 @@ from train.corpus import registry
 PREFIX = "podkit:"
 HELDOUT_PREFIX = "heldout/"
 HELDOUT_SETS = ("heldout-indomain", "heldout-ood")
+RECALL = "recall"
 LOCAL_BUILDERS = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 PIECE_CHARS = 32_000  # ~8K tokens: one piece fills an 8K-context window
 AUSTEN_HELDOUT = "emma"
@@ -51,7 +54,7 @@ def book_names() -> tuple[str, ...]:
 
 def podkit_names() -> tuple[str, ...]:
     """Every name accepted after ``podkit:``."""
-    return (("austen",) + book_names() + tuple(registry.SOURCES) + HELDOUT_SETS
+    return (("austen", RECALL) + book_names() + tuple(registry.SOURCES) + HELDOUT_SETS
             + tuple(HELDOUT_PREFIX + n for n in ("austen",) + tuple(registry.SOURCES)))
 
 
@@ -134,6 +137,10 @@ def podkit_documents(name: str) -> Iterator[str]:
             text = without_lines(text, blocked)
             if text.strip():
                 yield text
+    elif name == RECALL:
+        from train.corpus.recall import PROSE_SOURCES, recall_documents
+
+        yield from recall_documents({source: podkit_documents(source) for source in PROSE_SOURCES})
     elif name == "heldout/austen":
         yield _book(AUSTEN_HELDOUT)
     elif name.startswith(HELDOUT_PREFIX) and name[len(HELDOUT_PREFIX):] in registry.SOURCES:
@@ -204,6 +211,10 @@ def source_fingerprint(source: str, *, config: str | None = None, split: str = "
             parts = [name, PIECE_CHARS] + [_text_fingerprint(b) for b in registry.OOD_BOOKS]
         elif name == "austen":
             parts = [name] + [_text_fingerprint(b) for b in _austen_training_books()]
+        elif name == RECALL:  # built from the prose sources' training splits
+            from train.corpus.recall import DOCUMENTS, PROSE_SOURCES, RECALL_VERSION
+
+            parts = [name, RECALL_VERSION, DOCUMENTS] + [source_fingerprint(PREFIX + s) for s in PROSE_SOURCES]
         elif name in registry.SOURCES:  # its training split is filtered by every held-out text
             parts = ["train", SPLIT_VERSION, _text_fingerprint(AUSTEN_HELDOUT)]
             parts += [_text_fingerprint(n) for n in registry.family_of(name)]
