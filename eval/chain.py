@@ -102,7 +102,8 @@ def lm_eval_scores(pretrained: str, model_args: str, tasks: str, lengths: list[i
     args = [sys.executable, "-m", "eval.lm_eval", "--model", "podkit", "--model_args",
             f"pretrained={pretrained}" + (f",{model_args}" if model_args else ""), "--tasks", tasks,
             "--metadata", json.dumps({"lengths": lengths, "num_depths": 10}), "--batch_size", "1",
-            "--device", device, "--output_path", str(out_dir)]
+            "--device", device, "--output_path", str(out_dir),
+            "--log_samples"]  # per-sample answers: which lengths and depths fail, and what the model said
     done = subprocess.run(args, capture_output=True, text=True, cwd=REPO, timeout=3600)
     if done.returncode != 0:
         return {"error": done.stderr[-3000:]}

@@ -16,15 +16,25 @@ mask rather than free memory in kvpress, so "kept" is nominal for them).
 
     .venv-peers/bin/python -m eval.peers_kvpress --out outputs/leaderboard --model ~/.cache/podkit/smollm2-135m-instruct \\
         --lengths 4096 --samples 20
+
+Several processes (one GPU fits many: a 135M model answering one prompt at a time leaves it mostly idle)
+share the work through ``--claim-dir``: the work is cut into units (one sample index of every task under
+one press and ratio, at one length, in the order of the rounds), and each process takes the next unit
+that no other has claimed (an exclusive file create), so every row advances through the sample indices
+together and a process started later (on a GPU freed by podkit's rows) joins in. Each process writes its
+own ``--records`` file; what any ``records*.jsonl`` in ``--out`` holds is skipped (resume). Empty the
+claims folder before a new run: a claim only says which process took a unit while they run.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import time
 from pathlib import Path
+from typing import Iterator
 
 from eval import leaderboard_records as lr
 from eval.tasks import ruler
@@ -100,11 +110,45 @@ def plain_checkpoint(folder: str | Path, dest: Path) -> Path:
     config.pop("sparse_attention", None)
     config.pop("auto_map", None)
     dest.mkdir(parents=True, exist_ok=True)
+    # safe when several processes make it at once: links that exist are kept, config.json is replaced
+    # atomically (a process never reads half of it) and written last, after every link
     for item in folder.iterdir():
         if item.name != "config.json" and item.is_file() and not (dest / item.name).exists():
-            (dest / item.name).symlink_to(item)
-    (dest / "config.json").write_text(json.dumps(config, indent=1))
+            try:
+                (dest / item.name).symlink_to(item)
+            except FileExistsError:
+                pass
+    partial = dest / f".config.json.{os.getpid()}"
+    partial.write_text(json.dumps(config, indent=1))
+    os.replace(partial, dest / "config.json")
     return dest
+
+
+def claim(folder: Path | None, unit: str) -> bool:
+    """True when this process takes ``unit``: always without a claims folder, else only for the one
+    process whose exclusive create of ``folder/unit`` succeeds."""
+    if folder is None:
+        return True
+    try:
+        os.close(os.open(folder / unit, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return False
+    return True
+
+
+def work_units(samples: dict[int, list[ruler.RulerSample]], num_samples: int, runs: list[tuple[str, float]],
+               done: set, claims: Path | None = None) -> Iterator[tuple[int, int, str, float, list]]:
+    """The work in rounds, as eval.leaderboard orders its own (per length: sample 0 of every task under
+    every press and ratio, then sample 1, ...): ``(length, index, press, ratio, todo)`` with the samples
+    of that unit not in ``done`` (record keys), for the units this process claims (:func:`claim`).
+    Lazy: a unit is claimed when the caller asks for it, so processes sharing ``claims`` interleave."""
+    for length, rows in samples.items():
+        for index in range(num_samples):
+            for press, ratio in runs:
+                label = setting_label(press, ratio)
+                todo = [s for s in rows if s.index == index and (label, s.task, length, s.index, s.seed) not in done]
+                if todo and claim(claims, f"{length}-{index}-{press}-{ratio:g}"):
+                    yield length, index, press, ratio, todo
 
 
 def read_samples(out: Path, length: int, tasks: list[str], num_samples: int) -> list[ruler.RulerSample]:
@@ -117,6 +161,7 @@ def read_samples(out: Path, length: int, tasks: list[str], num_samples: int) -> 
 
 
 def main(argv: list[str] | None = None) -> None:
+    began = time.time()  # --time-limit counts from here: the model's load included
     import torch
 
     parser = argparse.ArgumentParser(prog="python -m eval.peers_kvpress", description="kvpress presses on the RULER leaderboard samples")
@@ -135,6 +180,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--records", default="records_kvpress.jsonl",
                         help="file name in --out (one per process when several run at once; the board merges "
                              "every records*.jsonl)")
+    parser.add_argument("--claim-dir", default=None,
+                        help="a folder shared by processes that split the work (each takes the next unclaimed "
+                             "unit: one sample index x press x ratio); empty it before a new run")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", default="auto", help="auto = bf16 on CUDA, fp32 on CPU")
     args = parser.parse_args(argv)
@@ -159,32 +207,39 @@ def main(argv: list[str] | None = None) -> None:
     records = lr.RecordFile(out / args.records)
     device = torch.cuda.get_device_name() if args.device.startswith("cuda") else f"{platform.machine()} CPU"
     chat = not args.plain
-    deadline = time.time() + args.time_limit if args.time_limit else float("inf")
+    deadline = began + args.time_limit if args.time_limit else float("inf")
     runs = ([] if args.no_dense_check else [("none", 0.0)]) + [(p, r) for p in args.presses for r in args.ratios]
-    for length, rows in samples.items():
-        # rounds (sample 0 of every task under every press, then sample 1, ...), as eval.leaderboard does
-        for index in range(args.samples):
-            for press_name, ratio in runs:
-                label = setting_label(press_name, ratio)
-                todo = [s for s in rows if s.index == index and (label, s.task, length, s.index, s.seed)
-                        not in records.done]
-                for sample in tqdm(todo, desc=f"{label} {length} #{index}", leave=False):
-                    if time.time() > deadline:
-                        print(f"--time-limit reached: rerun to continue ({len(records.records)} records)")
-                        return
-                    context, question = ruler.render(sample, tokenizer, chat)
-                    context_ids = tokenizer(context, return_tensors="pt").input_ids
-                    question_ids = tokenizer(question, add_special_tokens=False, return_tensors="pt").input_ids
-                    tokens = min(sample.tokens_to_generate, args.max_new_tokens or sample.tokens_to_generate)
-                    start = time.perf_counter()
-                    with torch.no_grad():
-                        (answer,) = pipe._forward({"context_ids": context_ids, "questions_ids": [question_ids]},
-                                                  max_new_tokens=tokens, press=make_press(press_name, ratio))
-                    records.append(peer_record(sample, press_name, ratio, answer,
-                                               prompt_tokens=context_ids.shape[1] + question_ids.shape[1],
-                                               seconds=time.perf_counter() - start, device=device,
-                                               model=args.model, chat=chat, max_new_tokens=tokens))
-            print(f"round {index + 1}/{args.samples} at {length}: {len(runs)} presses done", flush=True)
+    # what any process wrote before (every records*.jsonl here: other workers, earlier calls) is not redone
+    done = records.done | {lr.record_key(r) for r in lr.load_all(out)}
+    claims = Path(args.claim_dir) if args.claim_dir else None
+    if claims is not None:
+        claims.mkdir(parents=True, exist_ok=True)
+    units = 0
+    for length, index, press_name, ratio, todo in work_units(samples, args.samples, runs, done, claims):
+        label = setting_label(press_name, ratio)
+        for sample in tqdm(todo, desc=f"{label} {length} #{index}", leave=False):
+            if time.time() > deadline:
+                print(f"--time-limit reached: rerun to continue ({len(records.records)} records in {records.path})",
+                      flush=True)
+                return
+            context, question = ruler.render(sample, tokenizer, chat)
+            context_ids = tokenizer(context, return_tensors="pt").input_ids
+            question_ids = tokenizer(question, add_special_tokens=False, return_tensors="pt").input_ids
+            tokens = min(sample.tokens_to_generate, args.max_new_tokens or sample.tokens_to_generate)
+            start = time.perf_counter()
+            with torch.no_grad():
+                (answer,) = pipe._forward({"context_ids": context_ids, "questions_ids": [question_ids]},
+                                          max_new_tokens=tokens, press=make_press(press_name, ratio))
+            records.append(peer_record(sample, press_name, ratio, answer,
+                                       prompt_tokens=context_ids.shape[1] + question_ids.shape[1],
+                                       seconds=time.perf_counter() - start, device=device,
+                                       model=args.model, chat=chat, max_new_tokens=tokens))
+        units += 1
+        print(f"[{time.time() - began:6.0f}s] {label} at {length}, sample {index}: {len(todo)} done ({units} units, "
+              f"{len(records.records)} records)", flush=True)
+    print(f"[{time.time() - began:6.0f}s] done: {units} units, {len(records.records)} records in {records.path}",
+          flush=True)
+
 
 if __name__ == "__main__":
     main()

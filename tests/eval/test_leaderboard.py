@@ -246,3 +246,60 @@ def test_peers_are_split_over_processes_with_their_own_records(tmp_path, monkeyp
     assert all(c[c.index("--time-limit") + 1] == "300" for c in started)
     with pytest.raises(SystemExit, match="make peers"):
         leaderboard.start_peers(leaderboard.parse_args(["--peers-venv", str(tmp_path / "none"), "--device", "cpu"]))
+
+
+def _sample(task, index, length=2048):
+    return RulerSample(task=task, index=index, seed=0, max_length=length, input="c\nQuestion: Find all variables",
+                       question_start=1, gen_prefix="Answer:", outputs=["A"], tokens_to_generate=30)
+
+
+def test_peer_work_units_come_in_rounds_and_skip_what_is_done():
+    samples = {2048: [_sample(t, i) for i in range(2) for t in ("vt", "cwe")]}
+    runs = [("none", 0.0), ("SnapKV", 0.5), ("SnapKV", 0.875)]
+    done = {("kvpress:SnapKV@0.5", "vt", 2048, 0, 0), ("kvpress:SnapKV@0.5", "cwe", 2048, 0, 0),
+            ("kvpress:none@0", "vt", 2048, 1, 0)}
+    units = [(n, i, p, r, [s.task for s in todo]) for n, i, p, r, todo in
+             peers_kvpress.work_units(samples, 2, runs, done)]
+    assert units == [(2048, 0, "none", 0.0, ["vt", "cwe"]), (2048, 0, "SnapKV", 0.875, ["vt", "cwe"]),
+                     (2048, 1, "none", 0.0, ["cwe"]), (2048, 1, "SnapKV", 0.5, ["vt", "cwe"]),
+                     (2048, 1, "SnapKV", 0.875, ["vt", "cwe"])]
+
+
+def test_peer_processes_sharing_a_claims_folder_split_the_units(tmp_path):
+    samples = {2048: [_sample(t, i) for i in range(3) for t in ("vt", "qa_1")],
+               4096: [_sample(t, i, 4096) for i in range(3) for t in ("vt", "qa_1")]}
+    runs = [("none", 0.0)] + [("KVzip", r) for r in peers_kvpress.RATIOS]
+    workers = [peers_kvpress.work_units(samples, 3, runs, set(), tmp_path / "claims") for _ in range(3)]
+    (tmp_path / "claims").mkdir()
+    taken: list[list[tuple]] = [[], [], []]
+    active = list(range(3))
+    while active:  # the workers interleave, as concurrent processes do
+        for worker in list(active):
+            unit = next(workers[worker], None)
+            if unit is None:
+                active.remove(worker)
+            else:
+                taken[worker].append(unit[:4])
+    every = [u for share in taken for u in share]
+    assert len(every) == len(set(every)) == 2 * 3 * len(runs)  # each unit once, none lost
+    assert all(share for share in taken)
+    # in rounds: every worker's units go through the lengths and sample indices in order
+    assert all(share == sorted(share, key=lambda u: (u[0], u[1])) for share in taken)
+    assert peers_kvpress.claim(None, "anything") and peers_kvpress.claim(None, "anything")
+
+
+def test_plain_checkpoint_made_twice_at_once_is_complete(tmp_path, monkeypatch):
+    source = tmp_path / "podkit"
+    source.mkdir()
+    (source / "config.json").write_text(json.dumps({"model_type": "podkit_llama"}))
+    (source / "model.safetensors").write_bytes(b"weights")
+    dest = tmp_path / "plain"
+    dest.mkdir()
+    real_exists = type(dest).exists
+    # another process linked the weights between this one's check and its link
+    monkeypatch.setattr(type(dest), "exists", lambda self: False if self.name == "model.safetensors"
+                        else real_exists(self))
+    (dest / "model.safetensors").symlink_to(source / "model.safetensors")
+    plain = peers_kvpress.plain_checkpoint(source, dest)
+    assert json.loads((plain / "config.json").read_text()) == {"model_type": "llama", "architectures": []}
+    assert sorted(p.name for p in plain.iterdir()) == ["config.json", "model.safetensors"]
