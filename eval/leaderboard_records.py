@@ -116,6 +116,59 @@ def summarise(records: Iterable[dict]) -> dict[str, dict[str, dict[str, Any]]]:
     return summary
 
 
+def common_samples(records: Iterable[dict], reference: str = "dense",
+                   threshold: float = 10.0) -> dict[str, dict[str, Any]]:
+    """The board on the samples every row has scored, per length, so that rows cut short (a time limit, a
+    slow press) are compared with the others on the same samples rather than on their own subsets.
+
+    ``common[length]``: ``tasks``, every task some row ran at that length; ``incomplete``, the rows with no
+    sample of some of those tasks, left out so that one partial row does not empty the view, each as
+    ``{"missing": [tasks], "n", "average", "reference_average"}`` (the row and the reference on the samples
+    both scored; without a reference, the row on all its samples and ``None``); ``samples`` (``{task: [[index, seed], ...]}``), the samples
+    that every other row (``rows``) has scored, ``n`` of them; ``summary``, :func:`summarise` of each of
+    those rows on exactly those samples (plus ``delta``, its average minus the reference's);
+    ``reference``, the row compared with (``None`` if it is not among ``rows``); ``losses``,
+    :func:`losses` on that view."""
+    by_length: dict[int, list[dict]] = defaultdict(list)
+    for record in records:
+        by_length[int(record["length"])].append(record)
+    common: dict[str, dict[str, Any]] = {}
+    for length, rows in sorted(by_length.items()):
+        scored: dict[str, set[tuple[str, int, int]]] = defaultdict(set)
+        for record in rows:
+            scored[record["setting"]].add((record["task"], int(record["index"]), int(record["seed"])))
+        tasks = {task for keys in scored.values() for task, _, _ in keys}
+        incomplete = {setting: sorted(tasks - {task for task, _, _ in keys})
+                      for setting, keys in sorted(scored.items())}
+        incomplete = {setting: missing for setting, missing in incomplete.items() if missing}
+        complete = sorted(setting for setting in scored if setting not in incomplete)
+        shared = set.intersection(*(scored[s] for s in complete)) if complete else set()
+        summary = summarise(r for r in rows if r["setting"] in complete
+                            and (r["task"], int(r["index"]), int(r["seed"])) in shared)
+        base = summary.get(reference, {}).get(str(length))
+        for lengths in summary.values():
+            entry = lengths[str(length)]
+            entry["delta"] = entry["average"] - base["average"] if base else None
+        for setting, missing in list(incomplete.items()):
+            paired = scored[setting] & scored[reference] if reference in scored else scored[setting]
+            pair = summarise(r for r in rows if r["setting"] in (setting, reference)
+                             and (r["task"], int(r["index"]), int(r["seed"])) in paired)
+            incomplete[setting] = {
+                "missing": missing, "n": len(paired),
+                "average": pair[setting][str(length)]["average"] if setting in pair else None,
+                "reference_average": pair[reference][str(length)]["average"] if reference in pair else None}
+        samples: dict[str, list[list[int]]] = defaultdict(list)
+        for task, index, seed in sorted(shared):
+            samples[task].append([index, seed])
+        common[str(length)] = {
+            "n": len(shared), "tasks": sorted(tasks), "rows": complete if shared else [],
+            "incomplete": incomplete, "reference": reference if base else None, "samples": dict(samples),
+            "summary": {setting: lengths[str(length)] for setting, lengths in summary.items()},
+            "losses": losses(summary, reference, threshold),
+        }
+    return common
+
+
 def losses(summary: dict, reference: str = "dense", threshold: float = 10.0) -> list[str]:
     """For each (setting, length) more than ``threshold`` points below ``reference`` on the tasks both ran:
     which RULER task categories (retrieval, multi-hop tracing, aggregation, question answering) it loses,
