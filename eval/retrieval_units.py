@@ -1,0 +1,199 @@
+"""Which POD key-sharing units break retrieval: a causal ablation over the block map.
+
+POD (Ma et al. 2024, "Compressing KV cache for long-context LLM inference with inter-layer attention
+similarity", §3) lets every (layer, KV head) unit inside a block attend to distant tokens through the
+block anchor's keys. Perplexity survives that; pass-key retrieval on SmolLM2-135M does not
+(BENCHMARKS.md, "Why passkey collapses under POD"), and keeping the units of the heads that *attend* to the
+needle as anchors did not help. This tool asks the causal question instead: for each shared unit, how much
+of the answer's log-probability comes back when the block is split there (the unit and the rest of its block
+get their own keys from that layer on: ``split_block``), and how few splits restore retrieval.
+
+    python -m eval.retrieval_units --model EXPORT [--blocks BLOCKS.json] --lengths 2048 --depths 5 --out DIR
+
+Score of a block map: the pass key's tokens teacher-forced after the prompt (``eval/tasks/passkey.py``), one
+POD prefill per prompt: mean log-probability per answer token and the fraction of prompts whose every answer
+token is the argmax (a teacher-forced stand-in for greedy accuracy). Output ``DIR/retrieval_units.json``:
+dense / POD / per-split scores, the greedy curve (splits in order of their gain, re-scored cumulatively) and a
+``blocks_protected.json`` with the fewest splits reaching ``--target`` of dense's exact-match fraction, usable
+as ``pod.blocks_file`` for adaptation; ``retrieval_units.png``: the per-unit gains as a layer x KV head map.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+
+def split_block(anchor_layers: list[list[int]], layer: int, head: int) -> list[list[int]]:
+    """``anchor_layers`` with KV head ``head``'s block split at ``layer``: ``layer`` becomes an anchor and the
+    later layers of its old block take ``layer`` as their anchor (blocks stay consecutive, as POD requires)."""
+    if anchor_layers[layer][head] == layer:
+        raise ValueError(f"unit (layer {layer}, KV head {head}) is already an anchor: nothing to split")
+    old = anchor_layers[layer][head]
+    out = [list(row) for row in anchor_layers]
+    for later in range(layer, len(out)):
+        if out[later][head] != old:
+            break
+        out[later][head] = layer
+    return out
+
+
+def shared_units(anchor_layers: list[list[int]]) -> list[tuple[int, int]]:
+    """(layer, KV head) pairs that read their block anchor's keys for distant tokens."""
+    return [(layer, head) for layer, row in enumerate(anchor_layers) for head, a in enumerate(row) if a != layer]
+
+
+def answer_scores(model, prompts: list[torch.Tensor], answers: list[torch.Tensor]) -> dict:
+    """Teacher-forced answer scores: ``prompts[i] [P]``, ``answers[i] [A]`` token ids.
+
+    Returns ``{"logprob": mean log-prob per answer token, "exact": fraction of samples whose answer tokens are
+    all the argmax}``."""
+    total, count, exact = 0.0, 0, 0
+    device = next(model.parameters()).device
+    for prompt, answer in zip(prompts, answers):
+        ids = torch.cat([prompt, answer]).unsqueeze(0).to(device)
+        with torch.no_grad():
+            logits = model(input_ids=ids, use_cache=False).logits[0, prompt.numel() - 1:-1].float()
+        logp = torch.log_softmax(logits, dim=-1)
+        target = answer.to(device)
+        total += float(logp.gather(1, target[:, None]).sum())
+        count += answer.numel()
+        exact += int(bool((logits.argmax(-1) == target).all()))
+    return {"logprob": total / max(count, 1), "exact": exact / max(len(prompts), 1)}
+
+
+def _set_blocks(model, anchor_layers: list[list[int]] | None) -> None:
+    if anchor_layers is None:
+        model.set_sparse_attention(prefill_scheme="dense", decode_scheme="dense")
+    else:
+        model.set_sparse_attention(prefill_scheme="pod", decode_scheme="pod", pod_anchor_layers=anchor_layers)
+
+
+def greedy_order(gains: dict[tuple[int, int], float]) -> list[tuple[int, int]]:
+    """Units by decreasing gain (ties: lower layer first, then head)."""
+    return sorted(gains, key=lambda unit: (-gains[unit], unit))
+
+
+def curve_points(num_units: int) -> list[int]:
+    """Cumulative split counts to score: 1, 2, 4, 8, ... and ``num_units``."""
+    points, k = [], 1
+    while k < num_units:
+        points.append(k)
+        k *= 2
+    return points + [num_units]
+
+
+def plot_gains(gains: dict[tuple[int, int], float], num_layers: int, num_kv_heads: int, path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    grid = torch.full((num_kv_heads, num_layers), float("nan"))
+    for (layer, head), gain in gains.items():
+        grid[head, layer] = gain
+    fig, ax = plt.subplots(figsize=(max(6, num_layers * 0.3), 1.2 + 0.5 * num_kv_heads))
+    image = ax.imshow(grid.numpy(), aspect="auto", cmap="viridis")
+    ax.set_xlabel("layer")
+    ax.set_ylabel("KV head")
+    ax.set_title("answer log-prob gained by splitting the POD block at each shared unit (blank: anchor)")
+    fig.colorbar(image, ax=ax, label="Δ log-prob per answer token")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m eval.retrieval_units", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", required=True, help="a POD export (train/pod.py's export folder) or 'default'")
+    parser.add_argument("--blocks", default=None, help="blocks JSON (default: the export's pod_blocks.json)")
+    parser.add_argument("--lengths", type=int, nargs="+", default=[2048])
+    parser.add_argument("--depths", type=int, default=5, help="needle depths per length")
+    parser.add_argument("--haystack", default="filler")
+    parser.add_argument("--target", type=float, default=0.9,
+                        help="protected map: the fewest splits reaching this fraction of dense's exact-match score")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+    if not 0 < args.target <= 1:
+        parser.error(f"--target {args.target} is invalid: expected a fraction in (0, 1]")
+    blocks_path = Path(args.blocks) if args.blocks else None
+    if blocks_path is not None and not blocks_path.is_file():
+        parser.error(f"--blocks {blocks_path} does not exist: expected a POD blocks JSON (train/pod.py writes one)")
+
+    from tqdm import tqdm
+
+    from eval.models import load_model, load_tokenizer
+    from eval.tasks.passkey import passkey_grid
+    from sparse_models.calibration.pod_similarity import read_blocks_json, write_blocks_json
+
+    tokenizer = load_tokenizer(args.model)
+    model = load_model(args.model, device=args.device, dtype=getattr(torch, args.dtype))
+    if blocks_path is not None:
+        anchors = read_blocks_json(blocks_path)["anchor_layers"]
+    else:  # an export carries its block map in its sparse-attention config
+        anchors = model.sparse_config.pod.anchor_layers
+        if not anchors:
+            parser.error(f"--model {args.model} has no POD block map in its config: pass --blocks BLOCKS.json")
+        anchors = [list(row) for row in anchors]
+    samples = passkey_grid(tokenizer, args.lengths, args.depths, haystack=args.haystack)
+    prompts = [torch.tensor(tokenizer(s.prompt, add_special_tokens=False)["input_ids"]) for s in samples]
+    answers = [torch.tensor(tokenizer(s.answer, add_special_tokens=False)["input_ids"]) for s in samples]
+    start = time.time()
+
+    def score(anchor_layers):
+        _set_blocks(model, anchor_layers)
+        return answer_scores(model, prompts, answers)
+
+    report: dict = {"model": str(args.model), "blocks": str(blocks_path or "the model's config"), "lengths": args.lengths,
+                    "depths": args.depths, "samples": len(samples), "device": args.device, "dtype": args.dtype}
+    report["dense"] = score(None)
+    report["pod"] = score(anchors)
+    units = shared_units(anchors)
+    print(f"[units] dense {report['dense']}, POD {report['pod']}, {len(units)} shared units")
+    gains = {}
+    for layer, head in tqdm(units, desc="split each shared unit"):
+        result = score(split_block(anchors, layer, head))
+        gains[(layer, head)] = result["logprob"] - report["pod"]["logprob"]
+    report["splits"] = [{"layer": l, "kv_head": h, "gain": g} for (l, h), g in sorted(gains.items())]
+    order = greedy_order(gains)
+    curve, chosen = [], None
+    dense_exact = report["dense"]["exact"]
+    for k in tqdm(curve_points(len(order)), desc="cumulative splits"):
+        current = anchors
+        for layer, head in order[:k]:
+            if current[layer][head] != layer:
+                current = split_block(current, layer, head)
+        result = score(current)
+        curve.append({"splits": k, "shared_units": len(shared_units(current)), **result})
+        if chosen is None and result["exact"] >= args.target * dense_exact:
+            chosen = (k, current)
+    report["curve"] = curve
+    report["seconds"] = time.time() - start
+    args.out.mkdir(parents=True, exist_ok=True)
+    if chosen is not None:
+        k, protected = chosen
+        write_blocks_json(args.out / "blocks_protected.json", protected, source_blocks=str(blocks_path or args.model),
+                          protected_by="eval.retrieval_units", splits=[list(u) for u in order[:k]])
+        report["protected"] = {"splits": k, "shared_units": len(shared_units(protected)),
+                               "file": str(args.out / "blocks_protected.json")}
+    (args.out / "retrieval_units.json").write_text(json.dumps(report, indent=1))
+    plot_gains(gains, len(anchors), len(anchors[0]), args.out / "retrieval_units.png")
+    for point in curve:
+        print(f"[units] {point['splits']:>3} splits ({point['shared_units']} shared): log-prob "
+              f"{point['logprob']:.3f}, exact {100 * point['exact']:.0f}%")
+    print(f"[units] dense exact {100 * dense_exact:.0f}%; protected map: "
+          f"{report.get('protected', 'none reaches the target')} -> {args.out}")
+    return 0 if all(math.isfinite(p["logprob"]) for p in curve) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,56 @@
+"""eval.retrieval_units: block splitting, the unit list, and the teacher-forced answer score."""
+
+import pytest
+import torch
+
+from eval import retrieval_units as ru
+
+ANCHORS = [[0, 0], [0, 1], [0, 1], [3, 1], [3, 4]]  # 5 layers x 2 KV heads
+
+
+def test_split_block_makes_the_unit_an_anchor_and_reanchors_the_rest_of_its_block():
+    from sparse_models.schemes.pod import validate_anchor_layers
+
+    split = ru.split_block(ANCHORS, 1, 0)
+    assert [row[0] for row in split] == [0, 1, 1, 3, 3]      # layers 1-2 now a block anchored at 1
+    assert [row[1] for row in split] == [0, 1, 1, 1, 4]      # the other head is untouched
+    validate_anchor_layers(split)
+    assert ANCHORS[1][0] == 0                                # the input is not modified
+    with pytest.raises(ValueError, match="already an anchor"):
+        ru.split_block(ANCHORS, 3, 0)
+
+
+def test_shared_units_and_curve_points():
+    assert ru.shared_units(ANCHORS) == [(1, 0), (2, 0), (2, 1), (3, 1), (4, 0)]
+    assert ru.curve_points(5) == [1, 2, 4, 5] and ru.curve_points(1) == [1]
+    assert ru.greedy_order({(2, 0): 0.5, (1, 1): 0.5, (0, 1): 2.0}) == [(0, 1), (1, 1), (2, 0)]
+
+
+class _Echo(torch.nn.Module):
+    """Logits that put all mass on the token that follows in ``script`` (a perfect predictor)."""
+
+    def __init__(self, script: torch.Tensor, vocab: int = 11):
+        super().__init__()
+        self.script, self.vocab, self.weight = script, vocab, torch.nn.Parameter(torch.zeros(1))
+
+    def forward(self, input_ids, use_cache=False):
+        nxt = torch.roll(input_ids, -1, dims=1)
+        logits = torch.full((*input_ids.shape, self.vocab), -30.0)
+        logits.scatter_(2, nxt[..., None], 0.0)
+        return type("Out", (), {"logits": logits})()
+
+
+def test_answer_scores_on_a_perfect_and_a_wrong_answer():
+    model = _Echo(torch.arange(8))
+    prompt, answer = torch.tensor([1, 2, 3]), torch.tensor([4, 5])
+    perfect = ru.answer_scores(model, [prompt], [answer])
+    assert perfect["exact"] == 1.0 and perfect["logprob"] == pytest.approx(0.0, abs=1e-6)
+
+    class _Off(_Echo):
+        def forward(self, input_ids, use_cache=False):
+            out = super().forward(input_ids)
+            out.logits = torch.roll(out.logits, 1, dims=2)   # every prediction one token id off
+            return out
+
+    wrong = ru.answer_scores(_Off(torch.arange(8)), [prompt, prompt], [answer, answer])
+    assert wrong["exact"] == 0.0 and wrong["logprob"] < -20
