@@ -72,3 +72,13 @@ def test_download_asks_for_the_gpu_machines_wheels(tmp_path):
     assert args[args.index("--python-version") + 1] == "3.12" and args[args.index("--implementation") + 1] == "cp"
     assert "manylinux_2_17_x86_64" in args
     assert {"kvpress==0.5.5", "transformers==5.2.0", "tokenizers==0.22.2"} <= set(args)
+
+
+def test_leaderboard_gpu_script_parses_and_stops_without_a_model(tmp_path):
+    """scripts/leaderboard_gpu.sh: valid bash, and with no model it stops at once with a message (no work started)."""
+    script = REPO / "scripts" / "leaderboard_gpu.sh"
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    env = dict(os.environ, B=str(tmp_path / "board"), OUT=str(tmp_path / "out"), PY="false")
+    (tmp_path / "board").mkdir()
+    done = subprocess.run(["bash", str(script)], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and "install the GGUF first" in done.stdout
