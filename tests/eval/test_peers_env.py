@@ -4,7 +4,6 @@ for that machine (CPython 3.12 on x86-64 Linux, whatever machine downloads them)
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -31,7 +30,14 @@ def _wheel(folder: Path, name: str, version: str, source: str) -> Path:
     return path
 
 
-@pytest.mark.skipif(importlib.util.find_spec("pip") is None, reason="needs pip in this interpreter")
+def _has_pip() -> bool:
+    """Whether this interpreter has pip, asked in a child: ``find_spec("pip")`` in this process would make
+    setuptools' distutils shim step aside for good (its meta-path finder's ``spec_for_pip``), and Inductor's
+    CPU compile in a later test then fails on the stdlib distutils it finds."""
+    return subprocess.run([sys.executable, "-c", "import pip"], capture_output=True).returncode == 0
+
+
+@pytest.mark.skipif(not _has_pip(), reason="needs pip in this interpreter")
 def test_offline_venv_sees_the_interpreters_packages_and_its_wheels_shadow_them(tmp_path):
     """Made from this interpreter (a virtualenv here, like the GPU image's python3): the new venv finds this
     interpreter's torch, and a carried wheel of a package this interpreter also has wins (there: the carried
