@@ -173,7 +173,8 @@ def main(argv: list[str] | None = None) -> int:
             if current[layer][head] != layer:
                 current = split_block(current, layer, head)
         result = score(current)
-        curve.append({"splits": k, "shared_units": len(shared_units(current)), **result})
+        curve.append({"splits": k, "shared_units": len(shared_units(current)), **result,
+                      "anchor_layers": current})  # every point usable as a block map (write_blocks_json)
         if chosen is None and result["exact"] >= args.target * dense_exact:
             chosen = (k, current)
     report["curve"] = curve

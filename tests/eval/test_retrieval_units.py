@@ -54,3 +54,31 @@ def test_answer_scores_on_a_perfect_and_a_wrong_answer():
 
     wrong = ru.answer_scores(_Off(torch.arange(8)), [prompt, prompt], [answer, answer])
     assert wrong["exact"] == 0.0 and wrong["logprob"] < -20
+
+
+@pytest.mark.slow
+def test_main_on_a_tiny_model_writes_scores_curve_protected_map_and_heatmap(tmp_path):
+    import json
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "train"))
+    from tiny_setup import make_tiny_model
+
+    from sparse_models.calibration.pod_similarity import read_blocks_json, write_blocks_json
+
+    model = make_tiny_model(tmp_path / "model", layers=4, kv_heads=2)
+    anchors = [[0, 0], [0, 1], [0, 1], [3, 1]]
+    write_blocks_json(tmp_path / "blocks.json", anchors)
+    out = tmp_path / "out"
+    assert ru.main(["--model", str(model), "--blocks", str(tmp_path / "blocks.json"), "--lengths", "256",
+                    "--depths", "2", "--device", "cpu", "--out", str(out)]) == 0
+    report = json.loads((out / "retrieval_units.json").read_text())
+    assert report["samples"] == 2 and set(report["dense"]) == {"logprob", "exact"}
+    assert sorted((r["layer"], r["kv_head"]) for r in report["splits"]) == ru.shared_units(anchors)
+    assert [p["splits"] for p in report["curve"]] == ru.curve_points(len(ru.shared_units(anchors)))
+    assert report["curve"][-1]["shared_units"] == 0           # every unit split: dense keys everywhere
+    assert report["curve"][-1]["logprob"] == pytest.approx(report["dense"]["logprob"], abs=1e-4)
+    protected = read_blocks_json(out / "blocks_protected.json")   # a valid block map
+    assert len(ru.shared_units(protected["anchor_layers"])) == report["protected"]["shared_units"]
+    assert (out / "retrieval_units.png").stat().st_size > 0
