@@ -98,8 +98,16 @@ def plot_gains(gains: dict[tuple[int, int], float], num_layers: int, num_kv_head
     grid = torch.full((num_kv_heads, num_layers), float("nan"))
     for (layer, head), gain in gains.items():
         grid[head, layer] = gain
-    fig, ax = plt.subplots(figsize=(max(6, num_layers * 0.3), 1.2 + 0.5 * num_kv_heads))
-    image = ax.imshow(grid.numpy(), aspect="auto", cmap="viridis")
+    from matplotlib.colors import TwoSlopeNorm
+
+    fig, ax = plt.subplots(figsize=(max(6, num_layers * 0.3), 1.6 + 0.5 * num_kv_heads))
+    finite = grid[~grid.isnan()]
+    bound = max(float(finite.abs().max()) if finite.numel() else 1.0, 1e-6)
+    # diverging around 0: a split can also hurt (it re-anchors the rest of its block at the split layer)
+    image = ax.imshow(grid.numpy(), aspect="auto", cmap="RdBu", norm=TwoSlopeNorm(0.0, -bound, bound),
+                      interpolation="nearest")
+    ax.set_yticks(range(num_kv_heads))
+    ax.set_xticks(range(0, num_layers, max(1, num_layers // 15)))
     ax.set_xlabel("layer")
     ax.set_ylabel("KV head")
     ax.set_title("answer log-prob gained by splitting the POD block at each shared unit (blank: anchor)")

@@ -47,7 +47,9 @@ def budget_overrides(decode_scheme: str, budget: int) -> dict[str, Any]:
 
 
 def dense() -> Setting:
-    return Setting("dense", "dense", {})
+    """Dense attention in both phases, also for a model whose own config is sparse (a POD export loads
+    with POD: no overrides would evaluate POD under the label "dense")."""
+    return Setting("dense", "dense", {"prefill_scheme": "dense", "decode_scheme": "dense"})
 
 
 def budgeted(method: str, budget: int, **extra: Any) -> Setting:

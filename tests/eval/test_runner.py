@@ -97,3 +97,29 @@ def test_token_sparse_prefill_reports_sparsity_and_changes_the_cache(tiny_podkit
     apply_overrides(model, base, {})
     assert sparse.token_sparsity is not None and 0.0 < sparse.token_sparsity < 1.0
     assert abs(sparse.decode_nll - dense.decode_nll) > 1e-4  # the decode steps read a cache built sparsely
+
+
+def test_dense_setting_is_dense_on_a_model_whose_own_config_is_pod(tiny_podkit):
+    """A POD export loads with POD as its config: the "dense" setting must still evaluate dense attention."""
+    from eval.schemes import dense, pod_zero_shot
+
+    model, base = tiny_podkit
+    pod_base = base.with_overrides(prefill_scheme="pod", decode_scheme="pod",
+                                   pod_anchor_layers=[[0, 0], [0, 0], [0, 0], [3, 3], [3, 3]],
+                                   pod_sink_tokens=2, pod_recent_window=4)
+    ids = torch.randint(0, 101, (1, 40), generator=torch.Generator().manual_seed(1))
+    try:
+        apply_overrides(model, pod_base, pod_zero_shot(None).overrides)
+        with torch.no_grad():
+            pod_logits = model(input_ids=ids, use_cache=False).logits
+        apply_overrides(model, pod_base, dense().overrides)
+        assert model.sparse_config.prefill_scheme == "dense" and model.sparse_config.decode_scheme == "dense"
+        with torch.no_grad():
+            dense_logits = model(input_ids=ids, use_cache=False).logits
+        apply_overrides(model, base, {})
+        with torch.no_grad():
+            reference = model(input_ids=ids, use_cache=False).logits
+    finally:
+        apply_overrides(model, base, {})
+    torch.testing.assert_close(dense_logits, reference)
+    assert not torch.allclose(pod_logits, reference, atol=1e-3)
