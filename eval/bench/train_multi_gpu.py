@@ -232,6 +232,10 @@ def run_worker(args) -> int:
             "zero_config": args.zero_config, "tiled_mlp": args.tiled_mlp, "tiled_mlp_shards": args.tiled_mlp_shards,
             "activation_offload": args.activation_offload}))
     del keep_alive
+    # tear the process groups down before exit: a rank leaving with gloo's threads alive can abort in C++
+    # ("terminate called without an active exception"), which failed a CPU CI run after the result was written
+    dist.barrier()
+    dist.destroy_process_group()
     return 0
 
 
