@@ -116,6 +116,11 @@ def summarise(records: Iterable[dict]) -> dict[str, dict[str, dict[str, Any]]]:
     return summary
 
 
+def _sample(record: dict) -> tuple[str, int, int]:
+    """The sample a record scored: (task, index, seed)."""
+    return record["task"], int(record["index"]), int(record["seed"])
+
+
 def common_samples(records: Iterable[dict], reference: str = "dense",
                    threshold: float = 10.0) -> dict[str, dict[str, Any]]:
     """The board on the samples every row has scored, per length, so that rows cut short (a time limit, a
@@ -136,23 +141,21 @@ def common_samples(records: Iterable[dict], reference: str = "dense",
     for length, rows in sorted(by_length.items()):
         scored: dict[str, set[tuple[str, int, int]]] = defaultdict(set)
         for record in rows:
-            scored[record["setting"]].add((record["task"], int(record["index"]), int(record["seed"])))
+            scored[record["setting"]].add(_sample(record))
         tasks = {task for keys in scored.values() for task, _, _ in keys}
         incomplete = {setting: sorted(tasks - {task for task, _, _ in keys})
                       for setting, keys in sorted(scored.items())}
         incomplete = {setting: missing for setting, missing in incomplete.items() if missing}
         complete = sorted(setting for setting in scored if setting not in incomplete)
         shared = set.intersection(*(scored[s] for s in complete)) if complete else set()
-        summary = summarise(r for r in rows if r["setting"] in complete
-                            and (r["task"], int(r["index"]), int(r["seed"])) in shared)
+        summary = summarise(r for r in rows if r["setting"] in complete and _sample(r) in shared)
         base = summary.get(reference, {}).get(str(length))
         for lengths in summary.values():
             entry = lengths[str(length)]
             entry["delta"] = entry["average"] - base["average"] if base else None
         for setting, missing in list(incomplete.items()):
             paired = scored[setting] & scored[reference] if reference in scored else scored[setting]
-            pair = summarise(r for r in rows if r["setting"] in (setting, reference)
-                             and (r["task"], int(r["index"]), int(r["seed"])) in paired)
+            pair = summarise(r for r in rows if r["setting"] in (setting, reference) and _sample(r) in paired)
             incomplete[setting] = {
                 "missing": missing, "n": len(paired),
                 "average": pair[setting][str(length)]["average"] if setting in pair else None,

@@ -68,13 +68,6 @@ def answer_scores(model, prompts: list[torch.Tensor], answers: list[torch.Tensor
     return {"logprob": total / max(count, 1), "exact": exact / max(len(prompts), 1)}
 
 
-def _set_blocks(model, anchor_layers: list[list[int]] | None) -> None:
-    if anchor_layers is None:
-        model.set_sparse_attention(prefill_scheme="dense", decode_scheme="dense")
-    else:
-        model.set_sparse_attention(prefill_scheme="pod", decode_scheme="pod", pod_anchor_layers=anchor_layers)
-
-
 def greedy_order(gains: dict[tuple[int, int], float]) -> list[tuple[int, int]]:
     """Units by decreasing gain (ties: lower layer first, then head)."""
     return sorted(gains, key=lambda unit: (-gains[unit], unit))
@@ -140,6 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     from tqdm import tqdm
 
     from eval.models import load_model, load_tokenizer
+    from eval.runner import apply_overrides
+    from eval.schemes import dense, pod_zero_shot
     from eval.tasks.passkey import passkey_grid
     from sparse_models.calibration.pod_similarity import read_blocks_json, write_blocks_json
 
@@ -157,8 +152,12 @@ def main(argv: list[str] | None = None) -> int:
     answers = [torch.tensor(tokenizer(s.answer, add_special_tokens=False)["input_ids"]) for s in samples]
     start = time.time()
 
-    def score(anchor_layers):
-        _set_blocks(model, anchor_layers)
+    base = model.sparse_config
+
+    def score(anchor_layers):  # None: dense; else POD with this block map (the shared scheme settings)
+        overrides = (dense().overrides if anchor_layers is None
+                     else pod_zero_shot(None).overrides | {"pod_anchor_layers": anchor_layers})
+        apply_overrides(model, base, overrides)
         return answer_scores(model, prompts, answers)
 
     report: dict = {"model": str(args.model), "blocks": str(blocks_path or "the model's config"), "lengths": args.lengths,
