@@ -15,7 +15,8 @@ POD prefill per prompt: mean log-probability per answer token and the fraction o
 token is the argmax (a teacher-forced stand-in for greedy accuracy). Output ``DIR/retrieval_units.json``:
 dense / POD / per-split scores, the greedy curve (splits in order of their gain, re-scored cumulatively) and a
 ``blocks_protected.json`` with the fewest splits reaching ``--target`` of dense's exact-match fraction, usable
-as ``pod.blocks_file`` for adaptation; ``retrieval_units.png``: the per-unit gains as a layer x KV head map.
+as ``pod.blocks_file`` for adaptation, and the same units as a list for the recipe's ``pod.protect_units``
+(which applies them to whatever map the exploration finds); ``retrieval_units.png``: the per-unit gains as a layer x KV head map.
 """
 
 from __future__ import annotations
@@ -29,24 +30,7 @@ from pathlib import Path
 
 import torch
 
-
-def split_block(anchor_layers: list[list[int]], layer: int, head: int) -> list[list[int]]:
-    """``anchor_layers`` with KV head ``head``'s block split at ``layer``: ``layer`` becomes an anchor and the
-    later layers of its old block take ``layer`` as their anchor (blocks stay consecutive, as POD requires)."""
-    if anchor_layers[layer][head] == layer:
-        raise ValueError(f"unit (layer {layer}, KV head {head}) is already an anchor: nothing to split")
-    old = anchor_layers[layer][head]
-    out = [list(row) for row in anchor_layers]
-    for later in range(layer, len(out)):
-        if out[later][head] != old:
-            break
-        out[later][head] = layer
-    return out
-
-
-def shared_units(anchor_layers: list[list[int]]) -> list[tuple[int, int]]:
-    """(layer, KV head) pairs that read their block anchor's keys for distant tokens."""
-    return [(layer, head) for layer, row in enumerate(anchor_layers) for head, a in enumerate(row) if a != layer]
+from sparse_models.calibration.pod_similarity import shared_units, split_block
 
 
 def answer_scores(model, prompts: list[torch.Tensor], answers: list[torch.Tensor]) -> dict:
@@ -120,10 +104,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--haystack", default="filler")
     parser.add_argument("--target", type=float, default=0.9,
                         help="protected map: the fewest splits reaching this fraction of dense's exact-match score")
+    parser.add_argument("--sink-tokens", type=int, default=None,
+                        help="POD's sink tokens (default: the model's config; an export carries its recipe's)")
+    parser.add_argument("--recent-window", type=int, default=None,
+                        help="POD's recent window (default: the model's config). Set both to rank the units of an "
+                             "un-adapted model at the recipe's window, e.g. 16 and 240 at 2K")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
+    for name in ("sink_tokens", "recent_window"):
+        value = getattr(args, name)
+        if value is not None and value < (0 if name == "sink_tokens" else 1):
+            parser.error(f"--{name.replace('_', '-')} {value} is invalid: expected an integer >= "
+                         f"{0 if name == 'sink_tokens' else 1}")
     if not 0 < args.target <= 1:
         parser.error(f"--target {args.target} is invalid: expected a fraction in (0, 1]")
     blocks_path = Path(args.blocks) if args.blocks else None
@@ -153,14 +147,22 @@ def main(argv: list[str] | None = None) -> int:
     start = time.time()
 
     base = model.sparse_config
+    window = {key: value for key, value in (("pod_sink_tokens", args.sink_tokens),
+                                             ("pod_recent_window", args.recent_window)) if value is not None}
+    proximal = window.get("pod_sink_tokens", base.pod.sink_tokens) + window.get("pod_recent_window",
+                                                                                base.pod.recent_window)
+    if proximal >= min(args.lengths):  # every key would be proximal: POD would equal dense, nothing to rank
+        parser.error(f"POD's proximal window ({proximal} tokens: sink + recent) covers the whole {min(args.lengths)}-"
+                     f"token prompt: pass --sink-tokens / --recent-window below the length (e.g. 16 and 240 at 2K)")
 
     def score(anchor_layers):  # None: dense; else POD with this block map (the shared scheme settings)
         overrides = (dense().overrides if anchor_layers is None
-                     else pod_zero_shot(None).overrides | {"pod_anchor_layers": anchor_layers})
+                     else pod_zero_shot(None, **window).overrides | {"pod_anchor_layers": anchor_layers})
         apply_overrides(model, base, overrides)
         return answer_scores(model, prompts, answers)
 
     report: dict = {"model": str(args.model), "blocks": str(blocks_path or "the model's config"), "lengths": args.lengths,
+                    "proximal": proximal,
                     "depths": args.depths, "samples": len(samples), "device": args.device, "dtype": args.dtype}
     report["dense"] = score(None)
     report["pod"] = score(anchors)
@@ -181,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
                 current = split_block(current, layer, head)
         result = score(current)
         curve.append({"splits": k, "shared_units": len(shared_units(current)), **result,
+                      "units": [list(unit) for unit in order[:k]],  # usable as the recipe's pod.protect_units
                       "anchor_layers": current})  # every point usable as a block map (write_blocks_json)
         if chosen is None and result["exact"] >= args.target * dense_exact:
             chosen = (k, current)
@@ -192,6 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         write_blocks_json(args.out / "blocks_protected.json", protected, source_blocks=str(blocks_path or args.model),
                           protected_by="eval.retrieval_units", splits=[list(u) for u in order[:k]])
         report["protected"] = {"splits": k, "shared_units": len(shared_units(protected)),
+                               "units": [list(unit) for unit in order[:k]],
                                "file": str(args.out / "blocks_protected.json")}
     (args.out / "retrieval_units.json").write_text(json.dumps(report, indent=1))
     plot_gains(gains, len(anchors), len(anchors[0]), args.out / "retrieval_units.png")
@@ -200,6 +204,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{point['logprob']:.3f}, exact {100 * point['exact']:.0f}%")
     print(f"[units] dense exact {100 * dense_exact:.0f}%; protected map: "
           f"{report.get('protected', 'none reaches the target')} -> {args.out}")
+    if "protected" in report:  # the re-adaptation step: train/pod.py RECIPE pod.protect_units=... (README, POD)
+        print(f"[units] re-adapt with: pod.protect_units={json.dumps(report['protected']['units'], separators=(',', ':'))}")
     return 0 if all(math.isfinite(p["logprob"]) for p in curve) else 1
 
 

@@ -116,6 +116,7 @@ def run_pipeline(recipe: Recipe, stages: list[str], local_rank: int | None = Non
 
     # -- explore ----------------------------------------------------------------------------
     anchors, blocks_path = _exploration(recipe, stages, source, tokenizer, rank, device, log)
+    anchors, blocks_path = _protected(recipe, anchors, blocks_path, rank, log)
 
     # -- train ------------------------------------------------------------------------------
     trained = out / "trained"
@@ -247,6 +248,38 @@ def _training_dtype(recipe: Recipe) -> torch.dtype:
     if not recipe.deepspeed.config and recipe.train.bf16:
         return torch.float32  # plain Trainer: fp32 master weights + bf16 autocast
     return DTYPE[recipe.model.dtype]
+
+
+def _protected(recipe, anchors, blocks_path, rank: int, log):
+    """The block map with ``pod.protect_units`` made anchors (``protect_units``). Written beside the
+    exploration as ``blocks_protected.json`` (rank 0), so the export's ``pod_blocks.json`` is the map that was
+    trained; the explored ``blocks.json`` stays as it was. Deterministic, so every rank computes the same map."""
+    units = [tuple(unit) for unit in recipe.pod.protect_units]
+    if not units:
+        return anchors, blocks_path
+    from sparse_models.calibration.pod_similarity import (kv_saving_fraction, protect_units, read_blocks_json,
+                                                          shared_units, write_blocks_json)
+
+    try:
+        protected, already = protect_units(anchors, units)
+    except ValueError as error:
+        raise SystemExit(f"pod.protect_units={recipe.pod.protect_units}: {error}") from None
+    path = Path(recipe.train.output_dir) / "exploration" / "blocks_protected.json"
+    if rank == 0:
+        source = read_blocks_json(blocks_path) if blocks_path and Path(blocks_path).is_file() else {}
+        metadata = {k: v for k, v in source.items() if k not in ("format", "anchor_layers", "blocks", "similarity",
+                                                                 "num_layers", "num_kv_heads", "anchor_fraction")}
+        similarity = torch.tensor(source["similarity"]) if "similarity" in source else None
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_blocks_json(path, protected, similarity, **metadata, source_blocks=str(blocks_path),
+                          protect_units=[list(u) for u in units], already_anchors=[list(u) for u in already])
+    length, proximal = recipe.data.context_length, (recipe.pod.sink_tokens, recipe.pod.recent_window)
+    log(f"[explore] pod.protect_units: {len(units) - len(already)} unit(s) made anchors"
+        + (f", {len(already)} already were ({already})" if already else "")
+        + f"; shared units {len(shared_units(anchors))} -> {len(shared_units(protected))}, KV saved at {length} "
+        f"{100 * kv_saving_fraction(anchors, length, *proximal):.1f}% -> "
+        f"{100 * kv_saving_fraction(protected, length, *proximal):.1f}% -> {path}")
+    return protected, path
 
 
 def _exploration(recipe, stages, source, tokenizer, rank, device, log):

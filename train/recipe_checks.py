@@ -46,6 +46,12 @@ def check_values(r: Recipe, problems: list[str]) -> None:
         add(f"pod.compare_with={p.compare_with!r}: expected 'anchor' (compare with the block's anchor) or 'previous'")
     if p.sharing not in ("keys", "scores"):
         add(f"pod.sharing={p.sharing!r}: expected 'keys' (paper v2) or 'scores' (paper v1)")
+    for i, unit in enumerate(p.protect_units):
+        if len(unit) != 2 or min(unit) < 0:
+            add(f"pod.protect_units[{i}]={unit}: expected a [layer, KV head] pair of integers >= 0, "
+                f"e.g. [18, 2]")
+    if len({tuple(unit) for unit in p.protect_units}) != len(p.protect_units):
+        add(f"pod.protect_units={p.protect_units}: a unit is listed twice; list each [layer, KV head] once")
     if p.gate_tau is not None and not 0.0 < p.gate_tau <= 1.0:
         add(f"pod.gate_tau={p.gate_tau}: expected null or a number in (0, 1] (paper: 0.7)")
     if p.calibration_samples < 1:
@@ -224,6 +230,21 @@ def _check_sequence_parallel_heads(r: Recipe, model_config: dict, problems: list
                         f"of {math.gcd(heads, kv_heads)}")
 
 
+def _check_protect_units(r: Recipe, model_config: dict, problems: list[str]) -> None:
+    """Each protected [layer, KV head] must exist in the model, before any exploration or training starts."""
+    text = model_config.get("text_config") or model_config
+    layers = text.get("num_hidden_layers")
+    kv_heads = text.get("num_key_value_heads") or text.get("num_attention_heads")
+    for i, unit in enumerate(r.pod.protect_units):
+        if len(unit) != 2 or min(unit) < 0:
+            continue  # reported by the value rules
+        layer, head = unit
+        if (layers and layer >= layers) or (kv_heads and head >= kv_heads):
+            problems.append(f"pod.protect_units[{i}]={unit}: model.name_or_path={r.model.name_or_path!r} has "
+                            f"{layers} layers and {kv_heads} KV heads; expected a layer in [0, {(layers or 1) - 1}] "
+                            f"and a KV head in [0, {(kv_heads or 1) - 1}]")
+
+
 # ---------------------------------------------------------------------------------------------
 # Environment rules (read-only file system checks)
 
@@ -234,7 +255,7 @@ def check_environment(r: Recipe, problems: list[str]) -> None:
     name = r.model.name_or_path
     if name == EMBEDDED_MODEL:
         model_config = {"max_position_embeddings": EMBEDDED_MODEL_MAX_POSITIONS, "num_attention_heads": 9,
-                        "num_key_value_heads": 3}
+                        "num_key_value_heads": 3, "num_hidden_layers": 30}
     elif name.startswith(EMBEDDED_DATA_PREFIX):
         add(f"model.name_or_path={name!r}: the only embedded model is {EMBEDDED_MODEL!r}")
     elif looks_like_local_path(name):
@@ -253,6 +274,7 @@ def check_environment(r: Recipe, problems: list[str]) -> None:
     _check_long_context_packages(r, problems)
     if model_config is not None:
         _check_sequence_parallel_heads(r, model_config, problems)
+        _check_protect_units(r, model_config, problems)
         max_positions = model_config.get("max_position_embeddings")
         has_scaling = bool(r.model.rope_scaling or model_config.get("rope_scaling")
                            or (model_config.get("rope_parameters") or {}).get("rope_type", "default") != "default")

@@ -55,6 +55,9 @@ class PodSection:
     delta: float = 0.5                        # similarity threshold of the greedy grouping, in [0, 1]
     compare_with: str = "anchor"              # "anchor" (METHODS.md's recommendation) or "previous"
     blocks_file: str | None = None            # reuse an exploration's blocks JSON instead of exploring
+    # [layer, KV head] units that keep their own distant keys: each becomes an anchor of the explored (or
+    # reused) block map. Rank them with `python -m eval.retrieval_units` (pass-key retrieval; BENCHMARKS.md)
+    protect_units: list[list[int]] = field(default_factory=list)
     calibration_samples: int = 8              # N
     calibration_length: int | None = None     # tokens per calibration sample (default: data.context_length)
     last_queries: int = 64                    # q: attention rows of the last q queries are compared

@@ -161,6 +161,45 @@ def blocks_per_head(anchor_layers: list[list[int]]) -> list[list[list[int]]]:
     return out
 
 
+def split_block(anchor_layers: list[list[int]], layer: int, head: int) -> list[list[int]]:
+    """``anchor_layers`` with KV head ``head``'s block split at ``layer``: ``layer`` becomes an anchor (it keeps
+    its own distant keys) and the later layers of its old block take ``layer`` as their anchor, so blocks stay
+    runs of consecutive layers, as POD requires (Ma et al. 2024, §3.2)."""
+    if anchor_layers[layer][head] == layer:
+        raise ValueError(f"unit (layer {layer}, KV head {head}) is already an anchor: nothing to split")
+    old = anchor_layers[layer][head]
+    out = [list(row) for row in anchor_layers]
+    for later in range(layer, len(out)):
+        if out[later][head] != old:
+            break
+        out[later][head] = layer
+    return out
+
+
+def shared_units(anchor_layers: list[list[int]]) -> list[tuple[int, int]]:
+    """(layer, KV head) pairs that read their block anchor's keys for distant tokens."""
+    return [(layer, head) for layer, row in enumerate(anchor_layers) for head, a in enumerate(row) if a != layer]
+
+
+def protect_units(anchor_layers: list[list[int]], units) -> tuple[list[list[int]], list[tuple[int, int]]]:
+    """Make each (layer, KV head) of ``units`` an anchor (``split_block``), in order: a unit that must keep its
+    own distant keys, e.g. one that pass-key retrieval depends on (``eval/retrieval_units.py`` ranks them).
+
+    Returns ``(new anchor map, units that were already anchors)``; the latter are left as they are.
+    Raises ``ValueError`` naming the unit when it is outside the map."""
+    num_layers, num_kv_heads = len(anchor_layers), len(anchor_layers[0])
+    out, skipped = [list(row) for row in anchor_layers], []
+    for layer, head in units:
+        if not (0 <= layer < num_layers and 0 <= head < num_kv_heads):
+            raise ValueError(f"unit (layer {layer}, KV head {head}) is outside the block map: expected layer in "
+                             f"[0, {num_layers - 1}] and KV head in [0, {num_kv_heads - 1}]")
+        if out[layer][head] == layer:
+            skipped.append((layer, head))
+        else:
+            out = split_block(out, layer, head)
+    return out, skipped
+
+
 def kv_saving_fraction(anchor_layers: list[list[int]], seq_len: int, sink: int, recent: int) -> float:
     """Fraction of dense KV bytes that POD's cache does not store at length ``seq_len``.
 

@@ -71,9 +71,15 @@ def test_main_on_a_tiny_model_writes_scores_curve_protected_map_and_heatmap(tmp_
     anchors = [[0, 0], [0, 1], [0, 1], [3, 1]]
     write_blocks_json(tmp_path / "blocks.json", anchors)
     out = tmp_path / "out"
+    with pytest.raises(SystemExit):  # the base model's window (16 + 4080) covers 256 tokens: POD == dense
+        ru.main(["--model", str(model), "--blocks", str(tmp_path / "blocks.json"), "--lengths", "256",
+                 "--depths", "2", "--device", "cpu", "--out", str(out)])
     assert ru.main(["--model", str(model), "--blocks", str(tmp_path / "blocks.json"), "--lengths", "256",
-                    "--depths", "2", "--device", "cpu", "--out", str(out)]) == 0
+                    "--depths", "2", "--device", "cpu", "--sink-tokens", "4", "--recent-window", "28",
+                    "--out", str(out)]) == 0
     report = json.loads((out / "retrieval_units.json").read_text())
+    assert report["proximal"] == 32
+    assert report["pod"]["logprob"] != pytest.approx(report["dense"]["logprob"], abs=1e-4)  # POD is really on
     assert report["samples"] == 2 and set(report["dense"]) == {"logprob", "exact"}
     assert sorted((r["layer"], r["kv_head"]) for r in report["splits"]) == ru.shared_units(anchors)
     assert [p["splits"] for p in report["curve"]] == ru.curve_points(len(ru.shared_units(anchors)))
@@ -81,4 +87,8 @@ def test_main_on_a_tiny_model_writes_scores_curve_protected_map_and_heatmap(tmp_
     assert report["curve"][-1]["logprob"] == pytest.approx(report["dense"]["logprob"], abs=1e-4)
     protected = read_blocks_json(out / "blocks_protected.json")   # a valid block map
     assert len(ru.shared_units(protected["anchor_layers"])) == report["protected"]["shared_units"]
+    # the same units as a recipe's pod.protect_units give the same map
+    from sparse_models.calibration.pod_similarity import protect_units
+    assert len(report["protected"]["units"]) == report["protected"]["splits"]
+    assert protect_units(anchors, report["protected"]["units"])[0] == protected["anchor_layers"]
     assert (out / "retrieval_units.png").stat().st_size > 0
