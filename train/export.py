@@ -115,7 +115,9 @@ def write_model_card(export_dir: Path, recipe: Recipe, anchor_layers: list[list[
              f"lr {recipe.train.learning_rate:g} ({recipe.train.lr_scheduler}), "
              f"{'max ' + str(recipe.train.max_steps) + ' steps' if recipe.train.max_steps > 0 else str(recipe.train.num_train_epochs) + ' epochs'}",
              f"- **Blocks:** delta={p.delta} ({p.compare_with}); {num_layers * num_kv - shared} anchor and {shared} "
-             f"shared (layer, KV head) units of {num_layers * num_kv}",
+             f"shared (layer, KV head) units of {num_layers * num_kv}"
+             + (f"; kept as anchors for retrieval (`pod.protect_units`): "
+                f"{', '.join(f'({layer}, {head})' for layer, head in p.protect_units)}" if p.protect_units else ""),
              f"- **KV saving** (closed form at {length} tokens): {100 * saving:.1f}% of the dense KV cache", ""]
     if recipe.train.objective != "lm":
         lines.insert(len(lines) - 1,  # after the bullet list, before its blank line

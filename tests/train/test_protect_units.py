@@ -89,4 +89,5 @@ def test_pipeline_trains_and_exports_the_protected_map(tiny):
     assert json.loads((export / "pod_blocks.json").read_text())["anchor_layers"] == expected
     config = json.loads((export / "config.json").read_text())
     assert config["sparse_attention"]["pod"]["anchor_layers"] == expected
+    assert "kept as anchors for retrieval (`pod.protect_units`): (2, 0), (2, 1)" in (export / "README.md").read_text()
     assert blocks.read_text() == before
