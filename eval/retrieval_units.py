@@ -9,8 +9,10 @@ of the answer's log-probability comes back when the block is split there (the un
 get their own keys from that layer on: ``split_block``), and how few splits restore retrieval.
 
     python -m eval.retrieval_units --model EXPORT [--blocks BLOCKS.json] --lengths 2048 --depths 5 --out DIR
+        [--tasks passkey needle]
 
-Score of a block map: the pass key's tokens teacher-forced after the prompt (``eval/tasks/passkey.py``), one
+Score of a block map: the answer's tokens teacher-forced after the prompt (``--tasks``: the pass key,
+``eval/tasks/passkey.py``, and / or the needle's word, ``eval/tasks/needle.py``), one
 POD prefill per prompt: mean log-probability per answer token and the fraction of prompts whose every answer
 token is the argmax (a teacher-forced stand-in for greedy accuracy). Output ``DIR/retrieval_units.json``:
 dense / POD / per-split scores, the greedy curve (splits in order of their gain, re-scored cumulatively) and a
@@ -31,6 +33,20 @@ from pathlib import Path
 import torch
 
 from sparse_models.calibration.pod_similarity import shared_units, split_block
+
+
+TASK_GRIDS = {"passkey": ("eval.tasks.passkey", "passkey_grid", "filler"),
+              "needle": ("eval.tasks.needle", "needle_grid", "pride_and_prejudice")}
+
+
+def task_samples(task: str, tokenizer, lengths: list[int], depths: int, haystack: str | None = None) -> list:
+    """The ``task``'s prompts (``PasskeySample``: ``prompt``, ``answer``) over lengths x depths, on ``haystack`` or
+    the task's own default one."""
+    import importlib
+
+    module, grid, default_haystack = TASK_GRIDS[task]
+    return getattr(importlib.import_module(module), grid)(tokenizer, lengths, depths,
+                                                          haystack=haystack or default_haystack)
 
 
 def answer_scores(model, prompts: list[torch.Tensor], answers: list[torch.Tensor]) -> dict:
@@ -101,7 +117,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--blocks", default=None, help="blocks JSON (default: the export's pod_blocks.json)")
     parser.add_argument("--lengths", type=int, nargs="+", default=[2048])
     parser.add_argument("--depths", type=int, default=5, help="needle depths per length")
-    parser.add_argument("--haystack", default="filler")
+    parser.add_argument("--tasks", nargs="+", default=["passkey"], choices=list(TASK_GRIDS),
+                        help="whose answers score a block map: the pass key (a number in filler text), the needle (a "
+                             "word in a novel: eval/tasks/needle.py), or both (their prompts pooled; the log-prob is per answer token)")
+    parser.add_argument("--haystack", default=None,
+                        help="haystack for every task (default: filler for passkey, pride_and_prejudice for needle)")
     parser.add_argument("--target", type=float, default=0.9,
                         help="protected map: the fewest splits reaching this fraction of dense's exact-match score")
     parser.add_argument("--sink-tokens", type=int, default=None,
@@ -129,7 +149,6 @@ def main(argv: list[str] | None = None) -> int:
     from eval.models import load_model, load_tokenizer
     from eval.runner import apply_overrides
     from eval.schemes import dense, pod_zero_shot
-    from eval.tasks.passkey import passkey_grid
     from sparse_models.calibration.pod_similarity import read_blocks_json, write_blocks_json
 
     tokenizer = load_tokenizer(args.model)
@@ -141,7 +160,8 @@ def main(argv: list[str] | None = None) -> int:
         if not anchors:
             parser.error(f"--model {args.model} has no POD block map in its config: pass --blocks BLOCKS.json")
         anchors = [list(row) for row in anchors]
-    samples = passkey_grid(tokenizer, args.lengths, args.depths, haystack=args.haystack)
+    samples = [sample for task in args.tasks for sample in task_samples(task, tokenizer, args.lengths, args.depths,
+                                                                         args.haystack)]
     prompts = [torch.tensor(tokenizer(s.prompt, add_special_tokens=False)["input_ids"]) for s in samples]
     answers = [torch.tensor(tokenizer(s.answer, add_special_tokens=False)["input_ids"]) for s in samples]
     start = time.time()
@@ -163,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
 
     report: dict = {"model": str(args.model), "blocks": str(blocks_path or "the model's config"), "lengths": args.lengths,
                     "proximal": proximal,
-                    "depths": args.depths, "samples": len(samples), "device": args.device, "dtype": args.dtype}
+                    "depths": args.depths, "tasks": args.tasks, "samples": len(samples), "device": args.device, "dtype": args.dtype}
     report["dense"] = score(None)
     report["pod"] = score(anchors)
     units = shared_units(anchors)

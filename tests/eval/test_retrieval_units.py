@@ -92,3 +92,29 @@ def test_main_on_a_tiny_model_writes_scores_curve_protected_map_and_heatmap(tmp_
     assert len(report["protected"]["units"]) == report["protected"]["splits"]
     assert protect_units(anchors, report["protected"]["units"])[0] == protected["anchor_layers"]
     assert (out / "retrieval_units.png").stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_tasks_pool_passkey_and_needle_prompts(tmp_path):
+    import json
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "train"))
+    from tiny_setup import make_tiny_model
+
+    from eval.models import load_tokenizer
+    from sparse_models.calibration.pod_similarity import write_blocks_json
+
+    model = make_tiny_model(tmp_path / "model", layers=3, kv_heads=1)
+    tokenizer = load_tokenizer(str(model))
+    needle = ru.task_samples("needle", tokenizer, [200], 2)
+    assert [s.haystack for s in needle] == ["pride_and_prejudice"] * 2 and all("secret" in s.prompt for s in needle)
+    assert ru.task_samples("passkey", tokenizer, [200], 2)[0].haystack == "filler"
+    write_blocks_json(tmp_path / "blocks.json", [[0], [0], [0]])
+    out = tmp_path / "out"
+    assert ru.main(["--model", str(model), "--blocks", str(tmp_path / "blocks.json"), "--lengths", "200",
+                    "--depths", "2", "--device", "cpu", "--sink-tokens", "4", "--recent-window", "28",
+                    "--tasks", "passkey", "needle", "--out", str(out)]) == 0
+    report = json.loads((out / "retrieval_units.json").read_text())
+    assert report["tasks"] == ["passkey", "needle"] and report["samples"] == 4
