@@ -32,21 +32,19 @@ from pathlib import Path
 
 import torch
 
-from sparse_models.calibration.pod_similarity import shared_units, split_block
+from eval.tasks.needle import needle_grid
+from eval.tasks.passkey import passkey_grid
+from sparse_models.calibration.pod_similarity import protect_units, shared_units, split_block
 
 
-TASK_GRIDS = {"passkey": ("eval.tasks.passkey", "passkey_grid", "filler"),
-              "needle": ("eval.tasks.needle", "needle_grid", "pride_and_prejudice")}
+TASK_GRIDS = {"passkey": (passkey_grid, "filler"), "needle": (needle_grid, "pride_and_prejudice")}
 
 
 def task_samples(task: str, tokenizer, lengths: list[int], depths: int, haystack: str | None = None) -> list:
     """The ``task``'s prompts (``PasskeySample``: ``prompt``, ``answer``) over lengths x depths, on ``haystack`` or
     the task's own default one."""
-    import importlib
-
-    module, grid, default_haystack = TASK_GRIDS[task]
-    return getattr(importlib.import_module(module), grid)(tokenizer, lengths, depths,
-                                                          haystack=haystack or default_haystack)
+    grid, default_haystack = TASK_GRIDS[task]
+    return grid(tokenizer, lengths, depths, haystack=haystack or default_haystack)
 
 
 def answer_scores(model, prompts: list[torch.Tensor], answers: list[torch.Tensor]) -> dict:
@@ -133,11 +131,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
-    for name in ("sink_tokens", "recent_window"):
-        value = getattr(args, name)
-        if value is not None and value < (0 if name == "sink_tokens" else 1):
-            parser.error(f"--{name.replace('_', '-')} {value} is invalid: expected an integer >= "
-                         f"{0 if name == 'sink_tokens' else 1}")
+    if args.sink_tokens is not None and args.sink_tokens < 0:
+        parser.error(f"--sink-tokens {args.sink_tokens} is invalid: expected an integer >= 0")
+    if args.recent_window is not None and args.recent_window < 1:
+        parser.error(f"--recent-window {args.recent_window} is invalid: expected an integer >= 1")
     if not 0 < args.target <= 1:
         parser.error(f"--target {args.target} is invalid: expected a fraction in (0, 1]")
     blocks_path = Path(args.blocks) if args.blocks else None
@@ -182,8 +179,8 @@ def main(argv: list[str] | None = None) -> int:
         return answer_scores(model, prompts, answers)
 
     report: dict = {"model": str(args.model), "blocks": str(blocks_path or "the model's config"), "lengths": args.lengths,
-                    "proximal": proximal,
-                    "depths": args.depths, "tasks": args.tasks, "samples": len(samples), "device": args.device, "dtype": args.dtype}
+                    "depths": args.depths, "tasks": args.tasks, "samples": len(samples), "proximal": proximal,
+                    "device": args.device, "dtype": args.dtype}
     report["dense"] = score(None)
     report["pod"] = score(anchors)
     units = shared_units(anchors)
@@ -197,10 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     curve, chosen = [], None
     dense_exact = report["dense"]["exact"]
     for k in tqdm(curve_points(len(order)), desc="cumulative splits"):
-        current = anchors
-        for layer, head in order[:k]:
-            if current[layer][head] != layer:
-                current = split_block(current, layer, head)
+        current, _ = protect_units(anchors, order[:k])
         result = score(current)
         curve.append({"splits": k, "shared_units": len(shared_units(current)), **result,
                       "units": [list(unit) for unit in order[:k]],  # usable as the recipe's pod.protect_units

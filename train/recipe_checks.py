@@ -219,11 +219,17 @@ def _check_sequence_parallel_world(r: Recipe, problems: list[str]) -> None:
                         f"launch a multiple of {sp} processes, e.g. deepspeed --num_gpus {sp} train/pod.py ...")
 
 
+def _attention_shape(model_config: dict) -> tuple[int | None, int | None, int | None]:
+    """(layers, attention heads, KV heads) of a transformers config dict (a multimodal one's text part)."""
+    text = model_config.get("text_config") or model_config
+    heads = text.get("num_attention_heads")
+    return text.get("num_hidden_layers"), heads, text.get("num_key_value_heads") or heads
+
+
 def _check_sequence_parallel_heads(r: Recipe, model_config: dict, problems: list[str]) -> None:
     """Ulysses gives each rank H/P query heads and Hkv/P KV heads: both counts must divide by P."""
     sp = r.train.sequence_parallel_size
-    text = model_config.get("text_config") or model_config
-    heads, kv_heads = text.get("num_attention_heads"), text.get("num_key_value_heads") or text.get("num_attention_heads")
+    _, heads, kv_heads = _attention_shape(model_config)
     if sp > 1 and heads and kv_heads and (heads % sp or kv_heads % sp):
         problems.append(f"train.sequence_parallel_size={sp}: Ulysses needs the attention heads ({heads}) and KV heads "
                         f"({kv_heads}) of model.name_or_path={r.model.name_or_path!r} divisible by it; use a divisor "
@@ -232,9 +238,7 @@ def _check_sequence_parallel_heads(r: Recipe, model_config: dict, problems: list
 
 def _check_protect_units(r: Recipe, model_config: dict, problems: list[str]) -> None:
     """Each protected [layer, KV head] must exist in the model, before any exploration or training starts."""
-    text = model_config.get("text_config") or model_config
-    layers = text.get("num_hidden_layers")
-    kv_heads = text.get("num_key_value_heads") or text.get("num_attention_heads")
+    layers, _, kv_heads = _attention_shape(model_config)
     for i, unit in enumerate(r.pod.protect_units):
         if len(unit) != 2 or min(unit) < 0:
             continue  # reported by the value rules
