@@ -90,6 +90,15 @@ def update_card_results(export_dir: str | Path, recipe: Recipe, anchor_layers, *
     write_model_card(Path(export_dir), recipe, anchor_layers, base_model=base_model, results=results)
 
 
+def _trained_delta(export_dir: Path, pod) -> str:
+    """The delta of the trained map (``pod_blocks.json``): ``pod.min_kv_saving`` may have lowered it."""
+    blocks = Path(export_dir) / "pod_blocks.json"
+    delta = json.loads(blocks.read_text()).get("delta", pod.delta) if blocks.is_file() else pod.delta
+    if pod.min_kv_saving is not None and delta != pod.delta:
+        return f"{delta:.4g}, lowered from {pod.delta:g} to save at least {pod.min_kv_saving:.0%} (`pod.min_kv_saving`)"
+    return f"{delta:g}"
+
+
 def write_model_card(export_dir: Path, recipe: Recipe, anchor_layers: list[list[int]], *, base_model: str,
                      results: dict | None = None) -> Path:
     p = recipe.pod
@@ -114,7 +123,7 @@ def write_model_card(export_dir: Path, recipe: Recipe, anchor_layers: list[list[
              f"- **Training:** {recipe.train.method} fine-tuning, context {recipe.data.context_length}, "
              f"lr {recipe.train.learning_rate:g} ({recipe.train.lr_scheduler}), "
              f"{'max ' + str(recipe.train.max_steps) + ' steps' if recipe.train.max_steps > 0 else str(recipe.train.num_train_epochs) + ' epochs'}",
-             f"- **Blocks:** delta={p.delta} ({p.compare_with}); {num_layers * num_kv - shared} anchor and {shared} "
+             f"- **Blocks:** delta={_trained_delta(export_dir, p)} ({p.compare_with}); {num_layers * num_kv - shared} anchor and {shared} "
              f"shared (layer, KV head) units of {num_layers * num_kv}"
              + (f"; kept as anchors for retrieval (`pod.protect_units`): "
                 f"{', '.join(f'({layer}, {head})' for layer, head in p.protect_units)}" if p.protect_units else ""),

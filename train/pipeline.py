@@ -116,7 +116,7 @@ def run_pipeline(recipe: Recipe, stages: list[str], local_rank: int | None = Non
 
     # -- explore ----------------------------------------------------------------------------
     anchors, blocks_path = _exploration(recipe, stages, source, tokenizer, rank, device, log)
-    anchors, blocks_path = _protected(recipe, anchors, blocks_path, rank, log)
+    anchors, blocks_path = _final_map(recipe, anchors, blocks_path, rank, log)
 
     # -- train ------------------------------------------------------------------------------
     trained = out / "trained"
@@ -250,36 +250,55 @@ def _training_dtype(recipe: Recipe) -> torch.dtype:
     return DTYPE[recipe.model.dtype]
 
 
-def _protected(recipe, anchors, blocks_path, rank: int, log):
-    """The block map with ``pod.protect_units`` made anchors (``protect_units``). Written beside the
-    exploration as ``blocks_protected.json`` (rank 0), so the export's ``pod_blocks.json`` is the map that was
-    trained; the explored ``blocks.json`` stays as it was. Deterministic, so every rank computes the same map."""
+def _final_map(recipe, anchors, blocks_path, rank: int, log):
+    """The block map that is trained: the explored (or reused) one with ``pod.protect_units`` made anchors
+    (``protect_units``) and, under ``pod.min_kv_saving``, delta lowered over the exploration's similarity until
+    the map saves that much (``delta_for_kv_saving``). Written beside the exploration as ``blocks_trained.json``
+    (rank 0) when it differs, so the export's ``pod_blocks.json`` is the map that was trained; the explored
+    ``blocks.json`` stays as it was. Deterministic, so every rank computes the same map."""
     units = [tuple(unit) for unit in recipe.pod.protect_units]
-    if not units:
+    target = recipe.pod.min_kv_saving
+    if not units and target is None:
         return anchors, blocks_path
-    from sparse_models.calibration.pod_similarity import (kv_saving_fraction, protect_units, read_blocks_json,
-                                                          shared_units, write_blocks_json)
+    from sparse_models.calibration.pod_similarity import (delta_for_kv_saving, kv_saving_fraction, protect_units,
+                                                          read_blocks_json, shared_units, write_blocks_json)
 
+    length, proximal = recipe.data.context_length, (recipe.pod.sink_tokens, recipe.pod.recent_window)
+    source = read_blocks_json(blocks_path) if blocks_path and Path(blocks_path).is_file() else {}
+    similarity = torch.tensor(source["similarity"]) if "similarity" in source else None
     try:
-        protected, already = protect_units(anchors, units)
+        final, already = protect_units(anchors, units)
     except ValueError as error:
         raise SystemExit(f"pod.protect_units={recipe.pod.protect_units}: {error}") from None
-    path = Path(recipe.train.output_dir) / "exploration" / "blocks_protected.json"
+    delta = source.get("delta", recipe.pod.delta)
+    if target is not None and kv_saving_fraction(final, length, *proximal) < target:
+        if similarity is None:
+            raise SystemExit(f"pod.min_kv_saving={target}: the block map {blocks_path} saves "
+                             f"{kv_saving_fraction(final, length, *proximal):.1%} and has no similarity matrices to "
+                             f"lower delta with; run the exploration (pod.blocks_file: null) or lower pod.min_kv_saving")
+        try:
+            delta, final = delta_for_kv_saving(similarity, target, seq_len=length, sink=proximal[0], recent=proximal[1],
+                                               start_delta=delta, compare_with=source.get("compare_with",
+                                                                                          recipe.pod.compare_with),
+                                               protect=units)
+        except ValueError as error:
+            raise SystemExit(f"pod.min_kv_saving={target}: {error}") from None
+        log(f"[explore] pod.min_kv_saving={target}: delta lowered to {delta:.4f}")
+    path = Path(recipe.train.output_dir) / "exploration" / "blocks_trained.json"
     if rank == 0:
-        source = read_blocks_json(blocks_path) if blocks_path and Path(blocks_path).is_file() else {}
         metadata = {k: v for k, v in source.items() if k not in ("format", "anchor_layers", "blocks", "similarity",
                                                                  "num_layers", "num_kv_heads", "anchor_fraction")}
-        similarity = torch.tensor(source["similarity"]) if "similarity" in source else None
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_blocks_json(path, protected, similarity, **metadata, source_blocks=str(blocks_path),
-                          protect_units=[list(u) for u in units], already_anchors=[list(u) for u in already])
-    length, proximal = recipe.data.context_length, (recipe.pod.sink_tokens, recipe.pod.recent_window)
-    log(f"[explore] pod.protect_units: {len(units) - len(already)} unit(s) made anchors"
-        + (f", {len(already)} already were ({already})" if already else "")
-        + f"; shared units {len(shared_units(anchors))} -> {len(shared_units(protected))}, KV saved at {length} "
+        write_blocks_json(path, final, similarity, **{**metadata, "delta": delta}, source_blocks=str(blocks_path),
+                          protect_units=[list(u) for u in units], already_anchors=[list(u) for u in already],
+                          min_kv_saving=target)
+    log("[explore] "
+        + (f"pod.protect_units: {len(units) - len(already)} unit(s) made anchors"
+           + (f", {len(already)} already were ({already})" if already else "") + "; " if units else "")
+        + f"shared units {len(shared_units(anchors))} -> {len(shared_units(final))}, KV saved at {length} "
         f"{100 * kv_saving_fraction(anchors, length, *proximal):.1f}% -> "
-        f"{100 * kv_saving_fraction(protected, length, *proximal):.1f}% -> {path}")
-    return protected, path
+        f"{100 * kv_saving_fraction(final, length, *proximal):.1f}% -> {path}")
+    return final, path
 
 
 def _exploration(recipe, stages, source, tokenizer, rank, device, log):

@@ -52,6 +52,9 @@ def check_values(r: Recipe, problems: list[str]) -> None:
                 f"e.g. [18, 2]")
     if len({tuple(unit) for unit in p.protect_units}) != len(p.protect_units):
         add(f"pod.protect_units={p.protect_units}: a unit is listed twice; list each [layer, KV head] once")
+    if p.min_kv_saving is not None and not 0.0 < p.min_kv_saving < 0.5:
+        add(f"pod.min_kv_saving={p.min_kv_saving}: expected null or a fraction in (0, 0.5) (POD shares keys only, "
+            f"so at most half of the KV cache can be saved; the paper saves 0.35)")
     if p.gate_tau is not None and not 0.0 < p.gate_tau <= 1.0:
         add(f"pod.gate_tau={p.gate_tau}: expected null or a number in (0, 1] (paper: 0.7)")
     if p.calibration_samples < 1:
@@ -236,6 +239,22 @@ def _check_sequence_parallel_heads(r: Recipe, model_config: dict, problems: list
                         f"of {math.gcd(heads, kv_heads)}")
 
 
+def _check_kv_target(r: Recipe, model_config: dict, problems: list[str]) -> None:
+    """pod.min_kv_saving must be reachable on this model and window: every unit but layer 0's shared saves
+    (L - 1) / L x (S - proximal) / 2S (sparse_models/calibration/pod_similarity.py ``max_kv_saving``)."""
+    from sparse_models.calibration.pod_similarity import max_kv_saving
+
+    layers, _, _ = _attention_shape(model_config)
+    target, p, length = r.pod.min_kv_saving, r.pod, r.data.context_length
+    if target is None or not layers or not 0.0 < target < 0.5 or p.sink_tokens + p.recent_window >= length:
+        return
+    ceiling = max_kv_saving(layers, length, p.sink_tokens, p.recent_window)
+    if target > ceiling:
+        problems.append(f"pod.min_kv_saving={target}: with {layers} layers, {p.sink_tokens} + {p.recent_window} "
+                        f"proximal tokens and data.context_length={length}, POD saves at most {ceiling:.3f} of the "
+                        f"KV cache; lower pod.min_kv_saving or the proximal window")
+
+
 def _check_protect_units(r: Recipe, model_config: dict, problems: list[str]) -> None:
     """Each protected [layer, KV head] must exist in the model, before any exploration or training starts."""
     layers, _, kv_heads = _attention_shape(model_config)
@@ -279,6 +298,7 @@ def check_environment(r: Recipe, problems: list[str]) -> None:
     if model_config is not None:
         _check_sequence_parallel_heads(r, model_config, problems)
         _check_protect_units(r, model_config, problems)
+        _check_kv_target(r, model_config, problems)
         max_positions = model_config.get("max_position_embeddings")
         has_scaling = bool(r.model.rope_scaling or model_config.get("rope_scaling")
                            or (model_config.get("rope_parameters") or {}).get("rope_type", "default") != "default")

@@ -58,6 +58,9 @@ class PodSection:
     # [layer, KV head] units that keep their own distant keys: each becomes an anchor of the explored (or
     # reused) block map. Rank them with `python -m eval.retrieval_units` (pass-key retrieval; BENCHMARKS.md)
     protect_units: list[list[int]] = field(default_factory=list)
+    # Fraction of the dense KV cache that must be saved at data.context_length (e.g. 0.3). When the explored
+    # (and protected) map saves less, delta is lowered over the exploration's similarity until it does.
+    min_kv_saving: float | None = None
     calibration_samples: int = 8              # N
     calibration_length: int | None = None     # tokens per calibration sample (default: data.context_length)
     last_queries: int = 64                    # q: attention rows of the last q queries are compared

@@ -213,6 +213,38 @@ def kv_saving_fraction(anchor_layers: list[list[int]], seq_len: int, sink: int, 
     return 1.0 - pod / dense
 
 
+def max_kv_saving(num_layers: int, seq_len: int, sink: int, recent: int) -> float:
+    """The most ``kv_saving_fraction`` can reach: every unit but layer 0's (always an anchor) shared."""
+    proximal = min(seq_len, sink + recent)
+    return (num_layers - 1) / num_layers * (seq_len - proximal) / (2 * seq_len)
+
+
+def delta_for_kv_saving(similarity: torch.Tensor, target: float, *, seq_len: int, sink: int, recent: int,
+                        start_delta: float, compare_with: str = "anchor", protect=()) -> tuple[float, list[list[int]]]:
+    """The largest similarity threshold ``delta <= start_delta`` whose greedy map (``greedy_blocks``, then
+    ``protect`` made anchors with ``protect_units``) saves at least ``target`` of the dense KV bytes at
+    ``seq_len`` (``kv_saving_fraction``).
+
+    POD's paper fixes delta (Ma et al. 2024, §3.2); a user usually fixes the memory budget instead. Lowering
+    delta shares the next most similar (layer, KV head) pairs first, so the map that meets the budget keeps the
+    most dissimilar layers apart. Candidates are ``start_delta`` and every similarity value below it (a pair
+    with similarity exactly ``delta`` is shared), tried from the top.
+
+    similarity: ``[Hkv, L, L]``. Returns ``(delta, anchor map)``; raises ``ValueError`` with the best saving
+    reachable when no threshold meets ``target`` (e.g. too many protected units).
+    """
+    values = sorted({v for v in similarity.flatten().tolist() if v < start_delta}, reverse=True)
+    best = (-1.0, None)
+    for delta in [start_delta, *values]:
+        anchors, _ = protect_units(greedy_blocks(similarity, max(0.0, min(1.0, delta)), compare_with), protect)
+        saving = kv_saving_fraction(anchors, seq_len, sink, recent)
+        if saving >= target:
+            return delta, anchors
+        best = max(best, (saving, delta), key=lambda item: item[0])
+    raise ValueError(f"no similarity threshold <= {start_delta} saves {target:.1%} of the KV cache at {seq_len} tokens "
+                     f"with {len(list(protect))} protected unit(s): the most is {best[0]:.1%} (delta {best[1]})")
+
+
 def explore(samples: Iterable[torch.Tensor], capture: Callable[[torch.Tensor], dict], *, num_layers: int,
             num_kv_heads: int, last_queries: int, delta: float, compare_with: str = "anchor") -> dict:
     """Run the exploration: similarity over samples, then greedy blocks.

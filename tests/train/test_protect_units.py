@@ -1,15 +1,20 @@
 """``pod.protect_units``: units that keep their own distant keys, applied to the explored (or reused) block map
-before training, checked before any heavy work, and carried into the export (train/pipeline.py ``_protected``)."""
+before training, checked before any heavy work, and carried into the export (train/pipeline.py ``_final_map``), and ``pod.min_kv_saving``: delta lowered over the exploration's similarity
+until the map saves a KV budget."""
 
 from __future__ import annotations
 
 import json
+import subprocess
 
 import pytest
 from pipeline_runs import pipeline_env, python_command, run
 from tiny_setup import make_texts, make_tiny_model, tiny_recipe, write_recipe
 
-from sparse_models.calibration.pod_similarity import protect_units, shared_units, write_blocks_json
+import torch
+
+from sparse_models.calibration.pod_similarity import (delta_for_kv_saving, greedy_blocks, kv_saving_fraction,
+                                                      max_kv_saving, protect_units, shared_units, write_blocks_json)
 from train.recipe import RecipeError, recipe_from_dict
 
 # 5 layers x 2 KV heads: head 0 is one block 0-4; head 1 is blocks 0-1 and 2-4
@@ -83,7 +88,7 @@ def test_pipeline_trains_and_exports_the_protected_map(tiny):
     assert "pod.protect_units: 1 unit(s) made anchors, 1 already were ([(2, 1)])" in done.stdout
     assert "shared units 5 -> 4" in done.stdout
     expected = [[0, 0], [0, 0], [2, 2], [2, 2]]
-    written = json.loads((out / "out" / "exploration" / "blocks_protected.json").read_text())
+    written = json.loads((out / "out" / "exploration" / "blocks_trained.json").read_text())
     assert written["anchor_layers"] == expected and written["protect_units"] == [[2, 0], [2, 1]]
     export = out / "out" / "export"
     assert json.loads((export / "pod_blocks.json").read_text())["anchor_layers"] == expected
@@ -91,3 +96,86 @@ def test_pipeline_trains_and_exports_the_protected_map(tiny):
     assert config["sparse_attention"]["pod"]["anchor_layers"] == expected
     assert "kept as anchors for retrieval (`pod.protect_units`): (2, 0), (2, 1)" in (export / "README.md").read_text()
     assert blocks.read_text() == before
+
+
+def _random_similarity(layers=12, kv_heads=3, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    sim = torch.rand(kv_heads, layers, layers, generator=g) * 0.6 + 0.2
+    return (sim + sim.transpose(1, 2)) / 2
+
+
+@pytest.mark.parametrize("target", [0.1, 0.2, 0.3, 0.35])
+def test_delta_for_kv_saving_is_the_largest_threshold_meeting_the_budget(target):
+    sim = _random_similarity()
+    protect = [(5, 1), (7, 0)]
+    delta, anchors = delta_for_kv_saving(sim, target, seq_len=2048, sink=16, recent=240, start_delta=0.9,
+                                         protect=protect)
+    assert kv_saving_fraction(anchors, 2048, 16, 240) >= target
+    assert all(anchors[layer][head] == layer for layer, head in protect)
+    assert anchors == protect_units(greedy_blocks(sim, delta), protect)[0]
+    # every larger candidate threshold falls short of the budget
+    for larger in {round(float(v), 6) for v in sim.flatten().tolist() if delta < v < 0.9} | {0.9}:
+        assert kv_saving_fraction(protect_units(greedy_blocks(sim, larger), protect)[0], 2048, 16, 240) < target
+
+
+def test_delta_for_kv_saving_keeps_a_map_that_already_meets_the_budget():
+    sim = _random_similarity()
+    delta, anchors = delta_for_kv_saving(sim, 0.05, seq_len=2048, sink=16, recent=240, start_delta=0.5)
+    assert delta == 0.5 and anchors == greedy_blocks(sim, 0.5)
+
+
+def test_delta_for_kv_saving_names_the_best_reachable_saving():
+    sim = _random_similarity(layers=4, kv_heads=2)
+    ceiling = max_kv_saving(4, 2048, 16, 240)
+    assert ceiling == pytest.approx(3 / 4 * (2048 - 256) / 4096)
+    with pytest.raises(ValueError, match=r"saves 40.0% of the KV cache at 2048 tokens with 1 protected unit\(s\): "
+                                         r"the most is 2\d.\d%"):
+        delta_for_kv_saving(sim, 0.4, seq_len=2048, sink=16, recent=240, start_delta=0.5, protect=[(2, 0)])
+
+
+@pytest.mark.parametrize("value, message", [
+    (0.5, "pod.min_kv_saving=0.5: expected null or a fraction in (0, 0.5)"),
+    (0.0, "pod.min_kv_saving=0.0: expected null or a fraction in (0, 0.5)"),
+    (0.45, "pod.min_kv_saving=0.45: with 4 layers, 4 + 12 proximal tokens and data.context_length=64, POD saves "
+           "at most 0.281 of the KV cache"),
+])
+def test_bad_min_kv_saving_is_reported_before_any_work(tiny, value, message):
+    root, model, train_text, held_out = tiny
+    recipe = tiny_recipe(root / "bad", model, train_text, held_out, pod={"min_kv_saving": value})
+    with pytest.raises(RecipeError) as error:
+        recipe_from_dict(recipe)
+    assert message in str(error.value)
+
+
+def test_pipeline_lowers_delta_to_meet_min_kv_saving(tiny):
+    """A reused map with similarity: the trained map meets the budget with the protected unit kept, the card
+    names the lowered delta, and the reused file is unchanged. Without similarity it stops with a clear message."""
+    root, model, train_text, held_out = tiny
+    out = root / "budget"
+    out.mkdir()
+    sim = torch.tensor([[[1.0, 0.9, 0.2, 0.3], [0.9, 1.0, 0.4, 0.3], [0.2, 0.4, 1.0, 0.6], [0.3, 0.3, 0.6, 1.0]]] * 2)
+    explored = greedy_blocks(sim, 0.5)          # head blocks 0-1 | 2-3
+    blocks = write_blocks_json(root / "sim_blocks.json", explored, sim, delta=0.5, compare_with="anchor")
+    before = blocks.read_text()
+    recipe = tiny_recipe(out, model, train_text, held_out, eval={"perplexity": False},
+                         pod={"blocks_file": str(blocks), "protect_units": [[3, 1]], "min_kv_saving": 0.15},
+                         train={"max_steps": 1})
+    done = run(python_command(write_recipe(root / "budget.yaml", recipe), "--stages", "explore,train,export"),
+               pipeline_env())
+    written = json.loads((out / "out" / "exploration" / "blocks_trained.json").read_text())
+    length, sink, recent = recipe["data"]["context_length"], recipe["pod"]["sink_tokens"], recipe["pod"]["recent_window"]
+    assert kv_saving_fraction(written["anchor_layers"], length, sink, recent) >= 0.15
+    assert kv_saving_fraction(protect_units(explored, [(3, 1)])[0], length, sink, recent) < 0.15  # what it would be
+    assert written["delta"] == pytest.approx(0.2) and written["anchor_layers"][3][1] == 3 and written["min_kv_saving"] == 0.15
+    assert "pod.min_kv_saving=0.15: delta lowered to" in done.stdout
+    card = (out / "out" / "export" / "README.md").read_text()
+    assert "lowered from 0.5 to save at least 15% (`pod.min_kv_saving`)" in card
+    assert blocks.read_text() == before
+
+    bare = write_blocks_json(root / "bare_blocks.json", explored, delta=0.5)
+    recipe["pod"]["blocks_file"] = str(bare)
+    failed = subprocess.run(python_command(write_recipe(root / "bare.yaml", recipe), "--stages", "explore,train,export"),
+                            capture_output=True, text=True, env=pipeline_env(), timeout=400)
+    assert failed.returncode != 0
+    assert "pod.min_kv_saving=0.15: the block map" in failed.stderr + failed.stdout
+    assert "has no similarity matrices to lower delta with" in failed.stderr + failed.stdout
