@@ -179,3 +179,21 @@ def test_pipeline_lowers_delta_to_meet_min_kv_saving(tiny):
     assert failed.returncode != 0
     assert "pod.min_kv_saving=0.15: the block map" in failed.stderr + failed.stdout
     assert "has no similarity matrices to lower delta with" in failed.stderr + failed.stdout
+
+
+def test_the_2k_gpu_recipe_trains_the_measured_map():
+    """recipes/smollm2_135m_gpu.yaml (pinned explored map + 4 protected units + a 30% budget) gives exactly the map
+    of the measured run (benchmarks/h200_2026-12-01/pod_adaptation_kv_budget/2k_pinned_map: passkey 95%)."""
+    from train.inputs import REPO_ROOT
+    from train.recipe import load_recipe
+
+    recipe = load_recipe(str(REPO_ROOT / "recipes" / "smollm2_135m_gpu.yaml"), [])
+    pinned = json.loads((REPO_ROOT / recipe.pod.blocks_file).read_text())
+    delta, anchors = delta_for_kv_saving(torch.tensor(pinned["similarity"]), recipe.pod.min_kv_saving,
+                                         seq_len=recipe.data.context_length, sink=recipe.pod.sink_tokens,
+                                         recent=recipe.pod.recent_window, start_delta=recipe.pod.delta,
+                                         protect=[tuple(u) for u in recipe.pod.protect_units])
+    measured = json.loads((REPO_ROOT / "benchmarks" / "h200_2026-12-01" / "pod_adaptation_kv_budget" / "2k_pinned_map"
+                           / "exploration" / "blocks_trained.json").read_text())
+    assert anchors == measured["anchor_layers"] and delta == pytest.approx(measured["delta"])
+    assert kv_saving_fraction(anchors, 2048, 16, 240) >= 0.30
