@@ -30,6 +30,7 @@ __all__ = [
     "quest_page_scores",
     "quest_select_pages",
     "quest_page_minmax",
+    "append_kv",
     "reference",
 ]
 
@@ -46,6 +47,7 @@ _TRITON_IMPLEMENTATIONS = {
     "sparse_prefill_attention": ("triton_sparse_prefill_attention", "sparse_prefill_attention_triton"),
     "token_sparse_scores": ("triton_token_sparse_scores", "token_sparse_scores_triton"),
     "pod_prefill_attention": ("triton_pod_prefill_attention", "pod_prefill_attention_triton"),
+    "append_kv": ("triton_cache_append", "append_kv_triton"),
 }
 
 
@@ -98,6 +100,7 @@ prefill_attention = _dispatch("prefill_attention")
 sparse_prefill_attention = _dispatch("sparse_prefill_attention")
 token_sparse_scores = _dispatch("token_sparse_scores")
 pod_prefill_attention = _dispatch("pod_prefill_attention")
+append_kv = _dispatch("append_kv")
 
 # Selection and page min/max are cheap torch ops on every device.
 select_topk_positions = reference.select_topk_positions

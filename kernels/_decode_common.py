@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 
 import torch
 import triton
@@ -33,7 +32,7 @@ MAX_SPLITS = 128
 # Set PODKIT_SKIP_VALUE_CHECKS=1 to skip the data-dependent checks (seq_lens / index ranges).
 # Those need one device->host sync per call on CUDA; they are also skipped automatically while a
 # CUDA graph is being captured. Shape / dtype / device checks always run (they are free).
-_SKIP_VALUE_CHECKS_ENV = "PODKIT_SKIP_VALUE_CHECKS"
+from ._value_checks import value_checks_enabled  # noqa: E402,F401  (re-exported: the kernels import it from here)
 
 
 from ._interpreter import interpreting  # noqa: E402,F401  (also installs the interpreter patch)
@@ -68,14 +67,6 @@ def plan_splits(length: int, rows: int, device: torch.device, block: int,
     chunk = triton.cdiv(triton.cdiv(length, num_splits), block) * block
     num_splits = triton.cdiv(length, chunk)
     return num_splits, chunk
-
-
-def value_checks_enabled(t: torch.Tensor) -> bool:
-    if os.environ.get(_SKIP_VALUE_CHECKS_ENV, "0") == "1":
-        return False
-    if t.is_cuda and torch.cuda.is_current_stream_capturing():
-        return False
-    return True
 
 
 def check_float(name: str, t, ndim: int, shape_doc: str) -> None:

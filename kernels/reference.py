@@ -503,3 +503,18 @@ def quest_select_pages(scores, seq_lens, page_size, budget):
     valid = (top_pages[..., None] < pages).expand(-1, -1, -1, page_size).flatten(-2)
     valid = valid & (slots < seq_lens.to(scores.device)[:, None, None])
     return torch.where(valid, slots, torch.full_like(slots, -1))
+
+
+def append_kv(key_buffer, value_buffer, k, v, positions):
+    """Write one decode token per sequence into a static cache, in place.
+
+    key_buffer, value_buffer: [Bmax, Hkv, N, D]; k, v: [B, Hkv, D] (B <= Bmax); positions: [B] slot of
+    sequence b's token. Afterwards ``key_buffer[b, :, positions[b]] == k[b]`` (same for values) for b < B and
+    nothing else changed. Returns None.
+    """
+    from ._value_checks import check_append_inputs
+
+    check_append_inputs(key_buffer, value_buffer, k, v, positions)
+    rows = torch.arange(k.shape[0], device=k.device)
+    key_buffer[rows, :, positions] = k.to(key_buffer.dtype)
+    value_buffer[rows, :, positions] = v.to(value_buffer.dtype)

@@ -145,10 +145,15 @@ class StaticCache:
         """Decode write (CUDA-graph safe): k, v [B, Hkv, D] of the token at slot positions[b]."""
         batch = k.shape[0]
         b = self._batch_index[:batch]
-        self.values[layer][b, :, positions] = v
-        for run in self.runs[layer]:
-            if run.own:
-                self.full_keys(layer, run.h0, run.h1, self.max_batch)[b, :, positions] = k[:, run.h0:run.h1]
+        runs = self.runs[layer]
+        if len(runs) == 1 and runs[0].own:  # every head keeps its own keys: one launch writes keys and values
+            kernels.append_kv(self.full_keys(layer, 0, self.num_kv_heads, self.max_batch), self.values[layer], k, v,
+                              positions)
+        else:
+            self.values[layer][b, :, positions] = v
+            for run in runs:
+                if run.own:
+                    self.full_keys(layer, run.h0, run.h1, self.max_batch)[b, :, positions] = k[:, run.h0:run.h1]
         local = self.local_keys[layer]
         if local is not None:
             local[b, :, self.ring_slots(positions)] = k

@@ -1,0 +1,44 @@
+"""When the kernels' host-side value checks run (no Triton import: the reference ops use it too)."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+SKIP_VALUE_CHECKS_ENV = "PODKIT_SKIP_VALUE_CHECKS"
+
+
+def value_checks_enabled(t: torch.Tensor) -> bool:
+    """False under ``PODKIT_SKIP_VALUE_CHECKS=1`` (timed benchmarks) and during CUDA-graph capture: a value
+    check reads the tensor on the host, which would sync inside a timed step or break a capture."""
+    if os.environ.get(SKIP_VALUE_CHECKS_ENV, "0") == "1":
+        return False
+    if t.is_cuda and torch.cuda.is_current_stream_capturing():
+        return False
+    return True
+
+
+def check_append_inputs(key_buffer, value_buffer, k, v, positions) -> None:
+    """``append_kv``'s arguments: shapes, dtypes and (outside capture) slot values, each error naming the
+    argument. key/value buffers [Bmax, Hkv, N, D]; k, v [B <= Bmax, Hkv, D]; positions int [B] in [0, N)."""
+    for name, t in (("key_buffer", key_buffer), ("value_buffer", value_buffer)):
+        if t.dim() != 4:
+            raise ValueError(f"{name} must be [Bmax, Hkv, N, D]; got shape {tuple(t.shape)}")
+    if key_buffer.shape != value_buffer.shape:
+        raise ValueError(f"value_buffer shape {tuple(value_buffer.shape)} must equal key_buffer shape "
+                         f"{tuple(key_buffer.shape)}")
+    bmax, heads, capacity, dim = key_buffer.shape
+    for name, t in (("k", k), ("v", v)):
+        if t.dim() != 3 or tuple(t.shape[1:]) != (heads, dim) or t.shape[0] > bmax:
+            raise ValueError(f"{name} must be [B <= {bmax}, {heads}, {dim}] to match the buffers; got shape "
+                             f"{tuple(t.shape)}")
+    if k.shape != v.shape:
+        raise ValueError(f"v shape {tuple(v.shape)} must equal k shape {tuple(k.shape)}")
+    if positions.dim() != 1 or positions.shape[0] != k.shape[0] or positions.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"positions must be an int32 / int64 [B={k.shape[0]}] tensor; got {positions.dtype} "
+                         f"{tuple(positions.shape)}")
+    if value_checks_enabled(positions) and positions.numel():
+        lo, hi = int(positions.min()), int(positions.max())
+        if lo < 0 or hi >= capacity:
+            raise ValueError(f"positions must be slots in [0, N={capacity}); got min {lo}, max {hi}")

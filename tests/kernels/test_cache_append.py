@@ -1,0 +1,88 @@
+"""Triton ``append_kv`` (one launch writes a decode token's keys and values into a static cache) against
+``kernels.reference.append_kv``. CPU: interpreter, fp32 / fp16; GPU (``-m gpu``): bf16. Buffers are random
+(so an untouched slot that changed shows), batches smaller than the buffer, strided views of a bigger pool,
+head dims that are not powers of two, GQA head counts 1 / 3 / 4 / 8."""
+
+import os
+
+import pytest
+import torch
+
+from kernels import reference
+from kernels.triton_cache_append import append_kv_triton
+
+INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
+cpu_only = pytest.mark.skipif(not INTERPRETING, reason="CPU cases run the Triton interpreter")
+
+CASES = [  # Bmax, B, Hkv, N, D
+    (4, 3, 1, 50, 64),
+    (2, 2, 3, 17, 80),   # D not a power of two
+    (5, 1, 4, 33, 16),
+    (3, 3, 8, 40, 128),
+]
+
+
+def make_case(case, dtype, device, seed, pool_heads=0):
+    bmax, batch, heads, capacity, dim = case
+    gen = torch.Generator().manual_seed(seed)
+    # a view into a bigger pool (POD's key_pool layout) when pool_heads > 0: non-contiguous batch / head strides
+    total = heads + pool_heads
+    pool = torch.randn(bmax, total, capacity, dim, generator=gen).to(device, dtype)
+    keys = pool[:, pool_heads:pool_heads + heads]
+    values = torch.randn(bmax, heads, capacity, dim, generator=gen).to(device, dtype)
+    k = torch.randn(batch, heads, dim, generator=gen).to(device, dtype)
+    v = torch.randn(batch, heads, dim, generator=gen).to(device, dtype)
+    positions = torch.randperm(capacity, generator=gen)[:batch].to(device)
+    return keys, values, k, v, positions
+
+
+def run_both(case, dtype, device, seed, pool_heads=0):
+    keys, values, k, v, positions = make_case(case, dtype, device, seed, pool_heads)
+    ref_keys, ref_values = keys.clone(), values.clone()
+    reference.append_kv(ref_keys, ref_values, k, v, positions)
+    append_kv_triton(keys, values, k, v, positions)
+    return keys, values, ref_keys, ref_values, k, v, positions
+
+
+@cpu_only
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("pool_heads", [0, 2])
+def test_append_matches_reference_cpu(case, dtype, pool_heads):
+    keys, values, ref_keys, ref_values, k, v, positions = run_both(case, dtype, "cpu", seed=hash(case) % 1000,
+                                                                    pool_heads=pool_heads)
+    assert torch.equal(keys, ref_keys) and torch.equal(values, ref_values)
+    rows = torch.arange(k.shape[0])
+    assert torch.equal(keys[rows, :, positions], k) and torch.equal(values[rows, :, positions], v)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("pool_heads", [0, 2])
+def test_append_matches_reference_gpu(case, pool_heads):
+    keys, values, ref_keys, ref_values, *_ = run_both(case, torch.bfloat16, "cuda", seed=7, pool_heads=pool_heads)
+    assert torch.equal(keys, ref_keys) and torch.equal(values, ref_values)
+
+
+def test_reference_changes_only_the_written_slots():
+    keys, values, k, v, positions = make_case((3, 2, 2, 9, 8), torch.float32, "cpu", seed=1)
+    before_k, before_v = keys.clone(), values.clone()
+    reference.append_kv(keys, values, k, v, positions)
+    changed = (keys != before_k).any(-1) | (values != before_v).any(-1)   # [Bmax, H, N]
+    expected = torch.zeros_like(changed)
+    expected[torch.arange(2), :, positions] = True
+    assert torch.equal(changed, expected)
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda a: a.update(k=a["k"][:, :1]), r"k must be \[B <= 3, 2, 8\]"),
+    (lambda a: a.update(value_buffer=a["value_buffer"][:, :, :4]), "value_buffer shape"),
+    (lambda a: a.update(positions=a["positions"].float()), "positions must be an int32 / int64"),
+    (lambda a: a.update(positions=a["positions"] + 100), r"positions must be slots in \[0, N=9\)"),
+])
+def test_bad_arguments_are_named(mutate, message):
+    keys, values, k, v, positions = make_case((3, 2, 2, 9, 8), torch.float32, "cpu", seed=2)
+    args = dict(key_buffer=keys, value_buffer=values, k=k, v=v, positions=positions)
+    mutate(args)
+    with pytest.raises(ValueError, match=message):
+        reference.append_kv(**args)
