@@ -36,7 +36,6 @@ from eval.tasks.needle import needle_grid
 from eval.tasks.passkey import passkey_grid
 from sparse_models.calibration.pod_similarity import protect_units, shared_units, split_block
 
-
 TASK_GRIDS = {"passkey": (passkey_grid, "filler"), "needle": (needle_grid, "pride_and_prejudice")}
 
 

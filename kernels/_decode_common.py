@@ -29,13 +29,8 @@ MAX_HEAD_DIM = 256
 # registers at once (BLOCK_S x BLOCK_D fp32), so keep it modest.
 MAX_SPLITS = 128
 
-# Set PODKIT_SKIP_VALUE_CHECKS=1 to skip the data-dependent checks (seq_lens / index ranges).
-# Those need one device->host sync per call on CUDA; they are also skipped automatically while a
-# CUDA graph is being captured. Shape / dtype / device checks always run (they are free).
-from ._value_checks import value_checks_enabled  # noqa: E402,F401  (re-exported: the kernels import it from here)
-
-
 from ._interpreter import interpreting  # noqa: E402,F401  (also installs the interpreter patch)
+from ._value_checks import value_checks_enabled  # noqa: E402,F401  (re-exported: the kernels import it from here)
 
 
 @functools.lru_cache(maxsize=None)

@@ -260,8 +260,14 @@ def _final_map(recipe, anchors, blocks_path, rank: int, log):
     target = recipe.pod.min_kv_saving
     if not units and target is None:
         return anchors, blocks_path
-    from sparse_models.calibration.pod_similarity import (delta_for_kv_saving, kv_saving_fraction, protect_units,
-                                                          read_blocks_json, shared_units, write_blocks_json)
+    from sparse_models.calibration.pod_similarity import (
+        delta_for_kv_saving,
+        kv_saving_fraction,
+        protect_units,
+        read_blocks_json,
+        shared_units,
+        write_blocks_json,
+    )
 
     length, proximal = recipe.data.context_length, (recipe.pod.sink_tokens, recipe.pod.recent_window)
     source = read_blocks_json(blocks_path) if blocks_path and Path(blocks_path).is_file() else {}

@@ -206,8 +206,15 @@ def markdown(result: dict) -> str:
 
 
 def main(argv=None) -> int:
-    from eval.bench.e2e import (SHAPES, TINY, build_model, decode_weight_bytes, dense_kv_bytes, parse_rows,
-                                scheme_overrides)
+    from eval.bench.e2e import (
+        SHAPES,
+        TINY,
+        build_model,
+        decode_weight_bytes,
+        dense_kv_bytes,
+        parse_rows,
+        scheme_overrides,
+    )
 
     ap = argparse.ArgumentParser(prog="python -m eval.bench decode-profile", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="outputs/bench/decode_profile.json")

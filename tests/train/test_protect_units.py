@@ -8,13 +8,19 @@ import json
 import subprocess
 
 import pytest
+import torch
 from pipeline_runs import pipeline_env, python_command, run
 from tiny_setup import make_texts, make_tiny_model, tiny_recipe, write_recipe
 
-import torch
-
-from sparse_models.calibration.pod_similarity import (delta_for_kv_saving, greedy_blocks, kv_saving_fraction,
-                                                      max_kv_saving, protect_units, shared_units, write_blocks_json)
+from sparse_models.calibration.pod_similarity import (
+    delta_for_kv_saving,
+    greedy_blocks,
+    kv_saving_fraction,
+    max_kv_saving,
+    protect_units,
+    shared_units,
+    write_blocks_json,
+)
 from train.recipe import RecipeError, recipe_from_dict
 
 # 5 layers x 2 KV heads: head 0 is one block 0-4; head 1 is blocks 0-1 and 2-4
