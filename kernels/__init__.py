@@ -31,6 +31,7 @@ __all__ = [
     "quest_select_pages",
     "quest_page_minmax",
     "append_kv",
+    "decode_linear",
     "reference",
 ]
 
@@ -48,6 +49,7 @@ _TRITON_IMPLEMENTATIONS = {
     "token_sparse_scores": ("triton_token_sparse_scores", "token_sparse_scores_triton"),
     "pod_prefill_attention": ("triton_pod_prefill_attention", "pod_prefill_attention_triton"),
     "append_kv": ("triton_cache_append", "append_kv_triton"),
+    "decode_linear": ("triton_decode_linear", "decode_linear_triton"),
 }
 
 
@@ -101,6 +103,7 @@ sparse_prefill_attention = _dispatch("sparse_prefill_attention")
 token_sparse_scores = _dispatch("token_sparse_scores")
 pod_prefill_attention = _dispatch("pod_prefill_attention")
 append_kv = _dispatch("append_kv")
+decode_linear = _dispatch("decode_linear")
 
 # Selection and page min/max are cheap torch ops on every device.
 select_topk_positions = reference.select_topk_positions

@@ -42,3 +42,36 @@ def check_append_inputs(key_buffer, value_buffer, k, v, positions) -> None:
         lo, hi = int(positions.min()), int(positions.max())
         if lo < 0 or hi >= capacity:
             raise ValueError(f"positions must be slots in [0, N={capacity}); got min {lo}, max {hi}")
+
+
+def check_decode_linear_inputs(x, weights, biases, gated: bool):
+    """``decode_linear``'s arguments, each error naming the argument; returns (weights, biases) as tuples of the
+    same length (biases padded with None). x [M <= 64, K]; 1-3 weights [N_i, K] with a unit last stride, x's
+    dtype and device; biases None or one [N_i] / None per weight; gated: exactly two weights of one shape."""
+    if x.dim() != 2:
+        raise ValueError(f"x must be [M, K] (the decode batch's rows); got shape {tuple(x.shape)}")
+    if x.shape[0] > 64:
+        raise ValueError(f"x has {x.shape[0]} rows: decode_linear is for decode batches of at most 64 rows; use "
+                         f"torch.nn.functional.linear for larger ones")
+    weights = tuple(weights) if isinstance(weights, (list, tuple)) else (weights,)
+    if not 1 <= len(weights) <= 3:
+        raise ValueError(f"weights: expected 1 to 3 tensors sharing the input; got {len(weights)}")
+    for i, w in enumerate(weights):
+        if w.dim() != 2 or w.shape[1] != x.shape[1]:
+            raise ValueError(f"weights[{i}] must be [N, K={x.shape[1]}]; got shape {tuple(w.shape)}")
+        if w.dtype != x.dtype or w.device != x.device:
+            raise ValueError(f"weights[{i}] is {w.dtype} on {w.device}; expected x's {x.dtype} on {x.device}")
+        if w.stride(-1) != 1:
+            raise ValueError(f"weights[{i}] must have a unit last stride (row-major); got strides {w.stride()}")
+    if biases is None:
+        biases = (None,) * len(weights)
+    biases = tuple(biases)
+    if len(biases) != len(weights):
+        raise ValueError(f"biases: expected None or one entry per weight ({len(weights)}); got {len(biases)}")
+    for i, (b, w) in enumerate(zip(biases, weights)):
+        if b is not None and (b.dim() != 1 or b.shape[0] != w.shape[0]):
+            raise ValueError(f"biases[{i}] must be None or [N={w.shape[0]}]; got shape {tuple(b.shape)}")
+    if gated and (len(weights) != 2 or weights[0].shape != weights[1].shape):
+        raise ValueError(f"gated=True takes two weights of one shape (gate, up); got shapes "
+                         f"{[tuple(w.shape) for w in weights]}")
+    return weights, biases

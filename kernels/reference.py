@@ -518,3 +518,17 @@ def append_kv(key_buffer, value_buffer, k, v, positions):
     rows = torch.arange(k.shape[0], device=k.device)
     key_buffer[rows, :, positions] = k.to(key_buffer.dtype)
     value_buffer[rows, :, positions] = v.to(value_buffer.dtype)
+
+
+def decode_linear(x, weights, biases=None, *, gated=False):
+    """Several linear maps of one input, side by side: x [M, K], weights 1-3 tensors [N_i, K], biases None or
+    one [N_i] / None each -> [M, sum N_i]; with ``gated=True`` (two weights of one shape: gate, up)
+    ``silu(x W_0^T + b_0) * (x W_1^T + b_1)`` -> [M, N_0] (the SiLU-gated MLP's hidden activation).
+    Products in x's dtype with fp32 accumulation, as ``F.linear`` does."""
+    from ._value_checks import check_decode_linear_inputs
+
+    weights, biases = check_decode_linear_inputs(x, weights, biases, gated)
+    outs = [F.linear(x, w, b) for w, b in zip(weights, biases)]
+    if gated:
+        return F.silu(outs[0]) * outs[1]
+    return torch.cat(outs, dim=-1)

@@ -57,18 +57,32 @@ def _supported(parts: ModelParts) -> bool:
     return True
 
 
+PROJECTIONS = ("torch", "grouped")
+
+
 class CompiledLayers:
     """``pre(layer_index, hidden, cos, sin)`` and ``post(layer_index, residual, attn)`` backed by
-    torch.compile'd functions; ``CompiledLayers.build(parts)`` returns None when unsupported."""
+    torch.compile'd functions (or the same functions eagerly, ``compile=False``); ``CompiledLayers.build(parts)``
+    returns None when unsupported. ``projections="grouped"`` runs the projections as grouped matrix-vector
+    launches (``grouped_projections``) instead of one ``F.linear`` each."""
 
-    def __init__(self, parts: ModelParts):
+    def __init__(self, parts: ModelParts, projections: str = "torch", compile: bool = True):
+        if projections not in PROJECTIONS:
+            raise ValueError(f"projections={projections!r}: expected one of {PROJECTIONS}")
         self.parts = parts
-        self._pre = torch.compile(pre_attention, dynamic=False, fullgraph=True)
-        self._post = torch.compile(post_attention, dynamic=False, fullgraph=True)
+        self.projections = projections
+        if projections == "grouped":
+            from .grouped_projections import post_attention_grouped, pre_attention_grouped
+
+            pre, post = pre_attention_grouped, post_attention_grouped
+        else:
+            pre, post = pre_attention, post_attention
+        self._pre = torch.compile(pre, dynamic=False, fullgraph=True) if compile else pre
+        self._post = torch.compile(post, dynamic=False, fullgraph=True) if compile else post
 
     @classmethod
-    def build(cls, parts: ModelParts) -> "CompiledLayers | None":
-        return cls(parts) if _supported(parts) else None
+    def build(cls, parts: ModelParts, projections: str = "torch", compile: bool = True) -> "CompiledLayers | None":
+        return cls(parts, projections, compile) if _supported(parts) else None
 
     def pre(self, layer: LayerModules, hidden, cos, sin):
         p = self.parts

@@ -124,12 +124,15 @@ class GenerationEngine:
         token_sparse_keep_ratio: replace Token Sparse's dynamic coverage by a fixed kept fraction.
         compile_layers: torch.compile the non-attention parts of the decode step (norms, projections,
             RoPE, MLP fused by Inductor; ``compiled_layers``). Default: off (first step compiles, ~tens of s).
+        decode_projections: ``"torch"`` (one ``F.linear`` per projection, cuBLAS) or ``"grouped"`` (q/k/v in one
+            launch, gate/up in one with the SiLU gating fused: ``grouped_projections``; batches of at most 64).
         **overrides: flat scheme overrides (``decode_scheme="tidal", tidal_budget=2048``).
     """
 
     def __init__(self, model, *, sparse_config: SparseAttentionConfig | None = None, max_batch_size: int = 1,
                  max_seq_len: int | None = None, use_cuda_graphs: bool | None = None,
-                 token_sparse_keep_ratio: float | None = None, compile_layers: bool = False, **overrides):
+                 token_sparse_keep_ratio: float | None = None, compile_layers: bool = False,
+                 decode_projections: str = "torch", **overrides):
         self.model = model
         self.parts = extract_model_parts(model)
         self.config = _resolve_config(model, sparse_config, overrides)
@@ -149,6 +152,13 @@ class GenerationEngine:
                               f"decode kernel; use pod_gate_estimate='exact' (or pod_gate_tau=None)")
         if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int) or max_batch_size < 1:
             raise EngineError(f"max_batch_size={max_batch_size!r} is invalid: expected an integer >= 1")
+        from .compiled_layers import PROJECTIONS
+
+        if decode_projections not in PROJECTIONS:
+            raise EngineError(f"decode_projections={decode_projections!r} is invalid: expected one of {PROJECTIONS}")
+        if decode_projections == "grouped" and max_batch_size > 64:
+            raise EngineError(f"decode_projections='grouped' runs decode batches of at most 64 rows; "
+                              f"max_batch_size={max_batch_size}: use decode_projections='torch'")
         capacity = max_seq_len or getattr(model.config, "max_position_embeddings", None)
         if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 2:
             raise EngineError(f"max_seq_len={max_seq_len!r} is invalid: expected an integer >= 2 (cache slots per "
@@ -178,13 +188,14 @@ class GenerationEngine:
                                  pod_recent=self.config.pod.recent_window, quest_layers=page_layers,
                                  quest_page_size=needs.page_size(self.config) if needs.page_size else 16)
         compiled = None
-        if compile_layers:
+        if compile_layers or decode_projections != "torch":
             from .compiled_layers import CompiledLayers
 
-            compiled = CompiledLayers.build(parts)
+            compiled = CompiledLayers.build(parts, decode_projections, compile=compile_layers)
             if compiled is None:
-                warnings.warn("compile_layers: this model's layers are not Llama-style (RMSNorm + SiLU MLP); "
-                              "running them eagerly", RuntimeWarning, stacklevel=2)
+                warnings.warn(f"compile_layers={compile_layers}, decode_projections={decode_projections!r}: this "
+                              f"model's layers are not Llama-style (RMSNorm + SiLU MLP); running them eagerly with "
+                              f"one F.linear per projection", RuntimeWarning, stacklevel=2)
         self.decode_step = DecodeStep(parts, self.plan, self.cache, self.config, compiled=compiled)
         self._input_ids = torch.zeros(max_batch_size, dtype=torch.long, device=device)
         self._graphs: dict[int, GraphedStep] = {}

@@ -312,3 +312,44 @@ def test_sliding_window_models_are_limited_to_their_window():
     prompt = random_prompts([9], seed=1)[0]
     expected = model.generate(torch.tensor([prompt]), max_new_tokens=5, do_sample=False)[0, 9:].tolist()
     assert engine.generate([prompt], max_new_tokens=5).tokens[0] == expected
+
+
+def _grouped_vs_torch(device: str, scheme: str, compile_layers: bool, qwen_biases: bool = False):
+    """decode_projections='grouped' (q/k/v and gate/up each one kernels.decode_linear launch) gives the tokens
+    of the default F.linear projections."""
+    if qwen_biases:
+        from transformers import Qwen2Config, Qwen2ForCausalLM
+
+        torch.manual_seed(31)
+        model = Qwen2ForCausalLM(Qwen2Config(**tiny_config(8, 2))).eval().to(device)
+    else:
+        model = podkit_model(8, 2, seed=31).to(device)
+    prompts = random_prompts([27, 9, 18], seed=32)
+    overrides = scheme_overrides(scheme, 2) if not qwen_biases else {"decode_scheme": "dense"}
+    plain = GenerationEngine(model, max_batch_size=3, max_seq_len=48, **overrides).generate(prompts, max_new_tokens=6)
+    grouped = GenerationEngine(model, max_batch_size=3, max_seq_len=48, decode_projections="grouped",
+                               compile_layers=compile_layers, **overrides).generate(prompts, max_new_tokens=6)
+    assert grouped.tokens == plain.tokens
+
+
+@pytest.mark.parametrize("scheme", ["dense", "pod+tidal"])
+def test_grouped_projections_match_on_cpu(scheme):
+    _grouped_vs_torch("cpu", scheme, compile_layers=False)
+
+
+def test_grouped_projections_with_biases_match_on_cpu():
+    _grouped_vs_torch("cpu", "dense", compile_layers=False, qwen_biases=True)
+
+
+def test_grouped_projections_are_checked():
+    model = podkit_model(6, 2, seed=6)
+    with pytest.raises(EngineError, match="decode_projections='fused' is invalid: expected one of"):
+        GenerationEngine(model, max_seq_len=16, decode_projections="fused")
+    with pytest.raises(EngineError, match="at most 64 rows; max_batch_size=65"):
+        GenerationEngine(model, max_seq_len=16, max_batch_size=65, decode_projections="grouped")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("scheme", ["dense", "tidal", "pod+tidal"])
+def test_grouped_projections_compiled_with_cuda_graphs_match_on_gpu(scheme):
+    _grouped_vs_torch("cuda", scheme, compile_layers=True)
