@@ -66,9 +66,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--compile", action="store_true",
                    help="torch.compile the non-attention parts of the decode step (fewer kernels; the first step "
                         "compiles for tens of seconds)")
-    p.add_argument("--decode-projections", choices=["torch", "grouped"], default="torch",
-                   help="the decode step's projections: one F.linear each (cuBLAS), or q/k/v and gate/up each as one "
-                        "grouped matrix-vector launch (batches of at most 64)")
+    p.add_argument("--decode-kernels", choices=["standard", "fused"], default="standard",
+                   help="the decode step: one cuBLAS F.linear per projection and indexed cache writes, or q/k/v and "
+                        "gate/up each as one grouped matrix-vector launch and a one-launch KV append (batches of at "
+                        "most 64; speed not yet measured)")
     warm = p.add_mutually_exclusive_group()
     warm.add_argument("--warmup", dest="warmup", action="store_true", default=None,
                       help="before the timed run, generate 3 tokens on the same prompts to compile kernels and "
@@ -210,7 +211,7 @@ def _main(argv=None) -> int:
             warnings.simplefilter("always", RuntimeWarning)
             engine = GenerationEngine(model, max_batch_size=len(ids), max_seq_len=capacity,
                                       use_cuda_graphs=args.cuda_graphs, compile_layers=args.compile,
-                                      decode_projections=args.decode_projections, **overrides)
+                                      decode_kernels=args.decode_kernels, **overrides)
         for w in caught:
             print(f"warning: {w.message}", file=sys.stderr)
         sampling = SamplingConfig(temperature=args.temperature, top_p=args.top_p, seed=args.seed)

@@ -226,8 +226,9 @@ def main(argv=None) -> int:
     ap.add_argument("--profile-steps", type=int, default=10)
     ap.add_argument("--eager", action="store_true", help="also profile without CUDA graphs")
     ap.add_argument("--no-compile", action="store_true", help="plain eager modules inside the graph")
-    ap.add_argument("--decode-projections", choices=["torch", "grouped"], default="torch",
-                    help="the engine's projections: one F.linear each (cuBLAS) or grouped matrix-vector launches")
+    ap.add_argument("--decode-kernels", choices=["standard", "fused"], default="standard",
+                    help="the engine's decode step: cuBLAS projections + indexed cache writes, or grouped "
+                         "matrix-vector launches + one-launch KV append")
     ap.add_argument("--tiny", action="store_true", help="a tiny model and contexts: exercises the code on CPU")
     args = ap.parse_args(argv)
     for name in ("timed_steps", "profile_steps"):
@@ -241,7 +242,7 @@ def main(argv=None) -> int:
     if args.tiny:
         rows = [(min(c, 256), b) for c, b in rows]
     overrides = scheme_overrides(args.scheme, shape["num_hidden_layers"], shape["num_key_value_heads"], args.budget,
-                                 args.tiny) | {"decode_projections": args.decode_projections}
+                                 args.tiny) | {"decode_kernels": args.decode_kernels}
     os.environ.setdefault("PODKIT_SKIP_VALUE_CHECKS", "1")  # no host syncs inside the profiled steps
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     out = Path(args.out)
@@ -256,7 +257,7 @@ def main(argv=None) -> int:
               "command": "python -m eval.bench decode-profile " + " ".join(argv if argv is not None else sys.argv[1:]),
               "device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "torch": torch.__version__,
               "model": "random-init " + shape_name, "scheme": args.scheme, "dtype": str(dtype).replace("torch.", ""),
-              "decode_projections": args.decode_projections,
+              "decode_kernels": args.decode_kernels,
               "copy_bandwidth_TBps": round(bw / 1e12, 3) if bw else None, "rows": {}, "errors": []}
     elt = torch.empty((), dtype=dtype).element_size()
     modes = [("graph", True)] + ([("eager", False)] if args.eager else [])

@@ -445,8 +445,9 @@ def main(argv=None) -> int:
                     help="skip the remaining rows once this much wall time has passed (the device's per-call "
                          "limit is 600 s); skipped rows are listed in the JSON")
     ap.add_argument("--no-graphs", action="store_true", help="eager decode (for comparison)")
-    ap.add_argument("--decode-projections", choices=["torch", "grouped"], default="torch",
-                    help="the engine's projections: one F.linear each (cuBLAS) or grouped matrix-vector launches")
+    ap.add_argument("--decode-kernels", choices=["standard", "fused"], default="standard",
+                    help="the engine's decode step: cuBLAS projections + indexed cache writes, or grouped "
+                         "matrix-vector launches + one-launch KV append")
     ap.add_argument("--no-compile", action="store_true",
                     help="do not torch.compile the non-attention parts of the decode step (engine compile_layers)")
     args = ap.parse_args(argv)
@@ -487,7 +488,7 @@ def main(argv=None) -> int:
               "shape": shape, "dtype": str(dtype).replace("torch.", ""), "budget": args.budget,
               "pod_anchor_layers": pod_anchor_layers(shape["num_hidden_layers"], shape["num_key_value_heads"],
                                                      2 if args.tiny else 9),
-              "decode_projections": args.decode_projections, "decode": {}, "prefill": {}, "memory": {}, "errors": []}
+              "decode_kernels": args.decode_kernels, "decode": {}, "prefill": {}, "memory": {}, "errors": []}
     try:
         import transformers
         result["transformers"] = transformers.__version__
@@ -557,7 +558,7 @@ def main(argv=None) -> int:
         for scheme in args.schemes:
             try:
                 overrides = scheme_overrides(scheme, shape["num_hidden_layers"], shape["num_key_value_heads"],
-                                             args.budget, args.tiny) | {"decode_projections": args.decode_projections}
+                                             args.budget, args.tiny) | {"decode_kernels": args.decode_kernels}
                 compile_layers = not args.no_compile and device == "cuda"
                 try:
                     row[scheme] = time_engine_decode(model, context, batch, overrides, args.steps,

@@ -110,6 +110,9 @@ def _synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+DECODE_KERNELS = ("standard", "fused")
+
+
 class GenerationEngine:
     """Static-cache generation for a Llama-family model with podkit's schemes.
 
@@ -124,15 +127,17 @@ class GenerationEngine:
         token_sparse_keep_ratio: replace Token Sparse's dynamic coverage by a fixed kept fraction.
         compile_layers: torch.compile the non-attention parts of the decode step (norms, projections,
             RoPE, MLP fused by Inductor; ``compiled_layers``). Default: off (first step compiles, ~tens of s).
-        decode_projections: ``"torch"`` (one ``F.linear`` per projection, cuBLAS) or ``"grouped"`` (q/k/v in one
-            launch, gate/up in one with the SiLU gating fused: ``grouped_projections``; batches of at most 64).
+        decode_kernels: ``"standard"`` (one cuBLAS ``F.linear`` per projection, indexed cache writes) or ``"fused"``
+            (q/k/v in one launch, gate/up in one with the SiLU gating fused, ``grouped_projections``; keys and values
+            appended in one launch, ``kernels.append_kv``; batches of at most 64). Not yet the default: its speed
+            has not been measured against the standard path.
         **overrides: flat scheme overrides (``decode_scheme="tidal", tidal_budget=2048``).
     """
 
     def __init__(self, model, *, sparse_config: SparseAttentionConfig | None = None, max_batch_size: int = 1,
                  max_seq_len: int | None = None, use_cuda_graphs: bool | None = None,
                  token_sparse_keep_ratio: float | None = None, compile_layers: bool = False,
-                 decode_projections: str = "torch", **overrides):
+                 decode_kernels: str = "standard", **overrides):
         self.model = model
         self.parts = extract_model_parts(model)
         self.config = _resolve_config(model, sparse_config, overrides)
@@ -152,13 +157,12 @@ class GenerationEngine:
                               f"decode kernel; use pod_gate_estimate='exact' (or pod_gate_tau=None)")
         if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int) or max_batch_size < 1:
             raise EngineError(f"max_batch_size={max_batch_size!r} is invalid: expected an integer >= 1")
-        from .compiled_layers import PROJECTIONS
-
-        if decode_projections not in PROJECTIONS:
-            raise EngineError(f"decode_projections={decode_projections!r} is invalid: expected one of {PROJECTIONS}")
-        if decode_projections == "grouped" and max_batch_size > 64:
-            raise EngineError(f"decode_projections='grouped' runs decode batches of at most 64 rows; "
-                              f"max_batch_size={max_batch_size}: use decode_projections='torch'")
+        if decode_kernels not in DECODE_KERNELS:
+            raise EngineError(f"decode_kernels={decode_kernels!r} is invalid: expected one of {DECODE_KERNELS}")
+        if decode_kernels == "fused" and max_batch_size > 64:
+            raise EngineError(f"decode_kernels='fused' runs decode batches of at most 64 rows; "
+                              f"max_batch_size={max_batch_size}: use decode_kernels='standard'")
+        fused = decode_kernels == "fused"
         capacity = max_seq_len or getattr(model.config, "max_position_embeddings", None)
         if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 2:
             raise EngineError(f"max_seq_len={max_seq_len!r} is invalid: expected an integer >= 2 (cache slots per "
@@ -186,14 +190,15 @@ class GenerationEngine:
         self.cache = StaticCache(self.plan, parts.num_kv_heads, parts.head_dim, max_batch_size, capacity,
                                  dtype=parts.dtype, device=device, pod_sink=self.config.pod.sink_tokens,
                                  pod_recent=self.config.pod.recent_window, quest_layers=page_layers,
-                                 quest_page_size=needs.page_size(self.config) if needs.page_size else 16)
+                                 quest_page_size=needs.page_size(self.config) if needs.page_size else 16,
+                                 fused_append=fused)
         compiled = None
-        if compile_layers or decode_projections != "torch":
+        if compile_layers or fused:
             from .compiled_layers import CompiledLayers
 
-            compiled = CompiledLayers.build(parts, decode_projections, compile=compile_layers)
+            compiled = CompiledLayers.build(parts, "grouped" if fused else "torch", compile=compile_layers)
             if compiled is None:
-                warnings.warn(f"compile_layers={compile_layers}, decode_projections={decode_projections!r}: this "
+                warnings.warn(f"compile_layers={compile_layers}, decode_kernels={decode_kernels!r}: this "
                               f"model's layers are not Llama-style (RMSNorm + SiLU MLP); running them eagerly with "
                               f"one F.linear per projection", RuntimeWarning, stacklevel=2)
         self.decode_step = DecodeStep(parts, self.plan, self.cache, self.config, compiled=compiled)

@@ -65,11 +65,14 @@ class StaticCache:
         max_batch: Bmax; capacity: N slots per sequence.
         pod_sink, pod_recent: POD's proximal window (used when some layer has ``pod_keys``).
         quest_layers, quest_page_size: layers that keep Quest page metadata.
+        fused_append: write a decode token's keys and values with ``kernels.append_kv`` (one launch) where a
+            layer's heads all keep their own keys, instead of indexed assignments (the engine's
+            ``decode_kernels="fused"``).
     """
 
     def __init__(self, plan, num_kv_heads: int, head_dim: int, max_batch: int, capacity: int, *,
                  dtype: torch.dtype, device, pod_sink: int = 0, pod_recent: int = 1,
-                 quest_layers=(), quest_page_size: int = 16):
+                 quest_layers=(), quest_page_size: int = 16, fused_append: bool = False):
         if max_batch < 1:
             raise EngineError(f"max_batch={max_batch} is invalid: expected >= 1")
         if capacity < 1:
@@ -85,6 +88,7 @@ class StaticCache:
         self.sink = pod_sink
         self.recent = pod_recent
         self.page_size = quest_page_size
+        self.fused_append = fused_append  # decode appends through kernels.append_kv (one launch per layer)
         shape = (max_batch, num_kv_heads, capacity, head_dim)
         alloc = dict(dtype=dtype, device=self.device)
         self.runs = [key_runs(p.anchors if p.pod_keys else (p.layer,) * num_kv_heads, p.layer) for p in plan]
@@ -146,7 +150,7 @@ class StaticCache:
         batch = k.shape[0]
         b = self._batch_index[:batch]
         runs = self.runs[layer]
-        if len(runs) == 1 and runs[0].own:  # every head keeps its own keys: one launch writes keys and values
+        if self.fused_append and len(runs) == 1 and runs[0].own:  # all heads keep their own keys: one launch
             kernels.append_kv(self.full_keys(layer, 0, self.num_kv_heads, self.max_batch), self.values[layer], k, v,
                               positions)
         else:

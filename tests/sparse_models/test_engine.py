@@ -315,8 +315,8 @@ def test_sliding_window_models_are_limited_to_their_window():
 
 
 def _grouped_vs_torch(device: str, scheme: str, compile_layers: bool, qwen_biases: bool = False):
-    """decode_projections='grouped' (q/k/v and gate/up each one kernels.decode_linear launch) gives the tokens
-    of the default F.linear projections."""
+    """decode_kernels='fused' (q/k/v and gate/up each one kernels.decode_linear launch, one-launch KV append)
+    gives the tokens of the standard path."""
     if qwen_biases:
         from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -327,7 +327,7 @@ def _grouped_vs_torch(device: str, scheme: str, compile_layers: bool, qwen_biase
     prompts = random_prompts([27, 9, 18], seed=32)
     overrides = scheme_overrides(scheme, 2) if not qwen_biases else {"decode_scheme": "dense"}
     plain = GenerationEngine(model, max_batch_size=3, max_seq_len=48, **overrides).generate(prompts, max_new_tokens=6)
-    grouped = GenerationEngine(model, max_batch_size=3, max_seq_len=48, decode_projections="grouped",
+    grouped = GenerationEngine(model, max_batch_size=3, max_seq_len=48, decode_kernels="fused",
                                compile_layers=compile_layers, **overrides).generate(prompts, max_new_tokens=6)
     assert grouped.tokens == plain.tokens
 
@@ -343,10 +343,10 @@ def test_grouped_projections_with_biases_match_on_cpu():
 
 def test_grouped_projections_are_checked():
     model = podkit_model(6, 2, seed=6)
-    with pytest.raises(EngineError, match="decode_projections='fused' is invalid: expected one of"):
-        GenerationEngine(model, max_seq_len=16, decode_projections="fused")
+    with pytest.raises(EngineError, match="decode_kernels='grouped' is invalid: expected one of"):
+        GenerationEngine(model, max_seq_len=16, decode_kernels="grouped")
     with pytest.raises(EngineError, match="at most 64 rows; max_batch_size=65"):
-        GenerationEngine(model, max_seq_len=16, max_batch_size=65, decode_projections="grouped")
+        GenerationEngine(model, max_seq_len=16, max_batch_size=65, decode_kernels="fused")
 
 
 @pytest.mark.gpu
