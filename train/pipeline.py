@@ -292,8 +292,10 @@ def _final_map(recipe, anchors, blocks_path, rank: int, log):
         log(f"[explore] pod.min_kv_saving={target}: delta lowered to {delta:.4f}")
     path = Path(recipe.train.output_dir) / "exploration" / "blocks_trained.json"
     if rank == 0:
-        metadata = {k: v for k, v in source.items() if k not in ("format", "anchor_layers", "blocks", "similarity",
-                                                                 "num_layers", "num_kv_heads", "anchor_fraction")}
+        # a reused map may itself be a trained map (blocks_trained.json): its own provenance keys are replaced
+        metadata = {k: v for k, v in source.items() if k not in (
+            "format", "anchor_layers", "blocks", "similarity", "num_layers", "num_kv_heads", "anchor_fraction", "delta",
+            "source_blocks", "protect_units", "already_anchors", "min_kv_saving")}
         path.parent.mkdir(parents=True, exist_ok=True)
         write_blocks_json(path, final, similarity, **{**metadata, "delta": delta}, source_blocks=str(blocks_path),
                           protect_units=[list(u) for u in units], already_anchors=[list(u) for u in already],

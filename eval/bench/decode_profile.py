@@ -37,6 +37,9 @@ import torch
 # First match wins: attention before "topk"-like names elsewhere, matrix products before generic names, norms
 # (Inductor fuses rsqrt/mean into reductions) before fused elementwise.
 CATEGORIES = (
+    # podkit's own non-attention decode kernels first (their names contain "decode")
+    ("matrix products", r"decode_linear"),
+    ("kv cache write", r"append_kv"),
     # podkit's kernels (kernels/*.py: _decode_split_kernel, _merge_splits_kernel, _hist_pass_kernel, _count_kernel,
     # _write_kernel, _topk_rows_kernel, _group_probability_kernel, _quest_page_scores_kernel, ...) and torch's
     ("attention", r"decode|attn|attention|_split_kernel|merge_splits|flash|sdpa|topk|_hist_pass|_count_kernel|"
@@ -158,7 +161,7 @@ def plot(result: dict, path: Path) -> str | None:
             if mode in row]
     if not bars:
         return None
-    names = [name for name, _ in CATEGORIES] + ["other"]
+    names = list(dict.fromkeys(name for name, _ in CATEGORIES)) + ["other"]
     colors = dict(zip(names + ["gap (idle)"], plt.cm.tab10.colors))
     fig, ax = plt.subplots(figsize=(9, 1.2 + 0.6 * len(bars)))
     for i, (label, summary) in enumerate(bars):

@@ -21,6 +21,8 @@ from eval.bench.decode_profile import categorize, main, summarize
     ("void at::native::(anonymous namespace)::indexSelectSmallIndex", "embedding / sampling"),
     ("triton_poi_fused_mul_silu_2", "fused elementwise"),
     ("void at::native::unrolled_elementwise_kernel<...>", "fused elementwise"),
+    ("_decode_linear_kernel", "matrix products"),
+    ("_append_kv_kernel", "kv cache write"),
     ("cudaStreamSynchronize", "other"),
 ])
 def test_kernel_names_fall_into_their_kind(name, category):

@@ -203,3 +203,26 @@ def test_the_2k_gpu_recipe_trains_the_measured_map():
                            / "exploration" / "blocks_trained.json").read_text())
     assert anchors == measured["anchor_layers"] and delta == pytest.approx(measured["delta"])
     assert kv_saving_fraction(anchors, 2048, 16, 240) >= 0.30
+
+
+def test_a_trained_map_can_be_reused_as_blocks_file(tmp_path):
+    """pod.blocks_file may point at a previous run's blocks_trained.json (it carries protect_units, delta and
+    min_kv_saving itself): the new map is written with the new run's values, not a clash of keyword arguments."""
+    from types import SimpleNamespace
+
+    from train.pipeline import _final_map
+
+    sim = _random_similarity(layers=6, kv_heads=2, seed=3)
+    first = write_blocks_json(tmp_path / "trained.json", protect_units(greedy_blocks(sim, 0.5), [(2, 0)])[0], sim,
+                              delta=0.5, compare_with="anchor", source_blocks="x.json", protect_units=[[2, 0]],
+                              already_anchors=[], min_kv_saving=None)
+    pod = SimpleNamespace(protect_units=[[2, 0], [4, 1]], min_kv_saving=0.1, delta=0.5, compare_with="anchor",
+                          sink_tokens=4, recent_window=12)
+    recipe = SimpleNamespace(pod=pod, data=SimpleNamespace(context_length=64),
+                             train=SimpleNamespace(output_dir=str(tmp_path / "run")))
+    anchors = json.loads(first.read_text())["anchor_layers"]
+    final, path = _final_map(recipe, anchors, first, rank=0, log=lambda *a: None)
+    written = json.loads(path.read_text())
+    assert written["protect_units"] == [[2, 0], [4, 1]] and written["min_kv_saving"] == 0.1
+    assert written["source_blocks"] == str(first) and written["anchor_layers"] == final
+    assert final[4][1] == 4 and kv_saving_fraction(final, 64, 4, 12) >= 0.1
