@@ -11,8 +11,7 @@ eagerly. ``podkit::decode_linear`` is a ``torch.library`` custom op so that torc
 launch as one opaque op (``fullgraph=True`` holds) instead of tracing into the autotuner.
 """
 
-from __future__ import annotations
-
+# No ``from __future__ import annotations`` here: torch.library infers the op's schema from real annotations.
 from typing import Optional
 
 import torch
