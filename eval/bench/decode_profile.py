@@ -1,6 +1,7 @@
 """Where the time of one decode step goes (issue 12, item 3): a kernel-level profile of the engine's step.
 
     python -m eval.bench decode-profile --rows 32768x1 131072x1 --out outputs/bench/decode_profile.json
+    python -m eval.bench decode-profile --schemes podkit-dense tidal pod pod+tidal --decode-kernels standard fused
     python -m eval.bench decode-profile --tiny --out /tmp/decode_profile.json      # CPU smoke test of the code path
 
 The model and cache are the ones ``eval.bench e2e`` times (random-init Llama-3-8B shape, bf16, the engine's
@@ -13,7 +14,11 @@ static cache filled with random K/V, one CUDA graph per batch size with compiled
 * ``categories``: the busy time split by kernel kind (matrix products, attention, norms, RoPE, KV-cache
   writes, fused elementwise, embedding / sampling, other) with kernel counts per step; the top kernels;
 * the floors: weight bytes / copy bandwidth for the matrix products, KV bytes / copy bandwidth for the
-  attention (copy bandwidth measured in this run, as in ``e2e``), and each category's ratio to its floor.
+  attention (copy bandwidth measured in this run, as in ``e2e``), and each category's ratio to its floor. The
+  floors are the *dense* step's bytes: a sparse scheme's attention below 1x reads fewer bytes than dense.
+
+Every (scheme, decode kernels, mode) of ``--schemes`` x ``--decode-kernels`` x (graph[, eager]) is one entry of a
+row, labelled ``"<scheme> <kernels> <mode>"``.
 
 So "dense is 1.5x the floor" splits into: how much is the matrix products above their bytes, how much is
 the attention above its KV bytes, how much is the small kernels, and how much is idle. ``--eager`` adds the
@@ -26,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import itertools
 import json
 import os
 import re
@@ -157,13 +163,12 @@ def plot(result: dict, path: Path) -> str | None:
         import matplotlib.pyplot as plt
     except ImportError:
         return None
-    bars = [(f"{key} {mode}", row[mode]) for key, row in result["rows"].items() for mode in ("graph", "eager")
-            if mode in row]
+    bars = [(f"{key} {label}", summary) for key, row in result["rows"].items() for label, summary in row.items()]
     if not bars:
         return None
     names = list(dict.fromkeys(name for name, _ in CATEGORIES)) + ["other"]
     colors = dict(zip(names + ["gap (idle)"], plt.cm.tab10.colors))
-    fig, ax = plt.subplots(figsize=(9, 1.2 + 0.6 * len(bars)))
+    fig, ax = plt.subplots(figsize=(10, 1.2 + 0.6 * len(bars)))
     for i, (label, summary) in enumerate(bars):
         left = 0.0
         for name in names:
@@ -179,7 +184,7 @@ def plot(result: dict, path: Path) -> str | None:
                     label="floor (bytes / copy bandwidth)" if i == 0 else None)
     ax.set_yticks(range(len(bars)), [label for label, _ in bars])
     ax.set_xlabel("ms per decode step")
-    ax.set_title(f"decode step breakdown ({result['model']}, {result['scheme']}, {result['device']})", fontsize=9)
+    ax.set_title(f"decode step breakdown ({result['model']}, {result['device']})", fontsize=9)
     handles, labels = ax.get_legend_handles_labels()
     ax.legend(handles, labels, fontsize=7, loc="lower right")
     fig.tight_layout()
@@ -190,20 +195,15 @@ def plot(result: dict, path: Path) -> str | None:
 
 def markdown(result: dict) -> str:
     lines = [f"`{result['command']}` — {result['date']}, {result['device']}, torch {result['torch']}, "
-             f"{result['model']}, scheme {result['scheme']}; copy bandwidth {result['copy_bandwidth_TBps']} TB/s", "",
-             "| row | mode | step ms | floor ms | busy ms | gap ms | kernels/step | largest categories (ms, x floor) |",
-             "|---|---|---|---|---|---|---|---|"]
+             f"{result['model']}; copy bandwidth {result['copy_bandwidth_TBps']} TB/s", "",
+             "| row | scheme, kernels, mode | step ms | floor ms | busy ms | gap ms | kernels/step | largest categories "
+             "(ms, x floor) |", "|---|---|---|---|---|---|---|---|"]
     for key, row in result["rows"].items():
-        for mode in ("graph", "eager"):
-            s = row.get(mode)
-            if not s:
-                continue
+        for label, s in row.items():
             cats = "; ".join(f"{name} {c['ms']:.2f}" + (f" ({c['ratio_to_floor']:.2f}x)" if "ratio_to_floor" in c else "")
                              for name, c in list(s["categories"].items())[:5])
-            floor = s.get("floor_ms")
-            lines.append(f"| {key} | {mode} | {s['step_ms']:.2f} | {floor:.2f} | {s['busy_ms']:.2f} | {s['gap_ms']:.2f} | "
-                         f"{s['kernels_per_step']:.0f} | {cats} |" if floor else
-                         f"| {key} | {mode} | {s['step_ms']:.2f} | – | {s['busy_ms']:.2f} | {s['gap_ms']:.2f} | "
+            floor = f"{s['floor_ms']:.2f}" if s.get("floor_ms") else "–"
+            lines.append(f"| {key} | {label} | {s['step_ms']:.2f} | {floor} | {s['busy_ms']:.2f} | {s['gap_ms']:.2f} | "
                          f"{s['kernels_per_step']:.0f} | {cats} |")
     return "\n".join(lines) + "\n"
 
@@ -222,15 +222,16 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m eval.bench decode-profile", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="outputs/bench/decode_profile.json")
     ap.add_argument("--rows", nargs="+", default=["32768x1", "131072x1"], help="CONTEXTxBATCH")
-    ap.add_argument("--scheme", default="podkit-dense", help="podkit-dense or a registered decode scheme")
+    ap.add_argument("--schemes", nargs="+", default=["podkit-dense"],
+                    help="podkit-dense and / or registered decode schemes (tidal, pod, pod+tidal, quest, ...)")
     ap.add_argument("--budget", type=int, default=2048)
     ap.add_argument("--shape", choices=sorted(SHAPES), default="llama3-8b")
     ap.add_argument("--timed-steps", type=int, default=20)
     ap.add_argument("--profile-steps", type=int, default=10)
     ap.add_argument("--eager", action="store_true", help="also profile without CUDA graphs")
     ap.add_argument("--no-compile", action="store_true", help="plain eager modules inside the graph")
-    ap.add_argument("--decode-kernels", choices=["standard", "fused"], default="standard",
-                    help="the engine's decode step: cuBLAS projections + indexed cache writes, or grouped "
+    ap.add_argument("--decode-kernels", nargs="+", choices=["standard", "fused"], default=["standard"],
+                    help="the engine's decode step: cuBLAS projections + indexed cache writes, and / or grouped "
                          "matrix-vector launches + one-launch KV append")
     ap.add_argument("--tiny", action="store_true", help="a tiny model and contexts: exercises the code on CPU")
     args = ap.parse_args(argv)
@@ -244,8 +245,9 @@ def main(argv=None) -> int:
     shape_name, shape = ("tiny Llama", TINY) if args.tiny else SHAPES[args.shape]
     if args.tiny:
         rows = [(min(c, 256), b) for c, b in rows]
-    overrides = scheme_overrides(args.scheme, shape["num_hidden_layers"], shape["num_key_value_heads"], args.budget,
-                                 args.tiny) | {"decode_kernels": args.decode_kernels}
+    variants = [(scheme, kernels, scheme_overrides(scheme, shape["num_hidden_layers"], shape["num_key_value_heads"],
+                                                   args.budget, args.tiny) | {"decode_kernels": kernels})
+                for scheme in args.schemes for kernels in args.decode_kernels]  # a bad scheme fails before any work
     os.environ.setdefault("PODKIT_SKIP_VALUE_CHECKS", "1")  # no host syncs inside the profiled steps
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     out = Path(args.out)
@@ -259,7 +261,7 @@ def main(argv=None) -> int:
     result = {"benchmark": "decode-profile", "date": datetime.datetime.now().isoformat(timespec="seconds"),
               "command": "python -m eval.bench decode-profile " + " ".join(argv if argv is not None else sys.argv[1:]),
               "device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "torch": torch.__version__,
-              "model": "random-init " + shape_name, "scheme": args.scheme, "dtype": str(dtype).replace("torch.", ""),
+              "model": "random-init " + shape_name, "schemes": args.schemes, "dtype": str(dtype).replace("torch.", ""),
               "decode_kernels": args.decode_kernels,
               "copy_bandwidth_TBps": round(bw / 1e12, 3) if bw else None, "rows": {}, "errors": []}
     elt = torch.empty((), dtype=dtype).element_size()
@@ -270,22 +272,24 @@ def main(argv=None) -> int:
         if bw:
             floors = {"weights": 1000 * decode_weight_bytes(model) / bw,
                       "kv": 1000 * dense_kv_bytes(shape, context, batch, elt) / bw}
-        for mode, use_graphs in modes:
+        for (scheme, kernels, overrides), (mode, use_graphs) in itertools.product(variants, modes):
+            label = f"{scheme} {kernels} {mode}"
             try:
-                step_ms, kernels = profile_row(model, context, batch, overrides, use_graphs=use_graphs and device == "cuda",
-                                               compile_layers=not args.no_compile and device == "cuda",
-                                               timed_steps=args.timed_steps, profile_steps=args.profile_steps)
-                summary = summarize(kernels, step_ms, floors)
+                step_ms, kernels_run = profile_row(model, context, batch, overrides,
+                                                   use_graphs=use_graphs and device == "cuda",
+                                                   compile_layers=not args.no_compile and device == "cuda",
+                                                   timed_steps=args.timed_steps, profile_steps=args.profile_steps)
+                summary = summarize(kernels_run, step_ms, floors)
                 if floors:
                     summary["floor_ms"] = floors["weights"] + floors["kv"]
                     summary["floors_ms"] = floors
-                result["rows"].setdefault(key, {})[mode] = summary
-                print(f"{key} {mode}: step {step_ms:.3f} ms, busy {summary['busy_ms']:.3f}, gap {summary['gap_ms']:.3f}"
-                      f" ms, {summary['kernels_per_step']:.0f} kernels/step; "
+                result["rows"].setdefault(key, {})[label] = summary
+                print(f"{key} {label}: step {step_ms:.3f} ms, busy {summary['busy_ms']:.3f}, gap "
+                      f"{summary['gap_ms']:.3f} ms, {summary['kernels_per_step']:.0f} kernels/step; "
                       + ", ".join(f"{n} {c['ms']:.3f}" for n, c in list(summary["categories"].items())[:6]), flush=True)
-            except Exception as err:  # noqa: BLE001 - one failed row must not lose the others
-                result["errors"].append(f"{key} {mode}: {type(err).__name__}: {err}")
-                print(f"{key} {mode}: {type(err).__name__}: {err}", flush=True)
+            except Exception as err:  # noqa: BLE001 - one failed entry must not lose the others
+                result["errors"].append(f"{key} {label}: {type(err).__name__}: {err}")
+                print(f"{key} {label}: {type(err).__name__}: {err}", flush=True)
             out.write_text(json.dumps(result, indent=2))
     out.with_suffix(".md").write_text(markdown(result))
     png = plot(result, out.with_suffix(".png"))

@@ -47,14 +47,24 @@ def test_tiny_run_writes_json_and_table(tmp_path, monkeypatch):
     # main() skips the kernels' value checks for the whole process (as e2e does); keep that out of later tests
     monkeypatch.setenv("PODKIT_SKIP_VALUE_CHECKS", "1")
     out = tmp_path / "profile.json"
-    assert main(["--tiny", "--rows", "128x2", "--timed-steps", "2", "--profile-steps", "1", "--out", str(out)]) == 0
+    assert main(["--tiny", "--rows", "128x2", "--timed-steps", "2", "--profile-steps", "1", "--schemes", "podkit-dense",
+                 "tidal", "--decode-kernels", "standard", "fused", "--out", str(out)]) == 0
     result = json.loads(out.read_text())
-    row = result["rows"]["128x2"]["graph"]
-    assert row["busy_ms"] > 0 and row["step_ms"] > 0 and row["kernels_per_step"] > 0
-    assert "matrix products" in row["categories"] and row["top_kernels"]
-    assert "| 128x2 | graph |" in out.with_suffix(".md").read_text()
+    row = result["rows"]["128x2"]
+    assert set(row) == {"podkit-dense standard graph", "podkit-dense fused graph", "tidal standard graph",
+                        "tidal fused graph"}
+    for summary in row.values():
+        assert summary["busy_ms"] > 0 and summary["step_ms"] > 0 and summary["kernels_per_step"] > 0
+        assert "matrix products" in summary["categories"] and summary["top_kernels"]
+    assert "| 128x2 | tidal fused graph |" in out.with_suffix(".md").read_text()
 
 
 def test_bad_step_counts_are_refused():
     with pytest.raises(SystemExit):
         main(["--tiny", "--profile-steps", "0"])
+
+
+def test_an_unknown_scheme_is_refused_before_any_work(tmp_path):
+    with pytest.raises(Exception, match="bogus"):
+        main(["--tiny", "--schemes", "bogus", "--out", str(tmp_path / "p.json")])
+    assert not (tmp_path / "p.json").exists()
