@@ -15,6 +15,7 @@ import os
 import torch
 
 from . import reference
+from ._value_checks import DECODE_LINEAR_MAX_ROWS  # noqa: F401  (the largest batch decode_linear takes)
 
 __all__ = [
     "decode_attention",
@@ -32,6 +33,7 @@ __all__ = [
     "quest_page_minmax",
     "append_kv",
     "decode_linear",
+    "DECODE_LINEAR_MAX_ROWS",
     "reference",
 ]
 

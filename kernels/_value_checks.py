@@ -7,6 +7,7 @@ import os
 import torch
 
 SKIP_VALUE_CHECKS_ENV = "PODKIT_SKIP_VALUE_CHECKS"
+DECODE_LINEAR_MAX_ROWS = 64  # decode_linear pads the batch to a power-of-two row tile held in registers
 
 
 def value_checks_enabled(t: torch.Tensor) -> bool:
@@ -50,8 +51,9 @@ def check_decode_linear_inputs(x, weights, biases, gated: bool):
     dtype and device; biases None or one [N_i] / None per weight; gated: exactly two weights of one shape."""
     if x.dim() != 2:
         raise ValueError(f"x must be [M, K] (the decode batch's rows); got shape {tuple(x.shape)}")
-    if x.shape[0] > 64:
-        raise ValueError(f"x has {x.shape[0]} rows: decode_linear is for decode batches of at most 64 rows; use "
+    if x.shape[0] > DECODE_LINEAR_MAX_ROWS:
+        raise ValueError(f"x has {x.shape[0]} rows: decode_linear is for decode batches of at most "
+                         f"{DECODE_LINEAR_MAX_ROWS} rows; use "
                          f"torch.nn.functional.linear for larger ones")
     weights = tuple(weights) if isinstance(weights, (list, tuple)) else (weights,)
     if not 1 <= len(weights) <= 3:

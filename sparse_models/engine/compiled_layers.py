@@ -17,31 +17,24 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .model_parts import LayerModules, ModelParts, rotate_half
-
-
-def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    x32 = x.float()
-    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * x32.to(x.dtype)
+from .model_parts import LayerModules, ModelParts, apply_rope, weighted_rms
 
 
 def pre_attention(hidden, norm_w, eps: float, wq, bq, wk, bk, wv, bv, cos, sin, num_heads: int, num_kv: int,
                   head_dim: int):
     """hidden [B, S, H] -> q [B, Hq, S, D], k [B, Hkv, S, D] (post-RoPE), v [B, Hkv, S, D]."""
     batch, s, _ = hidden.shape
-    x = _rms(hidden, norm_w, eps)
+    x = weighted_rms(hidden, norm_w, eps)
     q = F.linear(x, wq, bq).view(batch, s, num_heads, head_dim).transpose(1, 2)
     k = F.linear(x, wk, bk).view(batch, s, num_kv, head_dim).transpose(1, 2)
     v = F.linear(x, wv, bv).view(batch, s, num_kv, head_dim).transpose(1, 2)
-    c, n = cos.unsqueeze(1), sin.unsqueeze(1)
-    return q * c + rotate_half(q) * n, k * c + rotate_half(k) * n, v
+    return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
 
 def post_attention(residual, attn, wo, bo, norm_w, eps: float, wg, bg, wu, bu, wd, bd):
     """residual [B, S, H], attn [B, S, Hq * D] -> next hidden [B, S, H]."""
     hidden = residual + F.linear(attn, wo, bo)
-    x = _rms(hidden, norm_w, eps)
+    x = weighted_rms(hidden, norm_w, eps)
     return hidden + F.linear(F.silu(F.linear(x, wg, bg)) * F.linear(x, wu, bu), wd, bd)
 
 

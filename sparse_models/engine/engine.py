@@ -22,6 +22,8 @@ from typing import Callable, Sequence
 
 import torch
 
+import kernels
+
 from ..config import ConfigError, SparseAttentionConfig
 from ..plan import build_plan, model_family
 from ..schemes.registry import get_scheme, scheme_names
@@ -159,8 +161,9 @@ class GenerationEngine:
             raise EngineError(f"max_batch_size={max_batch_size!r} is invalid: expected an integer >= 1")
         if decode_kernels not in DECODE_KERNELS:
             raise EngineError(f"decode_kernels={decode_kernels!r} is invalid: expected one of {DECODE_KERNELS}")
-        if decode_kernels == "fused" and max_batch_size > 64:
-            raise EngineError(f"decode_kernels='fused' runs decode batches of at most 64 rows; "
+        if decode_kernels == "fused" and max_batch_size > kernels.DECODE_LINEAR_MAX_ROWS:
+            raise EngineError(f"decode_kernels='fused' runs decode batches of at most "
+                              f"{kernels.DECODE_LINEAR_MAX_ROWS} rows; "
                               f"max_batch_size={max_batch_size}: use decode_kernels='standard'")
         fused = decode_kernels == "fused"
         capacity = max_seq_len or getattr(model.config, "max_position_embeddings", None)

@@ -18,9 +18,7 @@ import torch
 
 import kernels
 
-from .model_parts import rotate_half
-
-MAX_ROWS = 64  # kernels.decode_linear's limit: the decode batch
+from .model_parts import apply_rope, weighted_rms
 
 
 @torch.library.custom_op("podkit::decode_linear", mutates_args=())
@@ -35,30 +33,23 @@ def _decode_linear_shape(x, weights, biases, gated):
     return x.new_empty(x.shape[0], width)
 
 
-def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    x32 = x.float()
-    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * x32.to(x.dtype)
-
-
 def pre_attention_grouped(hidden, norm_w, eps: float, wq, bq, wk, bk, wv, bv, cos, sin, num_heads: int, num_kv: int,
                           head_dim: int):
     """hidden [B, S, H] -> q [B, Hq, S, D], k [B, Hkv, S, D] (post-RoPE), v [B, Hkv, S, D]; B * S <= 64."""
     batch, s, _ = hidden.shape
-    x = _rms(hidden, norm_w, eps).reshape(batch * s, -1)
+    x = weighted_rms(hidden, norm_w, eps).reshape(batch * s, -1)
     qkv = decode_linear_op(x, [wq, wk, wv], [bq, bk, bv], False)
     q, k, v = qkv.split([num_heads * head_dim, num_kv * head_dim, num_kv * head_dim], dim=-1)
     q = q.reshape(batch, s, num_heads, head_dim).transpose(1, 2)
     k = k.reshape(batch, s, num_kv, head_dim).transpose(1, 2)
     v = v.reshape(batch, s, num_kv, head_dim).transpose(1, 2)
-    c, n = cos.unsqueeze(1), sin.unsqueeze(1)
-    return q * c + rotate_half(q) * n, k * c + rotate_half(k) * n, v
+    return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
 
 def post_attention_grouped(residual, attn, wo, bo, norm_w, eps: float, wg, bg, wu, bu, wd, bd):
     """residual [B, S, H], attn [B, S, Hq * D] -> next hidden [B, S, H]; B * S <= 64."""
     batch, s, width = residual.shape
     hidden = residual + decode_linear_op(attn.reshape(batch * s, -1), [wo], [bo], False).view(batch, s, width)
-    x = _rms(hidden, norm_w, eps).reshape(batch * s, -1)
+    x = weighted_rms(hidden, norm_w, eps).reshape(batch * s, -1)
     act = decode_linear_op(x, [wg, wu], [bg, bu], True)
     return hidden + decode_linear_op(act, [wd], [bd], False).view(batch, s, width)

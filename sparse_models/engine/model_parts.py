@@ -119,6 +119,14 @@ def rope_tables(parts: ModelParts, hidden: torch.Tensor, position_ids: torch.Ten
     return parts.rotary_emb(hidden, position_ids)
 
 
+def weighted_rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm from its weight and epsilon (the compiled decode functions take tensors, not modules): normalise
+    in fp32, cast back, multiply by the weight, as transformers' LlamaRMSNorm does."""
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x32.to(x.dtype)
+
+
 def rms_norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """The model's RMSNorm with fewer kernels (one launch step matters at decode: 2 norms x L layers).
 
