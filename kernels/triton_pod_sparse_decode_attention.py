@@ -34,14 +34,15 @@ from kernels import _decode_common as C
 from kernels.triton_pod_decode_attention import _check_gate_estimate
 from kernels.triton_pod_decode_attention import _check_inputs as _check_pod_inputs
 
-_BLOCK_N_GROUP = 64
-_BLOCK_N_HEAD = 32
-# Per-group lists (tl.dot over 16 padded query rows) need 8 warps: at 4 warps ptxas (sm_90) reports
-# 255 registers and a 216-byte spill, at 8 warps 173 registers and none; per-head lists fit 4 warps
-# (249 registers, no spill). Not yet timed: the benchmark's pod_sparse rows time both widths.
-_NUM_WARPS_GROUP = 8
-_NUM_WARPS_HEAD = 4
-_NUM_STAGES = 3
+# Launch plan per list granularity (rows per iteration, warps, stages, programs per SM for the split planner), as
+# kernels/triton_sparse_decode_attention.py, chosen by a sweep on an H200 (BENCHMARKS.md "Sparse decode launch
+# sweep": block 16/32/64 x warps 2/4/8 x stages 2/3 x waves 4/16 at 32K x 1, 128K x 1 and 128K x 4, k = 2048):
+# per-head lists at 64 x 2 warps x 2 stages are each row's best (the former 32 x 4 warps x 3 stages took 1.7x as
+# long), although ptxas spills 384 bytes per thread there (tests/kernels/sm90_compile.py): the spill-free 16-row
+# tile is 1.09-1.14x slower, so the measured time wins. Per-group lists: 32 x 4 warps x 2 stages, no spill, within
+# 8% of each row's best (64 rows at 4 warps spills 360 bytes for 3% less; the former 8 warps took 1.2-1.3x).
+_PLAN_HEAD = dict(block_n=64, num_warps=2, num_stages=2, waves=4)
+_PLAN_GROUP = dict(block_n=32, num_warps=4, num_stages=2, waves=4)
 
 
 @triton.jit
@@ -129,14 +130,16 @@ def _pod_sparse_split_kernel(
 
 def pod_sparse_decode_attention_triton(q, k_local, k_anchor, v_cache, indices, seq_lens, *, sink, recent,
                                        scale=None, gate_tau=None, gate_estimate=None, return_gate=False,
-                                       return_skip=False, _num_warps=None):
+                                       return_skip=False, _block_n=None, _num_warps=None, _num_stages=None,
+                                       _waves=None):
     """POD-aware sparse decode.
 
     q: [B,Hq,D] (query at p = seq_lens-1); k_local: [B,Hkv,sink+recent,D] (the layer's own keys: sinks
     at slots 0..sink-1, position j of the ring at sink + j % recent); k_anchor, v_cache: [B,Hkv,N,D]
     (slot = position); indices: [B,Hs,K] int32/int64 positions in [0, N) or -1, Hs = Hq or Hkv;
     seq_lens: [B] in [1, N]; sink >= 0, recent >= 1; gate_tau / gate_estimate as in
-    kernels/triton_pod_decode_attention.py. `_num_warps` overrides the launch width (benchmark knob).
+    kernels/triton_pod_decode_attention.py. `_block_n` / `_num_warps` / `_num_stages` / `_waves` override the
+    launch plan (tuning sweeps).
     Returns out [B,Hq,D] (q.dtype; 0 for a head whose list is empty after skipping); with return_gate
     also gate [B,Hq] fp32 = sigmoid(lse_P - lse_D) over the selected positions (1 without distant
     entries or, with gate_estimate, for skipped heads; 0 without proximal ones); with return_skip
@@ -156,12 +159,14 @@ def pod_sparse_decode_attention_triton(q, k_local, k_anchor, v_cache, indices, s
     est = gate_estimate.float().contiguous() if use_est else None
     q, k_local, k_anchor, v_cache = (C.last_dim_contiguous(t) for t in (q, k_local, k_anchor, v_cache))
     indices = indices if indices.stride(-1) == 1 else indices.contiguous()
-    block_n = _BLOCK_N_GROUP if per_group else _BLOCK_N_HEAD
+    plan = _PLAN_GROUP if per_group else _PLAN_HEAD
+    block_n = _block_n or plan["block_n"]
+    num_warps, num_stages = _num_warps or plan["num_warps"], _num_stages or plan["num_stages"]
     # half the usual split cap: the merge holds all 2 * num_splits partials of a row in registers
-    num_splits, chunk = C.plan_splits(max(list_len, 1), B * Hs, q.device, block_n, max_splits=C.MAX_SPLITS // 2)
+    num_splits, chunk = C.plan_splits(max(list_len, 1), B * Hs, q.device, block_n, waves=_waves or plan["waves"],
+                                      max_splits=C.MAX_SPLITS // 2)
     o_part, lse_part = C.alloc_partials(B, Hq, 2 * num_splits, D, q.device)
-    num_warps = _num_warps or (_NUM_WARPS_GROUP if per_group else _NUM_WARPS_HEAD)
-    launch = dict(num_warps=num_warps) if C.interpreting() else dict(num_warps=num_warps, num_stages=_NUM_STAGES)
+    launch = dict(num_warps=num_warps) if C.interpreting() else dict(num_warps=num_warps, num_stages=num_stages)
     _pod_sparse_split_kernel[(2 * num_splits, B * Hs)](
         q, k_local, k_anchor, v_cache, indices, seq_lens, o_part, lse_part, est if use_est else lse_part,
         scale, sink, recent, list_len, chunk, num_splits, float(gate_tau) if use_est else 0.0,

@@ -21,12 +21,16 @@ import triton.language as tl
 
 from kernels import _decode_common as C
 
-# Rows gathered per loop iteration. Per-head lists use a smaller tile: its logits are a
-# [BLOCK_N, D] broadcast product held in registers.
-_BLOCK_N_GROUP = 64
-_BLOCK_N_HEAD = 32
-_NUM_WARPS = 4
-_NUM_STAGES = 3
+# Launch plan per list granularity: rows gathered per loop iteration (BLOCK_N), warps, pipeline stages and
+# the split planner's programs per SM (waves, kernels/_decode_common.py plan_splits). Chosen by a sweep on an
+# H200 (BENCHMARKS.md "Sparse decode launch sweep": block 16/32/64 x warps 2/4/8 x stages 2/3 x waves 4/16, at
+# 32K x 1, 128K x 1, 128K x 4 and 128K x 8, k = 2048): per-head lists want many small programs (random
+# 256-byte rows are latency-bound; more rows in flight per SM, not wider programs), within 6% of each row's
+# best; the former 32 x 4 warps x 3 stages x 4 waves was 1.75-1.81x the best at batch 4 and 8. Per-group
+# lists: 2 warps measured within 3% but spill 296 bytes for sm_90 (tests/kernels/sm90_compile.py); 4 warps are
+# within 4% with no spill.
+_PLAN_HEAD = dict(block_n=16, num_warps=2, num_stages=3, waves=16)
+_PLAN_GROUP = dict(block_n=64, num_warps=4, num_stages=2, waves=4)
 
 
 @triton.jit
@@ -102,14 +106,14 @@ def _check_inputs(q, k_cache, v_cache, indices):
 
 
 def sparse_decode_attention_triton(q, k_cache, v_cache, indices, *, scale=None,
-                                   _block_n=None, _num_warps=_NUM_WARPS, _num_stages=_NUM_STAGES):
+                                   _block_n=None, _num_warps=None, _num_stages=None, _waves=None):
     """Decode attention over listed slots only.
 
     q: [B,Hq,D]; k_cache, v_cache: [B,Hkv,N,D] (fp16 / bf16 / fp32, same dtype);
     indices: [B,Hs,K] int32/int64 slots in [0, N), -1 = unused; Hs = Hq (one list per query head)
     or Hkv (one list per GQA group, read once for its G heads). Lists need not be sorted.
     Returns out [B,Hq,D] in q.dtype: softmax over the listed slots (0 where a list is all -1).
-    The `_block_n` / `_num_warps` / `_num_stages` knobs exist for the benchmark's tuning sweep.
+    The `_block_n` / `_num_warps` / `_num_stages` / `_waves` knobs override the launch plan (tuning sweeps).
     """
     B, Hq, Hkv, N, D, G = _check_inputs(q, k_cache, v_cache, indices)
     scale = C.resolve_scale(scale, D)
@@ -120,10 +124,12 @@ def sparse_decode_attention_triton(q, k_cache, v_cache, indices, *, scale=None,
         return out.zero_()
     q, k_cache, v_cache = (C.last_dim_contiguous(t) for t in (q, k_cache, v_cache))
     indices = indices if indices.stride(-1) == 1 else indices.contiguous()
-    block_n = _block_n or (_BLOCK_N_GROUP if per_group else _BLOCK_N_HEAD)
-    num_splits, chunk = C.plan_splits(list_len, B * Hs, q.device, block_n)
+    plan = _PLAN_GROUP if per_group else _PLAN_HEAD
+    block_n = _block_n or plan["block_n"]
+    num_warps, num_stages = _num_warps or plan["num_warps"], _num_stages or plan["num_stages"]
+    num_splits, chunk = C.plan_splits(list_len, B * Hs, q.device, block_n, waves=_waves or plan["waves"])
     o_part, lse_part = C.alloc_partials(B, Hq, num_splits, D, q.device)
-    launch = dict(num_warps=_num_warps) if C.interpreting() else dict(num_warps=_num_warps, num_stages=_num_stages)
+    launch = dict(num_warps=num_warps) if C.interpreting() else dict(num_warps=num_warps, num_stages=num_stages)
     _sparse_decode_split_kernel[(num_splits, B * Hs)](
         q, k_cache, v_cache, indices, o_part, lse_part,
         scale, list_len, chunk,

@@ -43,9 +43,11 @@ import torch
 # First match wins: attention before "topk"-like names elsewhere, matrix products before generic names, norms
 # (Inductor fuses rsqrt/mean into reductions) before fused elementwise.
 CATEGORIES = (
-    # podkit's own non-attention decode kernels first (their names contain "decode")
-    ("matrix products", r"decode_linear"),
-    ("kv cache write", r"append_kv"),
+    # podkit's own non-attention decode kernels first (their names contain "decode"); anchored, since Inductor names
+    # the kernels it fuses around a custom op after it (triton_red_fused_..._decode_linear_mean_..._rsqrt is a norm)
+    ("matrix products", r"^_decode_linear_kernel"),
+    ("kv cache write", r"^_append_kv_kernel"),
+    ("norms", r"^triton_.*rsqrt"),  # an Inductor reduction with rsqrt is an RMSNorm, whatever op names it carries
     # podkit's kernels (kernels/*.py: _decode_split_kernel, _merge_splits_kernel, _hist_pass_kernel, _count_kernel,
     # _write_kernel, _topk_rows_kernel, _group_probability_kernel, _quest_page_scores_kernel, ...) and torch's
     ("attention", r"decode|attn|attention|_split_kernel|merge_splits|flash|sdpa|topk|_hist_pass|_count_kernel|"
@@ -230,9 +232,10 @@ def main(argv=None) -> int:
     ap.add_argument("--profile-steps", type=int, default=10)
     ap.add_argument("--eager", action="store_true", help="also profile without CUDA graphs")
     ap.add_argument("--no-compile", action="store_true", help="plain eager modules inside the graph")
-    ap.add_argument("--decode-kernels", nargs="+", choices=["standard", "fused"], default=["standard"],
-                    help="the engine's decode step: cuBLAS projections + indexed cache writes, and / or grouped "
-                         "matrix-vector launches + one-launch KV append")
+    ap.add_argument("--decode-kernels", nargs="+", choices=["auto", "standard", "fused"], default=["auto"],
+                    help="the engine's decode step: auto (fused on CUDA for batches <= 64), standard (cuBLAS projections + "
+                         "indexed cache writes), and / or fused (grouped matrix-vector launches + one-launch KV "
+                         "append)")
     ap.add_argument("--tiny", action="store_true", help="a tiny model and contexts: exercises the code on CPU")
     args = ap.parse_args(argv)
     for name in ("timed_steps", "profile_steps"):

@@ -112,7 +112,7 @@ def _synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-DECODE_KERNELS = ("standard", "fused")
+DECODE_KERNELS = ("auto", "standard", "fused")
 
 
 class GenerationEngine:
@@ -129,17 +129,19 @@ class GenerationEngine:
         token_sparse_keep_ratio: replace Token Sparse's dynamic coverage by a fixed kept fraction.
         compile_layers: torch.compile the non-attention parts of the decode step (norms, projections,
             RoPE, MLP fused by Inductor; ``compiled_layers``). Default: off (first step compiles, ~tens of s).
-        decode_kernels: ``"standard"`` (one cuBLAS ``F.linear`` per projection, indexed cache writes) or ``"fused"``
+        decode_kernels: ``"standard"`` (one cuBLAS ``F.linear`` per projection, indexed cache writes), ``"fused"``
             (q/k/v in one launch, gate/up in one with the SiLU gating fused, ``grouped_projections``; keys and values
-            appended in one launch, ``kernels.append_kv``; batches of at most 64). Not yet the default: its speed
-            has not been measured against the standard path.
+            appended in one launch, ``kernels.append_kv``; batches of at most 64) or ``"auto"`` (default): fused on
+            CUDA with ``max_batch_size <= 64``, standard otherwise. On an H200 the fused step is 0.6-1.1 ms faster
+            per token than the standard one for every scheme (BENCHMARKS.md "Where the dense decode step's time
+            goes"). The choice made is ``engine.decode_kernels``.
         **overrides: flat scheme overrides (``decode_scheme="tidal", tidal_budget=2048``).
     """
 
     def __init__(self, model, *, sparse_config: SparseAttentionConfig | None = None, max_batch_size: int = 1,
                  max_seq_len: int | None = None, use_cuda_graphs: bool | None = None,
                  token_sparse_keep_ratio: float | None = None, compile_layers: bool = False,
-                 decode_kernels: str = "standard", **overrides):
+                 decode_kernels: str = "auto", **overrides):
         self.model = model
         self.parts = extract_model_parts(model)
         self.config = _resolve_config(model, sparse_config, overrides)
@@ -165,6 +167,12 @@ class GenerationEngine:
             raise EngineError(f"decode_kernels='fused' runs decode batches of at most "
                               f"{kernels.DECODE_LINEAR_MAX_ROWS} rows; "
                               f"max_batch_size={max_batch_size}: use decode_kernels='standard'")
+        device = self.parts.device
+        requested_kernels = decode_kernels
+        if decode_kernels == "auto":
+            fits = max_batch_size <= kernels.DECODE_LINEAR_MAX_ROWS
+            decode_kernels = "fused" if device.type == "cuda" and fits else "standard"
+        self.decode_kernels = decode_kernels
         fused = decode_kernels == "fused"
         capacity = max_seq_len or getattr(model.config, "max_position_embeddings", None)
         if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 2:
@@ -174,7 +182,6 @@ class GenerationEngine:
         if getattr(model.config, "use_sliding_window", True) is not False and window and capacity > window:
             raise EngineError(f"max_seq_len={capacity} exceeds this model's sliding_window={window}: the engine "
                               f"implements full-attention layers only; use max_seq_len <= {window}")
-        device = self.parts.device
         if use_cuda_graphs is None:
             use_cuda_graphs = device.type == "cuda"
         elif use_cuda_graphs and device.type != "cuda":
@@ -200,7 +207,7 @@ class GenerationEngine:
             from .compiled_layers import CompiledLayers
 
             compiled = CompiledLayers.build(parts, "grouped" if fused else "torch", compile=compile_layers)
-            if compiled is None:
+            if compiled is None and (compile_layers or requested_kernels == "fused"):
                 warnings.warn(f"compile_layers={compile_layers}, decode_kernels={decode_kernels!r}: this "
                               f"model's layers are not Llama-style (RMSNorm + SiLU MLP); running them eagerly with "
                               f"one F.linear per projection", RuntimeWarning, stacklevel=2)

@@ -23,6 +23,7 @@ from eval.bench.decode_profile import categorize, main, summarize
     ("void at::native::unrolled_elementwise_kernel<...>", "fused elementwise"),
     ("_decode_linear_kernel", "matrix products"),
     ("_append_kv_kernel", "kv cache write"),
+    ("triton_red_fused__to_copy_add_decode_linear_mean_mul_pow_rsqrt_view_0", "norms"),
     ("cudaStreamSynchronize", "other"),
 ])
 def test_kernel_names_fall_into_their_kind(name, category):

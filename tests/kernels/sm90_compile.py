@@ -49,6 +49,7 @@ def variants():
     from kernels import triton_decode_attention as DA
     from kernels import triton_pod_decode_attention as PD
     from kernels import triton_pod_sparse_decode_attention as PS
+    from kernels import triton_sparse_decode_attention as SP
     tile = dict(BLOCK_N=64, D=128, BLOCK_D=128, IEEE=False)
     for G in (1, 4, 8):
         yield ("decode_split", f"selection G={G}", DA._decode_split_kernel,
@@ -67,11 +68,17 @@ def variants():
         yield ("pod_decode_split", f"skip={skip}", PD._pod_decode_split_kernel,
                dict(G=4, BLOCK_G=16, SKIP=skip, **tile), {}, PD._NUM_WARPS, PD._NUM_STAGES)
     for per_group in (False, True):
+        plan = SP._PLAN_GROUP if per_group else SP._PLAN_HEAD
+        yield ("sparse_decode_split", f"per_group={per_group}", SP._sparse_decode_split_kernel,
+               dict(G=4, HEADS_PER_LIST=4 if per_group else 1, BLOCK_G=16 if per_group else 1, D=128, BLOCK_D=128,
+                    BLOCK_N=plan["block_n"], USE_DOT=per_group, IEEE=False), {},
+               plan["num_warps"], plan["num_stages"])
+    for per_group in (False, True):
+        plan = PS._PLAN_GROUP if per_group else PS._PLAN_HEAD
         yield ("pod_sparse_split", f"per_group={per_group}", PS._pod_sparse_split_kernel,
                dict(G=4, HEADS_PER_LIST=4 if per_group else 1, BLOCK_G=16 if per_group else 1, D=128, BLOCK_D=128,
-                    BLOCK_N=PS._BLOCK_N_GROUP if per_group else PS._BLOCK_N_HEAD, USE_DOT=per_group, IEEE=False,
-                    SKIP=True), {},
-               PS._NUM_WARPS_GROUP if per_group else PS._NUM_WARPS_HEAD, PS._NUM_STAGES)
+                    BLOCK_N=plan["block_n"], USE_DOT=per_group, IEEE=False, SKIP=True), {},
+               plan["num_warps"], plan["num_stages"])
 
 
 def main() -> int:

@@ -29,8 +29,11 @@ def test_kernels_compile_for_sm90_without_spills():
     rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     names = {r["kernel"] for r in rows}
     assert {"decode_split", "group_probability", "topk_hist_pass", "topk_count", "topk_write", "pod_decode_split",
-            "pod_sparse_split"} <= names
+            "pod_sparse_split", "sparse_decode_split"} <= names
     for r in rows:
-        # POD decode kept a 40-byte spill at 4 warps (656 before its slot modulo moved to int32)
-        limit = 64 if r["kernel"] == "pod_decode_split" else 0
+        # POD decode kept a 40-byte spill at 4 warps (656 before its slot modulo moved to int32); POD sparse decode
+        # over per-head lists spills 384 bytes in its 64-row tile, measured faster than the spill-free 16-row one
+        # (kernels/triton_pod_sparse_decode_attention.py, _PLAN_HEAD)
+        limits = {("pod_decode_split", None): 64, ("pod_sparse_split", "per_group=False"): 384}
+        limit = limits.get((r["kernel"], r["variant"]), limits.get((r["kernel"], None), 0))
         assert r["stack"] <= limit, f"{r} spills"
