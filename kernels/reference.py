@@ -337,7 +337,8 @@ def pod_decode_attention(q, k_local, k_anchor, v_cache, seq_lens, *, sink, recen
     Args:
         q: [B, Hq, D], the query at position p = seq_lens - 1.
         k_local: [B, Hkv, sink + recent, D]; slot t < sink holds position t, slot sink + (j % recent)
-            holds position j for the last `recent` positions.
+            holds position j for the last `recent` positions. None: the layer is its own anchor (proximal keys
+            are k_anchor's), i.e. exact attention, with the gate a later layer's anchor estimate reads.
         k_anchor: [B, Hkv, N, D] the anchor layer's keys at every position (slot = position).
         v_cache: [B, Hkv, N, D] the layer's own values.
         gate_tau: if set, heads whose proximal gate g >= tau use proximal attention only.
@@ -360,9 +361,13 @@ def pod_decode_attention(q, k_local, k_anchor, v_cache, seq_lens, *, sink, recen
     causal = j[None, :] <= p[:, None]  # [B, N]
     proximal = pod_proximal_mask(p[:, None], j[None, :], sink, recent) & causal
     distant = causal & ~proximal
-    # effective proximal keys at every position (only proximal positions are read)
-    local_slot = torch.where(j < sink, j, sink + (j % recent)).clamp(max=k_local.shape[2] - 1)
-    k_prox = k_local[:, :, local_slot, :]  # [B, Hkv, N, D]
+    # effective proximal keys at every position (only proximal positions are read); k_local None: the layer
+    # is its own anchor, its proximal keys are k_anchor's
+    if k_local is None:
+        k_prox = k_anchor
+    else:
+        local_slot = torch.where(j < sink, j, sink + (j % recent)).clamp(max=k_local.shape[2] - 1)
+        k_prox = k_local[:, :, local_slot, :]  # [B, Hkv, N, D]
     qc = q.to(ct)
     logits_p = torch.einsum("bhd,bhnd->bhn", qc, _expand_kv(k_prox, num_heads).to(ct)) * sc
     logits_d = torch.einsum("bhd,bhnd->bhn", qc, _expand_kv(k_anchor, num_heads).to(ct)) * sc

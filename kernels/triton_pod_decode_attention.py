@@ -53,13 +53,15 @@ def _pod_decode_split_kernel(
     Hkv,
     G: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
     D: tl.constexpr, BLOCK_D: tl.constexpr, IEEE: tl.constexpr, SKIP: tl.constexpr = False,
+    LOCAL_BY_POSITION: tl.constexpr = False,
 ):
     """Program (split, b*Hkv + kvh). Splits < num_distant_splits: distant positions
     [sink + split*chunk_d, ...) below p - recent + 1, keys from k_anchor. Other splits: virtual
     proximal slots t in [(split - nd)*chunk_p, ...) below sink + recent: t < sink is position t,
     t >= sink is position seq_len - recent + (t - sink) (kept when >= sink), keys from k_local.
     With SKIP, heads with gate_est[b, head] >= tau take no distant key; a distant program whose
-    heads all skip loads nothing and writes an empty partial (lse -inf)."""
+    heads all skip loads nothing and writes an empty partial (lse -inf). LOCAL_BY_POSITION: KLocal is
+    slot = position (an anchor layer's own keys), so a proximal position's key is row `pos`, not its ring slot."""
     split = tl.program_id(0)
     bh = tl.program_id(1)
     b = (bh // Hkv).to(tl.int64)
@@ -111,8 +113,11 @@ def _pod_decode_split_kernel(
             valid = (offs < hi) & tl.where(is_sink, offs < seq_len, ring_pos >= sink)
             pos32 = tl.where(valid, tl.where(is_sink, offs, ring_pos), 0)
             # modulo in int32 (positions < 2**31), widened for the row offsets only
-            local_slot = tl.where(is_sink, offs, sink + pos32 % recent).to(tl.int64)
             pos = pos32.to(tl.int64)
+            if LOCAL_BY_POSITION:
+                local_slot = pos
+            else:
+                local_slot = tl.where(is_sink, offs, sink + pos32 % recent).to(tl.int64)
             kv_mask = valid[:, None] & d_mask[None, :]
             k = tl.load(kl_base + local_slot[:, None] * stride_ln + offs_d[None, :], mask=kv_mask, other=0.0)
             v = tl.load(v_base + pos[:, None] * stride_vn + offs_d[None, :], mask=kv_mask, other=0.0)
@@ -141,11 +146,13 @@ def _check_gate_estimate(gate_estimate, gate_tau, q):
 
 
 def _check_inputs(q, k_local, k_anchor, v_cache, seq_lens, sink, recent, gate_tau):
+    """k_local None: the layer is its own anchor (proximal keys are k_anchor's rows)."""
     C.check_float("q", q, 3, "[B,Hq,D]")
-    C.check_float("k_local", k_local, 4, "[B,Hkv,sink+recent,D]")
+    if k_local is not None:
+        C.check_float("k_local", k_local, 4, "[B,Hkv,sink+recent,D]")
     C.check_float("k_anchor", k_anchor, 4, "[B,Hkv,N,D]")
     C.check_float("v_cache", v_cache, 4, "[B,Hkv,N,D]")
-    for name, t in (("k_local", k_local), ("k_anchor", k_anchor), ("v_cache", v_cache)):
+    for name, t in (("k_local", k_local), ("k_anchor", k_anchor), ("v_cache", v_cache))[k_local is None:]:
         C.check_same(name, t, "q", q)
     for name, val, low in (("sink", sink, 0), ("recent", recent, 1)):
         if isinstance(val, bool) or not isinstance(val, int) or val < low:
@@ -160,7 +167,7 @@ def _check_inputs(q, k_local, k_anchor, v_cache, seq_lens, sink, recent, gate_ta
         raise ValueError(f"k_anchor shape {tuple(k_anchor.shape)} must equal v_cache shape {tuple(v_cache.shape)}")
     Hkv, N = v_cache.shape[1], v_cache.shape[2]
     want_local = (B, Hkv, sink + recent, D)
-    if tuple(k_local.shape) != want_local:
+    if k_local is not None and tuple(k_local.shape) != want_local:
         raise ValueError(f"k_local shape {tuple(k_local.shape)} must be [B,Hkv,sink+recent,D] = {want_local}")
     C.check_head_dim(D)
     G = C.check_gqa(Hq, Hkv)
@@ -177,7 +184,8 @@ def pod_decode_attention_triton(q, k_local, k_anchor, v_cache, seq_lens, *, sink
     """POD decode attention.
 
     q: [B,Hq,D] (query at p = seq_lens-1); k_local: [B,Hkv,sink+recent,D] (sinks at slots 0..sink-1,
-    the last `recent` positions j at slot sink + j % recent); k_anchor, v_cache: [B,Hkv,N,D]
+    the last `recent` positions j at slot sink + j % recent), or None for a layer that is its own anchor
+    (proximal keys are k_anchor's: exact attention, with the gate an anchor estimate needs); k_anchor, v_cache: [B,Hkv,N,D]
     (slot = position); seq_lens: [B] in [1, N]; sink >= 0, recent >= 1.
     gate_estimate: None (gate_tau uses the exact gate) or [B,Hq] float, a pre-evaluated gate: heads
     with gate_estimate >= gate_tau read no distant key (module docstring). Needs gate_tau.
@@ -192,7 +200,9 @@ def pod_decode_attention_triton(q, k_local, k_anchor, v_cache, seq_lens, *, sink
     use_est = gate_estimate is not None
     est = gate_estimate.float().contiguous() if use_est else None
     scale = C.resolve_scale(scale, D)
-    q, k_local, k_anchor, v_cache = (C.last_dim_contiguous(t) for t in (q, k_local, k_anchor, v_cache))
+    by_position = k_local is None
+    q, k_anchor, v_cache = (C.last_dim_contiguous(t) for t in (q, k_anchor, v_cache))
+    k_local = k_anchor if by_position else C.last_dim_contiguous(k_local)
     rows = B * Hkv
     num_d, chunk_d = C.plan_splits(max(N - sink, 1), rows, q.device, _BLOCK_N)
     num_p, chunk_p = C.plan_splits(sink + recent, rows, q.device, _BLOCK_N, max_splits=8)
@@ -210,7 +220,7 @@ def pod_decode_attention_triton(q, k_local, k_anchor, v_cache, seq_lens, *, sink
         lse_part.stride(0), lse_part.stride(1),
         Hkv,
         G=G, BLOCK_G=C.block_g(G), BLOCK_N=_BLOCK_N, D=D, BLOCK_D=triton.next_power_of_2(D),
-        IEEE=q.dtype == torch.float32, SKIP=use_est,
+        IEEE=q.dtype == torch.float32, SKIP=use_est, LOCAL_BY_POSITION=by_position,
         **launch,
     )
     # with an estimate the skipped heads' distant partials are already empty: no tau in the merge

@@ -159,9 +159,11 @@ def _row(rows, op, ctx, batch, **cols):
 
 
 ROW_FAMILIES = ("decode", "selection", "sparse", "pod", "pod_sparse", "quest")
+SKIP_FRACTIONS = (0.0, 0.25, 0.5, 0.75, 1.0)
 
 
-def run_bench(contexts, batches, device, bw, tune=False, topk_variants=False, families=ROW_FAMILIES):
+def run_bench(contexts, batches, device, bw, tune=False, topk_variants=False, families=ROW_FAMILIES,
+              skip_fractions=SKIP_FRACTIONS):
     """Rows for every context x batch; `families` picks which ops (the decode row always runs: the
     others' ratios refer to it)."""
     DA = importlib.import_module("kernels.triton_decode_attention")
@@ -232,7 +234,7 @@ def run_bench(contexts, batches, device, bw, tune=False, topk_variants=False, fa
                          graph_torch_us=ts_g, graph_podkit_us=ps_g, graph_torch_over_podkit=ts_g / ps_g,
                          bw_util=sp_floor / ps_g)
             if "pod" in families:
-                _pod_rows(rows, q, k, v, seq_lens, full, full_g, bw, gen)
+                _pod_rows(rows, q, k, v, seq_lens, full, full_g, bw, gen, skip_fractions=skip_fractions)
             if "pod_sparse" in families:
                 _pod_sparse_rows(rows, q, k, v, seq_lens, bw, gen)
             if "quest" in families:
@@ -242,7 +244,8 @@ def run_bench(contexts, batches, device, bw, tune=False, topk_variants=False, fa
     return rows
 
 
-def _pod_rows(rows, q, k, v, seq_lens, full, full_g, bw, gen, sink=4, recent=2048, tau=0.7):
+def _pod_rows(rows, q, k, v, seq_lens, full, full_g, bw, gen, sink=4, recent=2048, tau=0.7,
+              skip_fractions=SKIP_FRACTIONS):
     """POD decode without and with compute skipping (k doubles as the anchor keys)."""
     from kernels.triton_pod_decode_attention import pod_decode_attention_triton
     B, N = q.shape[0], k.shape[2]
@@ -256,6 +259,9 @@ def _pod_rows(rows, q, k, v, seq_lens, full, full_g, bw, gen, sink=4, recent=204
     pod_tau_g = _bench_graph(lambda: pod_decode_attention_triton(q, k_local, k, v, seq_lens, gate_tau=tau, **kw))
     _, exact_skip = pod_decode_attention_triton(q, k_local, k, v, seq_lens, gate_tau=tau, return_skip=True, **kw)
     pod_w8_g = _bench_graph(lambda: pod_decode_attention_triton(q, k_local, k, v, seq_lens, _num_warps=8, **kw))
+    # an anchor layer whose gate a later layer's estimate reads (engine, pod.gate_estimate="anchor"): exact
+    # attention over its own keys through the POD kernel (k_local=None), against the plain decode kernel
+    own_anchor_g = _bench_graph(lambda: pod_decode_attention_triton(q, None, k, v, seq_lens, return_gate=True, **kw))
     # bytes: anchor keys + values of distant positions, own (ring) keys + values of proximal ones
     distant = max(N - sink - recent, 0)
     dist_bytes = 2 * B * HKV * distant * D * 2
@@ -265,10 +271,10 @@ def _pod_rows(rows, q, k, v, seq_lens, full, full_g, bw, gen, sink=4, recent=204
          podkit_tau_us=pod_tau, podkit_full_us=full, over_podkit_full=pod / full,
          graph_podkit_us=pod_g, graph_over_podkit_full=pod_g / full_g, bw_util=pod_bytes / bw * 1e6 / pod_g,
          graph_tau_exact_us=pod_tau_g, tau_exact_skipped_heads=exact_skip.float().mean().item(),
-         graph_8_warps_us=pod_w8_g)
+         graph_8_warps_us=pod_w8_g, graph_own_anchor_gate_us=own_anchor_g, own_anchor_gate_over_full=own_anchor_g / full_g)
     G = HQ // HKV
     for pattern in ("groups", "heads"):
-        for frac in (0.0, 0.25, 0.5, 0.75, 1.0):
+        for frac in skip_fractions:
             if pattern == "groups":
                 # whole GQA groups clear tau: the first round(frac * B * Hkv) (sequence, KV head) pairs
                 n_skip = round(frac * B * HKV)
@@ -451,7 +457,13 @@ def main(argv=None):
     ap.add_argument("--topk-variants", action="store_true", help="also time the selection top-k variants alone")
     ap.add_argument("--rows", nargs="+", choices=ROW_FAMILIES, default=list(ROW_FAMILIES),
                     help="which op families to time (decode always runs: the ratios refer to it)")
+    ap.add_argument("--skip-fractions", type=float, nargs="+", default=list(SKIP_FRACTIONS), metavar="F",
+                    help="pod_skip rows: fractions of whole GQA groups (and of single heads) whose gate estimate "
+                         "clears tau, e.g. the fractions `python -m eval.pod_gate_skip` measured on real text")
     args = ap.parse_args(argv)
+    bad = [f for f in args.skip_fractions if not 0.0 <= f <= 1.0]
+    if bad:
+        ap.error(f"--skip-fractions {bad[0]} is outside [0, 1] (a fraction of groups or heads)")
     if not torch.cuda.is_available():
         print("kernels_decode: needs a CUDA GPU", file=sys.stderr)
         return 2
@@ -469,7 +481,7 @@ def main(argv=None):
     result["checks_cost_us"] = round(checks_cost(device), 2)
     os.environ["PODKIT_SKIP_VALUE_CHECKS"] = "1"
     result["rows"] = run_bench(args.contexts, args.batches, device, bw, tune=args.tune, topk_variants=args.topk_variants,
-                               families=tuple(args.rows))
+                               families=tuple(args.rows), skip_fractions=tuple(args.skip_fractions))
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
     print(f"wrote {args.out}")

@@ -28,21 +28,52 @@ def _cat(parts: list[torch.Tensor]) -> torch.Tensor:
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
 
 
-def full_attention(cache: StaticCache, layer: int, q, lens, scale, gate_tau=None):
-    """Exact attention over every cached token (POD-aware in the shared-key layout)."""
+def gate_anchor_layers(cache: StaticCache) -> frozenset[int]:
+    """Layers some POD non-anchor run reads distant keys from: the layers whose gates an anchor estimate reads."""
+    return frozenset(run.anchor for runs in cache.runs for run in runs if not run.own)
+
+
+def full_attention(cache: StaticCache, layer: int, q, lens, scale, gate_tau=None, gates=None):
+    """Exact attention over every cached token (POD-aware in the shared-key layout).
+
+    POD's compute skip (Ma et al., arXiv 2412.02252, section 2.3) with ``gate_tau``:
+    - ``gates=None``: each non-anchor run skips by its own exact gate (kernels.pod_decode_attention), which
+      needs every distant key: the rule, without the saving.
+    - ``gates`` a dict (this step's gates [B, Hq] by layer, pod.gate_estimate="anchor"): an anchor layer that
+      a later layer reads distant keys from runs the POD kernel over its own keys (``k_local=None``: exact
+      attention plus its gate) and stores its gate; a non-anchor run takes its anchor layer's gate for the
+      same query heads as the estimate and reads no distant key for heads whose estimate is >= gate_tau
+      (a KV group whose heads all skip loads no distant row).
+    """
     batch, num_heads, _ = q.shape
     group = num_heads // cache.num_kv_heads
-    outs = []
+    estimate = gates is not None and gate_tau is not None
+    outs, layer_gates = [], []
+    # (a run whose anchor layer stored no gate this step, e.g. a TidalDecode selection layer, skips by its exact gate)
     for run in cache.runs[layer]:
         hq = _heads(run, group)
         v = cache.values[layer][:batch, run.h0:run.h1]
         k_full = cache.full_keys(run.anchor, run.h0, run.h1, batch)
-        if run.own:
-            outs.append(kernels.decode_attention(q[:, hq], k_full, v, lens, scale=scale))
+        pod = dict(sink=cache.sink, recent=cache.recent, scale=scale)
+        if run.own and estimate and layer in gate_anchor_layers(cache):
+            out, gate = kernels.pod_decode_attention(q[:, hq], None, k_full, v, lens, return_gate=True, **pod)
+        elif run.own:
+            out, gate = kernels.decode_attention(q[:, hq], k_full, v, lens, scale=scale), None
+        elif estimate and run.anchor in gates:
+            k_local = cache.local_keys[layer][:batch, run.h0:run.h1]
+            out, gate = kernels.pod_decode_attention(q[:, hq], k_local, k_full, v, lens, gate_tau=gate_tau,
+                                                     gate_estimate=gates[run.anchor][:, hq], return_gate=True, **pod)
         else:
             k_local = cache.local_keys[layer][:batch, run.h0:run.h1]
-            outs.append(kernels.pod_decode_attention(q[:, hq], k_local, k_full, v, lens, sink=cache.sink,
-                                                     recent=cache.recent, scale=scale, gate_tau=gate_tau))
+            out, gate = kernels.pod_decode_attention(q[:, hq], k_local, k_full, v, lens, gate_tau=gate_tau,
+                                                     **pod), None
+        outs.append(out)
+        layer_gates.append(gate)
+    if estimate and layer in gate_anchor_layers(cache):
+        # heads of runs without a gate are never read: a later layer's head takes its anchor layer's gate, and
+        # in that layer the head is its own anchor (a block is anchored at its lowest layer)
+        gates[layer] = _cat([g if g is not None else torch.ones(batch, (r.h1 - r.h0) * group, device=q.device)
+                             for g, r in zip(layer_gates, cache.runs[layer])])
     return _cat(outs)
 
 
@@ -137,8 +168,9 @@ class StaticDecodeView:
     one decode step (the model path's twin is ``sparse_models/decode_view.py``). Every method is one
     of the functions above, so a scheme's decode function runs here unchanged and graph-safe."""
 
-    def __init__(self, cache: StaticCache, layer: int, lens: torch.Tensor, scale: float, config):
+    def __init__(self, cache: StaticCache, layer: int, lens: torch.Tensor, scale: float, config, step=None):
         self.cache = cache
+        self.step = step  # DecodeStepState of this step (POD's anchor-gate estimates live there)
         self.layer = layer
         self.lens = lens
         self.scale = scale
@@ -146,10 +178,12 @@ class StaticDecodeView:
         self.num_kv_heads = cache.num_kv_heads
 
     def full(self, q):
-        return full_attention(self.cache, self.layer, q, self.lens, self.scale, gate_tau=self.config.pod.gate_tau)
+        pod = self.config.pod
+        gates = self.step.pod_gates if self.step is not None and pod.gate_estimate == "anchor" else None
+        return full_attention(self.cache, self.layer, q, self.lens, self.scale, gate_tau=pod.gate_tau, gates=gates)
 
     def pod(self, q):
-        return self.full(q)  # POD-aware by the cache's runs; the gate skip is the kernel's exact one
+        return self.full(q)  # POD-aware by the cache's runs; the gate skip as pod.gate_estimate says
 
     def select(self, q, budget: int, per_kv_group: bool):
         return selection_attention(self.cache, self.layer, q, self.lens, self.scale, budget, per_kv_group)

@@ -61,7 +61,7 @@ class DecodeStep:
                 q, k, v = project_qkv(parts, layer, rms_norm(layer.input_layernorm, hidden), cos, sin)
             q, k, v = q[:, :, 0], k[:, :, 0], v[:, :, 0]  # [B, H, D]
             cache.append(layer_idx, k, v, positions)
-            view = StaticDecodeView(cache, layer_idx, lens, parts.scale, cfg)
+            view = StaticDecodeView(cache, layer_idx, lens, parts.scale, cfg, step)
             out = function(view, q, self.plan[layer_idx], step)
             out = out.reshape(batch, 1, -1).to(hidden.dtype)
             if self.compiled is not None:

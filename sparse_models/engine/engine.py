@@ -155,10 +155,6 @@ class GenerationEngine:
         if (prefill_scheme.uses_anchors or decode_scheme.uses_anchors) and pod.sharing != "keys":
             raise EngineError(f"pod.sharing={pod.sharing!r} is not supported by the engine: it implements POD's key "
                               f"sharing (paper v2); use pod_sharing='keys' or the model's generate()")
-        if pod.gate_tau is not None and pod.gate_estimate != "exact" and decode_scheme.uses_anchors:
-            raise EngineError(f"pod.gate_estimate={pod.gate_estimate!r} with pod.gate_tau={pod.gate_tau} is not "
-                              f"supported by the engine: it skips distant attention by the exact gate inside the "
-                              f"decode kernel; use pod_gate_estimate='exact' (or pod_gate_tau=None)")
         if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int) or max_batch_size < 1:
             raise EngineError(f"max_batch_size={max_batch_size!r} is invalid: expected an integer >= 1")
         if decode_kernels not in DECODE_KERNELS:

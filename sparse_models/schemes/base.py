@@ -80,9 +80,11 @@ class PrefillState(Protocol):
 
 @dataclass
 class DecodeStepState:
-    """What the layers of one decode step share: the TidalDecode indices chosen so far, by layer."""
+    """What the layers of one decode step share: the TidalDecode indices chosen so far, and POD's gates [B, Hq]
+    of the anchor layers (the engine's pod.gate_estimate="anchor" skip reads them), by layer."""
 
     selected: dict[int, torch.Tensor] = field(default_factory=dict)
+    pod_gates: dict[int, torch.Tensor] = field(default_factory=dict)
 
 
 DecodeFn = Callable[[DecodeView, torch.Tensor, Any, DecodeStepState], torch.Tensor]

@@ -25,6 +25,7 @@ import torch
 import kernels
 
 from ..validation import check_int, fail
+from . import pod_skip_stats
 from .base import CacheNeeds, Scheme
 from .dense import fresh_prefill
 
@@ -228,11 +229,26 @@ def pod_decode(layer: int, anchors: tuple[int, ...], q: torch.Tensor, cache: Spa
     """POD decode of one layer: q [B, Hq, D] at position seq_lens - 1 -> [B, Hq, D].
 
     ``gates`` collects each layer's proximal gate [B, Hq] when ``cfg.gate_tau`` is set (the anchor
-    estimate of later layers reads it).
+    estimate of later layers reads it). Inside ``pod_skip_stats.record_gate_skips()`` a decode call
+    (one with ``gates``) also records its gate estimates and skips; with ``gate_tau`` None it then
+    computes the gates on the side and returns the unrecorded output unchanged.
     """
+    recorder = pod_skip_stats.active_recorder() if gates is not None else None
     v = cache.layer_values(layer)
     own_only = all(a == layer for a in anchors)
     tau = cfg.gate_tau
+    if recorder is not None and tau is None:
+        out = pod_decode(layer, anchors, q, cache, seq_lens, cfg)  # the output of an unrecorded call
+        _, gate = kernels.pod_decode_attention(q, cache.local_key_view(layer, seq_lens), cache.anchor_keys(layer), v,
+                                               seq_lens, sink=cfg.sink_tokens, recent=cfg.recent_window,
+                                               return_gate=True)
+        gates[layer] = gate
+        group = q.shape[1] // len(anchors)
+        shared_q = torch.tensor([anchors[qh // group] != layer for qh in range(q.shape[1])], device=q.device)
+        estimate = gate if cfg.gate_estimate == "exact" else _anchor_estimate(layer, anchors, gate, gates, group)
+        recorder.add(layer, estimate, torch.zeros_like(gate, dtype=torch.bool), shared_q, group, seq_lens,
+                     cfg.sink_tokens, cfg.recent_window, None)
+        return out
     if own_only and tau is None:
         return kernels.decode_attention(q, cache.anchor_keys(layer), v, seq_lens)
     k_local = cache.local_key_view(layer, seq_lens)
@@ -248,22 +264,36 @@ def pod_decode(layer: int, anchors: tuple[int, ...], q: torch.Tensor, cache: Spa
                                                  **common)
         if gates is not None:
             gates[layer] = gate
+        if recorder is not None:
+            recorder.add(layer, gate, gate >= tau, shared_q, group, seq_lens, cfg.sink_tokens, cfg.recent_window, tau)
         return out
     out, gate = kernels.pod_decode_attention(q, k_local, k_anchor, v, seq_lens, return_gate=True, **common)
     if gates is not None:
         gates[layer] = gate
     if own_only:
+        if recorder is not None:
+            recorder.add(layer, gate, torch.zeros_like(gate, dtype=torch.bool), shared_q, group, seq_lens,
+                         cfg.sink_tokens, cfg.recent_window, tau)
         return out  # anchor heads never skip: their distant keys are their own (exact attention)
     if cfg.gate_estimate == "exact":
         estimate = gate
     else:
-        estimate = torch.stack([gates[anchors[qh // group]][:, qh] if anchors[qh // group] != layer else gate[:, qh]
-                                for qh in range(q.shape[1])], dim=1)  # [B, Hq]
+        estimate = _anchor_estimate(layer, anchors, gate, gates, group)
     skip = (estimate >= tau) & shared_q[None, :]
+    if recorder is not None:
+        recorder.add(layer, estimate, skip, shared_q, group, seq_lens, cfg.sink_tokens, cfg.recent_window, tau)
     if not bool(skip.any()):
         return out
     prox = proximal_only_decode(q, k_local, v, seq_lens, cfg)
     return torch.where(skip[..., None], prox, out)
+
+
+def _anchor_estimate(layer: int, anchors: tuple[int, ...], gate: torch.Tensor, gates: dict[int, torch.Tensor],
+                     group: int) -> torch.Tensor:
+    """[B, Hq]: per query head, the gate its KV head's anchor layer computed in this step (its own gate
+    where the head is its own anchor)."""
+    return torch.stack([gates[anchors[qh // group]][:, qh] if anchors[qh // group] != layer else gate[:, qh]
+                        for qh in range(gate.shape[1])], dim=1)
 
 
 def pod_layer_roles(anchors, num_layers: int) -> list[str]:

@@ -197,3 +197,50 @@ def test_exact_gate_skip_mask_and_estimate_errors():
         pod_decode_attention_triton(q, k_local, k_anchor, v, seq_lens, gate_tau=0.7, gate_estimate=est[:1], **kw)
     with pytest.raises(TypeError, match="gate_estimate must be a float tensor"):
         pod_decode_attention_triton(q, k_local, k_anchor, v, seq_lens, gate_tau=0.7, gate_estimate=est.long(), **kw)
+
+
+def _own_anchor_case(case, dtype, device, seed):
+    """An anchor layer: its own keys at every position (k_anchor), and the ring a shared layer would hold."""
+    B, Hq, Hkv, N, D, sink, recent, lens = case
+    gen = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(B, h, *rest, generator=gen) for h, rest in ((Hq, (D,)), (Hkv, (N, D)), (Hkv, (N, D))))
+    ring = torch.zeros(B, Hkv, sink + recent, D)
+    for b, L in enumerate(lens):
+        for j in range(L):
+            if j < sink:
+                ring[b, :, j] = k[b, :, j]
+            elif L - 1 - j < recent:
+                ring[b, :, sink + j % recent] = k[b, :, j]
+    t = lambda x: x.to(device, dtype)  # noqa: E731
+    return t(q), t(ring), t(k), t(v), torch.tensor(lens, device=device), sink, recent
+
+
+def _check_own_anchor(args, gate_tol):
+    q, ring, k, v, lens, sink, recent = args
+    out, gate = pod_decode_attention_triton(q, None, k, v, lens, sink=sink, recent=recent, return_gate=True)
+    # exact attention over the layer's own keys ...
+    exact = reference.decode_attention(q.double(), k.double(), v.double(), lens)
+    ref = reference.decode_attention(q, k, v, lens)
+    assert_error_within("out (own anchor)", out, ref, exact)
+    # ... and the gate of the same keys split into proximal (from the ring) and distant
+    _, ring_gate = reference.pod_decode_attention(q.double(), ring.double(), k.double(), v.double(), lens, sink=sink,
+                                                  recent=recent, return_gate=True)
+    assert (gate.double() - ring_gate).abs().max() < gate_tol
+    _, ref_gate = reference.pod_decode_attention(q, None, k, v, lens, sink=sink, recent=recent, return_gate=True)
+    assert (ref_gate.double() - ring_gate).abs().max() < gate_tol
+
+
+@cpu_only
+@pytest.mark.parametrize("case", CASES)
+def test_own_anchor_layer_is_exact_attention_with_its_gate(case):
+    """k_local=None (a layer that is its own anchor, as the engine's anchor-gate estimate needs): the output is
+    exact attention and the gate is what the ring layout gives for the same keys."""
+    _check_own_anchor(_own_anchor_case(case, torch.float32, "cpu", zlib.crc32(repr(case).encode())), 1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("G", [1, 4, 8])
+def test_own_anchor_layer_bf16_gpu(G):
+    Hkv = 8 if G < 8 else 2
+    _check_own_anchor(_own_anchor_case((2, G * Hkv, Hkv, 3000, 128, 4, 1000, [3000, 1100]), torch.bfloat16,
+                                       "cuda", G), 1e-2)

@@ -33,6 +33,9 @@ SCHEMES = {
     "pod": dict(decode_scheme="pod", pod_sink_tokens=2, pod_recent_window=6),
     "pod-gate-skip": dict(decode_scheme="pod", pod_sink_tokens=2, pod_recent_window=6, pod_gate_tau=0.5,
                           pod_gate_estimate="exact"),
+    # the anchor layer's gate decides the skip: the engine's distant reads are skipped, not only masked
+    "pod-gate-skip-anchor": dict(decode_scheme="pod", pod_sink_tokens=2, pod_recent_window=6, pod_gate_tau=0.5,
+                                 pod_gate_estimate="anchor"),
     "pod+tidal": dict(decode_scheme="pod+tidal", pod_sink_tokens=2, pod_recent_window=6, tidal_budget=8,
                       tidal_full_layers=[0], tidal_selection_layers=[2]),
     "token_sparse-prefill": dict(prefill_scheme="token_sparse", token_sparse_window=4, token_sparse_min_tokens=4,
@@ -353,3 +356,29 @@ def test_grouped_projections_are_checked():
 @pytest.mark.parametrize("scheme", ["dense", "tidal", "pod+tidal"])
 def test_grouped_projections_compiled_with_cuda_graphs_match_on_gpu(scheme):
     _grouped_vs_torch("cuda", scheme, compile_layers=True)
+
+
+def test_pod_anchor_gate_estimate_skips_some_heads(monkeypatch):
+    """Guards the pod-gate-skip-anchor case above: the engine passes the anchor layers' gates as the estimate
+    of the shared runs (some heads skip, some do not), and computes a gate only in layers a run reads from."""
+    import kernels as K
+
+    calls = []
+    real = K.pod_decode_attention
+
+    def spy(q, k_local, k_anchor, v, lens, **kw):
+        est = kw.get("gate_estimate")
+        calls.append((k_local is None, None if est is None else (est >= kw["gate_tau"]).float().mean().item()))
+        return real(q, k_local, k_anchor, v, lens, **kw)
+
+    monkeypatch.setattr(K, "pod_decode_attention", spy)
+    model = podkit_model(6, 2, seed=7)
+    engine = GenerationEngine(model, max_batch_size=3, max_seq_len=40, use_cuda_graphs=False,
+                              **scheme_overrides("pod-gate-skip-anchor", 2))
+    engine.generate(random_prompts([23, 14, 19], seed=2), max_new_tokens=NEW_TOKENS)
+    own_anchor = [c for c in calls if c[0]]
+    estimated = [c[1] for c in calls if c[1] is not None]
+    # anchors 0, 1 and 3 are read by later layers (map above); every shared run got an estimate
+    assert own_anchor and estimated and len(estimated) == len(calls) - len(own_anchor)
+    skipped = sum(estimated) / len(estimated)
+    assert 0 < skipped < 1, skipped
