@@ -19,7 +19,7 @@ test: install
 test-gpu:
 	python3 -m pytest -q -m gpu tests
 
-# The same suite as concurrent pytest processes over two or more GPUs (about 210 s on 2 x H200; logs in outputs/test_gpu).
+# The same suite as concurrent pytest processes (about 210 s on 2 x H200; one GPU works too, the 2-GPU tests skip; logs in outputs/test_gpu).
 test-gpu-parallel:
 	scripts/test_gpu_parallel.sh python3
 

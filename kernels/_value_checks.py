@@ -20,16 +20,36 @@ def value_checks_enabled(t: torch.Tensor) -> bool:
     return True
 
 
-def check_append_inputs(key_buffer, value_buffer, k, v, positions) -> None:
+def check_append_inputs(key_buffer, value_buffer, k, v, positions, *, key_heads=None, ring=None, sink=0,
+                        recent=1) -> None:
     """``append_kv``'s arguments: shapes, dtypes and (outside capture) slot values, each error naming the
-    argument. key/value buffers [Bmax, Hkv, N, D]; k, v [B <= Bmax, Hkv, D]; positions int [B] in [0, N)."""
+    argument. value buffer [Bmax, Hkv, N, D]; key buffer the same, or [Bmax, U, N, D] with key_heads int [Hkv] in
+    [-1, U); k, v [B <= Bmax, Hkv, D]; positions int [B] in [0, N); ring None or [Bmax, Hkv, sink + recent, D]."""
     for name, t in (("key_buffer", key_buffer), ("value_buffer", value_buffer)):
         if t.dim() != 4:
             raise ValueError(f"{name} must be [Bmax, Hkv, N, D]; got shape {tuple(t.shape)}")
-    if key_buffer.shape != value_buffer.shape:
+    bmax, heads, capacity, dim = value_buffer.shape
+    if key_heads is None and key_buffer.shape != value_buffer.shape:
         raise ValueError(f"value_buffer shape {tuple(value_buffer.shape)} must equal key_buffer shape "
                          f"{tuple(key_buffer.shape)}")
-    bmax, heads, capacity, dim = key_buffer.shape
+    if key_heads is not None:
+        if (key_buffer.shape[0], key_buffer.shape[2], key_buffer.shape[3]) != (bmax, capacity, dim):
+            raise ValueError(f"key_buffer shape {tuple(key_buffer.shape)} must be [Bmax={bmax}, U, N={capacity}, "
+                             f"D={dim}] like value_buffer")
+        if key_heads.dim() != 1 or key_heads.shape[0] != heads or key_heads.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"key_heads must be an int32 / int64 [Hkv={heads}] tensor (a key_buffer row per head, "
+                             f"-1 for none); got {key_heads.dtype} {tuple(key_heads.shape)}")
+        if value_checks_enabled(key_heads):
+            lo, hi = int(key_heads.min()), int(key_heads.max())
+            if lo < -1 or hi >= key_buffer.shape[1]:
+                raise ValueError(f"key_heads must be rows in [-1, U={key_buffer.shape[1]}); got min {lo}, max {hi}")
+    if ring is not None:
+        if isinstance(sink, bool) or not isinstance(sink, int) or sink < 0 or isinstance(recent, bool) \
+                or not isinstance(recent, int) or recent < 1:
+            raise ValueError(f"sink={sink!r} and recent={recent!r}: expected integers >= 0 and >= 1 with a ring")
+        if tuple(ring.shape) != (bmax, heads, sink + recent, dim):
+            raise ValueError(f"ring must be [Bmax={bmax}, Hkv={heads}, sink + recent={sink + recent}, D={dim}]; got "
+                             f"shape {tuple(ring.shape)}")
     for name, t in (("k", k), ("v", v)):
         if t.dim() != 3 or tuple(t.shape[1:]) != (heads, dim) or t.shape[0] > bmax:
             raise ValueError(f"{name} must be [B <= {bmax}, {heads}, {dim}] to match the buffers; got shape "

@@ -510,19 +510,32 @@ def quest_select_pages(scores, seq_lens, page_size, budget):
     return torch.where(valid, slots, torch.full_like(slots, -1))
 
 
-def append_kv(key_buffer, value_buffer, k, v, positions):
+def append_kv(key_buffer, value_buffer, k, v, positions, *, key_heads=None, ring=None, sink=0, recent=1):
     """Write one decode token per sequence into a static cache, in place.
 
-    key_buffer, value_buffer: [Bmax, Hkv, N, D]; k, v: [B, Hkv, D] (B <= Bmax); positions: [B] slot of
-    sequence b's token. Afterwards ``key_buffer[b, :, positions[b]] == k[b]`` (same for values) for b < B and
-    nothing else changed. Returns None.
+    key_buffer: [Bmax, U, N, D]; value_buffer: [Bmax, Hkv, N, D]; k, v: [B, Hkv, D] (B <= Bmax); positions: [B]
+    slot of sequence b's token. key_heads: None (U == Hkv: head h's keys in row h) or int [Hkv], head h's row in
+    key_buffer or -1 (the head keeps no full keys: a POD non-anchor head). ring: None or
+    [Bmax, Hkv, sink + recent, D], POD's proximal keys: position p at slot p if p < sink else sink + p % recent.
+    Afterwards ``value_buffer[b, :, positions[b]] == v[b]``, ``key_buffer[b, row(h), positions[b]] == k[b, h]``
+    for heads with a row, ``ring[b, :, slot(positions[b])] == k[b]``, for b < B, and nothing else changed.
+    Returns None.
     """
     from ._value_checks import check_append_inputs
 
-    check_append_inputs(key_buffer, value_buffer, k, v, positions)
+    check_append_inputs(key_buffer, value_buffer, k, v, positions, key_heads=key_heads, ring=ring, sink=sink,
+                        recent=recent)
     rows = torch.arange(k.shape[0], device=k.device)
-    key_buffer[rows, :, positions] = k.to(key_buffer.dtype)
     value_buffer[rows, :, positions] = v.to(value_buffer.dtype)
+    if key_heads is None:
+        key_buffer[rows, :, positions] = k.to(key_buffer.dtype)
+    else:
+        for h, row in enumerate(key_heads.tolist()):
+            if row >= 0:
+                key_buffer[rows, row, positions] = k[:, h].to(key_buffer.dtype)
+    if ring is not None:
+        slots = torch.where(positions < sink, positions, sink + positions % recent)
+        ring[rows, :, slots] = k.to(ring.dtype)
 
 
 def decode_linear(x, weights, biases=None, *, gated=False):

@@ -1,13 +1,19 @@
 """Append one decode token's keys and values to a static KV cache in one launch (Triton).
 
 Why a kernel: the engine's decode step wrote keys and values with two advanced-indexing assignments per layer
-(``buffer[b, :, positions[b]] = x``). On an H200 each is a generic ``index_put`` launch of about 3.8 µs for a few
-KB (64 of them per Llama-3-8B step, 0.25 ms of a 6.6 ms step: BENCHMARKS.md, "Where the dense decode step's
-time goes"). One program per (sequence, KV head) stores the head's D key and D value elements at its slot.
+(``buffer[b, :, positions[b]] = x``), and in POD's layout one more per layer into the ring of proximal keys plus the
+slot arithmetic (``sink + pos % recent``) as separate torch launches. On an H200 each is a generic ``index_put``
+launch of about 3.8 µs for a few KB (64 of them per Llama-3-8B step, 0.25 ms of a 6.6 ms step: BENCHMARKS.md,
+"Where the dense decode step's time goes"). One program per (sequence, KV head) stores the head's D key and D
+value elements at its slot, and the key at its ring slot too when the layer keeps a ring.
 
-``append_kv_triton(key_buffer, value_buffer, k, v, positions)``:
-    key_buffer, value_buffer: [Bmax, Hkv, N, D] (any strides with a unit last stride, e.g. a view of POD's
+``append_kv_triton(key_buffer, value_buffer, k, v, positions, *, key_heads=None, ring=None, sink=0, recent=1)``:
+    key_buffer: [Bmax, U, N, D]; value_buffer: [Bmax, Hkv, N, D] (any strides with a unit last stride, e.g. POD's
         key pool); k, v: [B, Hkv, D] with B <= Bmax; positions: [B] slot of each sequence's token.
+    key_heads: None (U == Hkv, head h's keys in row h) or int [Hkv]: head h's row in key_buffer, -1 for a head
+        that keeps no full keys (a POD non-anchor head: its distant keys are its anchor layer's).
+    ring: None or [Bmax, Hkv, sink + recent, D]: POD's proximal keys; position p goes to slot p if p < sink, else
+        sink + p % recent (``StaticCache.ring_slots``).
 Same contract as ``kernels.reference.append_kv`` (the spec it is tested against).
 """
 
@@ -21,10 +27,12 @@ from ._value_checks import check_append_inputs
 
 
 @triton.jit
-def _append_kv_kernel(K, V, POS, KBUF, VBUF,
+def _append_kv_kernel(K, V, POS, KBUF, VBUF, KEY_HEADS, RING,
                       stride_kb, stride_kh, stride_vb, stride_vh,
                       stride_kbb, stride_kbh, stride_kbn, stride_vbb, stride_vbh, stride_vbn,
-                      num_heads, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
+                      stride_rb, stride_rh, stride_rn,
+                      num_heads, sink, recent,
+                      HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, MAPPED: tl.constexpr, HAS_RING: tl.constexpr):
     pid = tl.program_id(0)
     b = (pid // num_heads).to(tl.int64)
     h = (pid % num_heads).to(tl.int64)
@@ -33,24 +41,40 @@ def _append_kv_kernel(K, V, POS, KBUF, VBUF,
     ok = offs < HEAD_DIM
     key = tl.load(K + b * stride_kb + h * stride_kh + offs, mask=ok)
     value = tl.load(V + b * stride_vb + h * stride_vh + offs, mask=ok)
-    tl.store(KBUF + b * stride_kbb + h * stride_kbh + slot * stride_kbn + offs, key.to(KBUF.dtype.element_ty), mask=ok)
     tl.store(VBUF + b * stride_vbb + h * stride_vbh + slot * stride_vbn + offs, value.to(VBUF.dtype.element_ty),
              mask=ok)
+    if MAPPED:
+        row = tl.load(KEY_HEADS + h).to(tl.int64)  # -1: this head keeps no full keys
+        tl.store(KBUF + b * stride_kbb + tl.maximum(row, 0) * stride_kbh + slot * stride_kbn + offs,
+                 key.to(KBUF.dtype.element_ty), mask=ok & (row >= 0))
+    else:
+        tl.store(KBUF + b * stride_kbb + h * stride_kbh + slot * stride_kbn + offs, key.to(KBUF.dtype.element_ty),
+                 mask=ok)
+    if HAS_RING:
+        ring_slot = tl.where(slot < sink, slot, sink + slot % recent)
+        tl.store(RING + b * stride_rb + h * stride_rh + ring_slot * stride_rn + offs, key.to(RING.dtype.element_ty),
+                 mask=ok)
 
 
 def append_kv_triton(key_buffer: torch.Tensor, value_buffer: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                     positions: torch.Tensor) -> None:
-    check_append_inputs(key_buffer, value_buffer, k, v, positions)
+                     positions: torch.Tensor, *, key_heads: torch.Tensor | None = None,
+                     ring: torch.Tensor | None = None, sink: int = 0, recent: int = 1) -> None:
+    check_append_inputs(key_buffer, value_buffer, k, v, positions, key_heads=key_heads, ring=ring, sink=sink,
+                        recent=recent)
     batch, heads, dim = k.shape
     if batch == 0:
         return
     k, v = k.contiguous(), v.contiguous()
-    for name, t in (("key_buffer", key_buffer), ("value_buffer", value_buffer)):
-        if t.stride(-1) != 1:
+    for name, t in (("key_buffer", key_buffer), ("value_buffer", value_buffer), ("ring", ring)):
+        if t is not None and t.stride(-1) != 1:
             raise ValueError(f"{name} must have a unit last stride (got strides {t.stride()})")
+    ring_strides = (ring.stride(0), ring.stride(1), ring.stride(2)) if ring is not None else (0, 0, 0)
     _append_kv_kernel[(batch * heads,)](
         k, v, positions, key_buffer, value_buffer,
+        key_heads if key_heads is not None else positions, ring if ring is not None else value_buffer,
         k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         key_buffer.stride(0), key_buffer.stride(1), key_buffer.stride(2),
         value_buffer.stride(0), value_buffer.stride(1), value_buffer.stride(2),
-        heads, HEAD_DIM=dim, BLOCK_D=triton.next_power_of_2(dim))
+        *ring_strides,
+        heads, sink, recent,
+        HEAD_DIM=dim, BLOCK_D=triton.next_power_of_2(dim), MAPPED=key_heads is not None, HAS_RING=ring is not None)

@@ -65,9 +65,8 @@ class StaticCache:
         max_batch: Bmax; capacity: N slots per sequence.
         pod_sink, pod_recent: POD's proximal window (used when some layer has ``pod_keys``).
         quest_layers, quest_page_size: layers that keep Quest page metadata.
-        fused_append: write a decode token's keys and values with ``kernels.append_kv`` (one launch) where a
-            layer's heads all keep their own keys, instead of indexed assignments (the engine's
-            ``decode_kernels="fused"``).
+        fused_append: write a decode token's keys, values and POD ring keys with ``kernels.append_kv`` (one
+            launch per layer) instead of indexed assignments (the engine's ``decode_kernels="fused"``).
     """
 
     def __init__(self, plan, num_kv_heads: int, head_dim: int, max_batch: int, capacity: int, *,
@@ -117,6 +116,10 @@ class StaticCache:
                          for l in self.quest_layers}
         self.page_min = {l: torch.full((max_batch, num_kv_heads, pages, head_dim), float("inf"), **alloc)
                          for l in self.quest_layers}
+        # kernels.append_kv's key rows of POD layers: head h's unit in key_pool, -1 for a non-anchor head
+        self._pool_rows = {p.layer: torch.tensor([self.unit_of.get((p.layer, h), -1) for h in range(num_kv_heads)],
+                                                 dtype=torch.int32, device=self.device)
+                           for p in plan if p.pod_keys}
         # slot of the next token of each sequence (= its current length)
         self.positions = torch.zeros(max_batch, dtype=torch.long, device=self.device)
         self._batch_index = torch.arange(max_batch, device=self.device)
@@ -150,17 +153,19 @@ class StaticCache:
         batch = k.shape[0]
         b = self._batch_index[:batch]
         runs = self.runs[layer]
-        if self.fused_append and len(runs) == 1 and runs[0].own:  # all heads keep their own keys: one launch
-            kernels.append_kv(self.full_keys(layer, 0, self.num_kv_heads, self.max_batch), self.values[layer], k, v,
-                              positions)
+        local = self.local_keys[layer]
+        if self.fused_append:  # one launch: values, the heads' full keys (dense or POD's pool) and POD's ring
+            pooled = self.keys[layer] is None
+            kernels.append_kv(self.key_pool if pooled else self.keys[layer], self.values[layer], k, v, positions,
+                              key_heads=self._pool_rows[layer] if pooled else None, ring=local, sink=self.sink,
+                              recent=self.recent)
         else:
             self.values[layer][b, :, positions] = v
             for run in runs:
                 if run.own:
                     self.full_keys(layer, run.h0, run.h1, self.max_batch)[b, :, positions] = k[:, run.h0:run.h1]
-        local = self.local_keys[layer]
-        if local is not None:
-            local[b, :, self.ring_slots(positions)] = k
+            if local is not None:
+                local[b, :, self.ring_slots(positions)] = k
         if layer in self.page_max:
             page = positions // self.page_size
             fresh = (positions % self.page_size == 0)[:, None, None]

@@ -86,3 +86,88 @@ def test_bad_arguments_are_named(mutate, message):
     mutate(args)
     with pytest.raises(ValueError, match=message):
         reference.append_kv(**args)
+
+
+def make_pod_case(case, dtype, device, seed, sink=2, recent=5):
+    """POD's layout: keys in a pool with rows for the anchor heads only (key_heads maps head -> row, -1 = none),
+    and a ring of proximal keys; every buffer random so that any stray write shows."""
+    bmax, batch, heads, capacity, dim = case
+    gen = torch.Generator().manual_seed(seed)
+    rows = torch.randperm(heads + 2, generator=gen)[:heads]
+    key_heads = torch.where(torch.arange(heads) % 2 == 1, torch.full_like(rows, -1), rows).to(torch.int32)
+    pool = torch.randn(bmax, heads + 2, capacity, dim, generator=gen).to(device, dtype)
+    values = torch.randn(bmax, heads, capacity, dim, generator=gen).to(device, dtype)
+    ring = torch.randn(bmax, heads, sink + recent, dim, generator=gen).to(device, dtype)
+    k = torch.randn(batch, heads, dim, generator=gen).to(device, dtype)
+    v = torch.randn(batch, heads, dim, generator=gen).to(device, dtype)
+    positions = torch.randperm(capacity, generator=gen)[:batch].to(device)
+    positions[0] = 1  # a sink position (slot 1), the others land in the ring (sink + p % recent)
+    return pool, values, k, v, positions, key_heads.to(device), ring, sink, recent
+
+
+def run_pod_both(case, dtype, device, seed):
+    pool, values, k, v, positions, key_heads, ring, sink, recent = make_pod_case(case, dtype, device, seed)
+    ref = [t.clone() for t in (pool, values, ring)]
+    kw = dict(key_heads=key_heads, ring=ring, sink=sink, recent=recent)
+    reference.append_kv(ref[0], ref[1], k, v, positions, **dict(kw, ring=ref[2]))
+    append_kv_triton(pool, values, k, v, positions, **kw)
+    return (pool, values, ring), ref, (k, v, positions, key_heads, sink, recent)
+
+
+@cpu_only
+@pytest.mark.parametrize("case", CASES)
+def test_pod_layout_append_matches_reference_cpu(case):
+    got, ref, (k, v, positions, key_heads, sink, recent) = run_pod_both(case, torch.float32, "cpu", seed=5)
+    for a, b in zip(got, ref):
+        assert torch.equal(a, b)
+    pool, values, ring = got
+    b = torch.arange(k.shape[0])
+    assert torch.equal(values[b, :, positions], v)
+    for h, row in enumerate(key_heads.tolist()):
+        if row >= 0:
+            assert torch.equal(pool[b, row, positions], k[:, h])
+    slots = torch.where(positions < sink, positions, sink + positions % recent)
+    assert torch.equal(ring[b, :, slots], k)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", CASES)
+def test_pod_layout_append_matches_reference_gpu(case):
+    got, ref, _ = run_pod_both(case, torch.bfloat16, "cuda", seed=8)
+    for a, b in zip(got, ref):
+        assert torch.equal(a, b)
+
+
+def test_reference_pod_layout_changes_only_the_written_slots():
+    pool, values, k, v, positions, key_heads, ring, sink, recent = make_pod_case((3, 2, 4, 12, 8), torch.float32,
+                                                                                "cpu", seed=3)
+    before = [t.clone() for t in (pool, values, ring)]
+    reference.append_kv(pool, values, k, v, positions, key_heads=key_heads, ring=ring, sink=sink, recent=recent)
+    changed = [(a != b).any(-1) for a, b in zip((pool, values, ring), before)]  # [Bmax, rows, slots]
+    b = torch.arange(2)
+    expect_pool = torch.zeros_like(changed[0])
+    for h, row in enumerate(key_heads.tolist()):
+        if row >= 0:
+            expect_pool[b, row, positions] = True
+    expect_values = torch.zeros_like(changed[1])
+    expect_values[b, :, positions] = True
+    expect_ring = torch.zeros_like(changed[2])
+    expect_ring[b, :, torch.where(positions < sink, positions, sink + positions % recent)] = True
+    assert torch.equal(changed[0], expect_pool) and torch.equal(changed[1], expect_values)
+    assert torch.equal(changed[2], expect_ring)
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda a: a.update(key_heads=a["key_heads"][:2]), r"key_heads must be an int32 / int64 \[Hkv=4\]"),
+    (lambda a: a.update(key_heads=a["key_heads"] + 9), r"key_heads must be rows in \[-1, U=6\)"),
+    (lambda a: a.update(ring=a["ring"][:, :, :3]), r"ring must be \[Bmax=3, Hkv=4, sink \+ recent=7, D=8\]"),
+    (lambda a: a.update(recent=0), "sink=2 and recent=0"),
+])
+def test_bad_pod_layout_arguments_are_named(mutate, message):
+    pool, values, k, v, positions, key_heads, ring, sink, recent = make_pod_case((3, 2, 4, 12, 8), torch.float32,
+                                                                                "cpu", seed=4)
+    args = dict(key_buffer=pool, value_buffer=values, k=k, v=v, positions=positions, key_heads=key_heads,
+                ring=ring, sink=sink, recent=recent)
+    mutate(args)
+    with pytest.raises(ValueError, match=message):
+        reference.append_kv(**args)

@@ -329,13 +329,14 @@ def _grouped_vs_torch(device: str, scheme: str, compile_layers: bool, qwen_biase
         model = podkit_model(8, 2, seed=31).to(device)
     prompts = random_prompts([27, 9, 18], seed=32)
     overrides = scheme_overrides(scheme, 2) if not qwen_biases else {"decode_scheme": "dense"}
-    plain = GenerationEngine(model, max_batch_size=3, max_seq_len=48, **overrides).generate(prompts, max_new_tokens=6)
+    plain = GenerationEngine(model, max_batch_size=3, max_seq_len=48, decode_kernels="standard",
+                             **overrides).generate(prompts, max_new_tokens=6)
     grouped = GenerationEngine(model, max_batch_size=3, max_seq_len=48, decode_kernels="fused",
                                compile_layers=compile_layers, **overrides).generate(prompts, max_new_tokens=6)
     assert grouped.tokens == plain.tokens
 
 
-@pytest.mark.parametrize("scheme", ["dense", "pod+tidal"])
+@pytest.mark.parametrize("scheme", ["dense", "pod", "pod+tidal"])
 def test_grouped_projections_match_on_cpu(scheme):
     _grouped_vs_torch("cpu", scheme, compile_layers=False)
 
@@ -352,8 +353,18 @@ def test_grouped_projections_are_checked():
         GenerationEngine(model, max_seq_len=16, max_batch_size=65, decode_kernels="fused")
 
 
+def test_auto_decode_kernels_pick_fused_only_on_cuda_for_batches_that_fit():
+    model = podkit_model(4, 2, seed=1)
+    assert GenerationEngine(model, max_seq_len=16).decode_kernels == "standard"  # CPU
+    assert GenerationEngine(model, max_seq_len=16, decode_kernels="fused").decode_kernels == "fused"
+    if torch.cuda.is_available():
+        gpu = podkit_model(4, 2, seed=1).cuda()
+        assert GenerationEngine(gpu, max_seq_len=16).decode_kernels == "fused"
+        assert GenerationEngine(gpu, max_seq_len=16, max_batch_size=65).decode_kernels == "standard"
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("scheme", ["dense", "tidal", "pod+tidal"])
+@pytest.mark.parametrize("scheme", ["dense", "tidal", "pod", "pod+tidal"])
 def test_grouped_projections_compiled_with_cuda_graphs_match_on_gpu(scheme):
     _grouped_vs_torch("cuda", scheme, compile_layers=True)
 
