@@ -33,7 +33,9 @@ def test_kernels_compile_for_sm90_without_spills():
     for r in rows:
         # POD decode kept a 40-byte spill at 4 warps (656 before its slot modulo moved to int32); POD sparse decode
         # over per-head lists spills 384 bytes in its 64-row tile, measured faster than the spill-free 16-row one
-        # (kernels/triton_pod_sparse_decode_attention.py, _PLAN_HEAD)
-        limits = {("pod_decode_split", None): 64, ("pod_sparse_split", "per_group=False"): 384}
+        # (kernels/triton_pod_sparse_decode_attention.py, _PLAN_HEAD); its own-anchor mode (k_local=None) spills
+        # 120 bytes and measured as fast as POD decode itself (BENCHMARKS.md, issue 12 second pass)
+        limits = {("pod_decode_split", None): 64, ("pod_decode_split", "skip=False own-anchor"): 128,
+                  ("pod_sparse_split", "per_group=False"): 384}
         limit = limits.get((r["kernel"], r["variant"]), limits.get((r["kernel"], None), 0))
         assert r["stack"] <= limit, f"{r} spills"
