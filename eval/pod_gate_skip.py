@@ -237,7 +237,8 @@ def measure(model, tokenizer, settings: dict, args: argparse.Namespace) -> dict:
                                "decode_ppl_change": _change(ppl[text], no_tau_ppl[text])} for text in args.texts},
             "at_no_tau_gates": _compact(skip_summary(reference["gates"], tau=tau)),
         })
-    return {"anchor_map": anchor_map, "decode_ppl_no_tau": no_tau_ppl, "gate_histogram": histogram | {"from": "the no-tau run's estimates"},
+    return {"anchor_map": anchor_map, "decode_ppl_no_tau": no_tau_ppl,
+            "gate_histogram": histogram | {"from": "the no-tau run's estimates"},
             "taus": taus, "decode_steps": skip_summary(reference["gates"])["steps"],
             "windows": [{"text": r["text"], "window": r["window"], "decode_nll_no_tau": r["decode_nll"],
                          "decode_tokens": r["decode_tokens"]} for r in reference["records"]]}
@@ -256,7 +257,7 @@ def plot_report(report: dict, path: Path) -> Path:
     from sparse_models.calibration.outputs import save_figure
 
     plt = _plt()
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.6))
     hist = report["gate_histogram"]
     total = max(hist["total"], 1)
     edges = hist["edges"]
@@ -286,7 +287,8 @@ def plot_report(report: dict, path: Path) -> Path:
     twin.set_ylabel("decode-phase perplexity change vs no tau (%)")
     lines = right.get_legend_handles_labels()
     more = twin.get_legend_handles_labels()
-    right.legend(lines[0] + more[0], lines[1] + more[1], fontsize=7, loc="upper right")
+    right.legend(lines[0] + more[0], lines[1] + more[1], fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.15),
+                 ncol=2, frameon=False)
     right.set_title("skipping and its perplexity cost", fontsize=10)
     fig.suptitle(f"POD gate skipping: {report['model_label']}", fontsize=10)
     fig.tight_layout()
@@ -331,8 +333,8 @@ def main(argv: list[str] | None = None) -> dict:
         "formulas": {
             "head_skip_fraction": "skipped (step, layer, query head) of shared heads / all shared (step, layer, "
                                   "query head); a head skips when its estimated gate >= tau",
-            "group_skip_fraction": "(step, layer, KV head) of shared KV heads whose G query heads all skip / all shared "
-                                   "(step, layer, KV head)",
+            "group_skip_fraction": "(step, layer, KV head) of shared KV heads whose G query heads all skip / all "
+                                   "shared (step, layer, KV head)",
             "distant_bytes_skipped_fraction": "sum over skipped groups of D / sum over every (step, layer, KV head), "
                                               "anchor layers included, of D; D = max(0, seq_len - sink - recent)",
             "kv_bytes_skipped_fraction": "sum over skipped groups of D / sum over every (step, layer, KV head) of "

@@ -11,8 +11,9 @@ Decode: ``kernels.pod_decode_attention`` over the cache's sink + ring buffer and
 
 Compute skipping (``pod.gate_tau``, decode only): where the proximal gate g >= tau the distant part is
 dropped. ``gate_estimate="exact"`` uses this layer's own gate (the kernel's skip); ``"anchor"`` uses
-the gate the anchor layer computed for the same query head (METHODS.md A.4, reading ii). In the
-plain-PyTorch path both parts are still computed; the saving only exists in a kernel that skips.
+the gate the anchor layer computed for the same query head (METHODS.md A.4, reading ii). In this
+model path both parts are still computed; the engine's decode (sparse_models/engine/decode_layers.py,
+``full_attention``) reads no distant key for heads whose anchor estimate clears tau.
 """
 
 from __future__ import annotations

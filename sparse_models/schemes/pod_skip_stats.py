@@ -66,7 +66,7 @@ class GateRecord:
         return (self.seq_lens - self.sink - self.recent).clamp(min=0)
 
 
-@dataclass
+@dataclass(eq=False)  # compared by identity: nested recorders are told apart
 class GateSkipRecorder:
     records: list[GateRecord] = field(default_factory=list)
     _steps: dict[int, int] = field(default_factory=dict)
@@ -166,11 +166,15 @@ def skip_summary(records: list[GateRecord], tau: float | None = None) -> dict:
 
 def gate_histogram(records: list[GateRecord], bins: int = 20) -> dict:
     """Histogram of the estimated gates of shared heads over [0, 1] in ``bins`` equal bins (a gate of
-    exactly 1 falls in the last bin): ``{"edges": [bins + 1], "counts": [bins], "total": n}``."""
+    exactly 1 falls in the last bin): ``{"edges": [bins + 1], "counts": [bins], "total": n, "exactly_one": m}``
+    (``exactly_one``: estimates equal to 1, the only ones tau = 1 skips)."""
     counts = torch.zeros(bins, dtype=torch.long)
+    ones = 0
     for record in records:
         values = record.estimate[:, record.shared_q].reshape(-1)
         if values.numel():
             index = (values.clamp(0.0, 1.0) * bins).floor().long().clamp(max=bins - 1)
             counts += torch.bincount(index, minlength=bins)
-    return {"edges": [i / bins for i in range(bins + 1)], "counts": counts.tolist(), "total": int(counts.sum())}
+            ones += int((values >= 1.0).sum())
+    return {"edges": [i / bins for i in range(bins + 1)], "counts": counts.tolist(), "total": int(counts.sum()),
+            "exactly_one": ones}
