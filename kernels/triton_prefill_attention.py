@@ -47,24 +47,41 @@ def _configs():
 @triton.jit
 def _attend_block(
     acc, m_i, l_i, q, k_ptrs, v_ptrs, start_n, offs_n, offs_d, q_pos, kv_len, stride_kn, stride_vn,
-    qk_scale, HEAD_DIM: tl.constexpr, MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    qk_scale, HEAD_DIM: tl.constexpr, MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr, EVEN_D: tl.constexpr,
 ):
     """One key block of the online softmax. ``MASKED`` blocks apply causal + kv_len masks;
-    unmasked blocks are the fully visible ones below the diagonal (no per-element work)."""
-    key_pos = start_n + offs_n
-    key_ok = key_pos < kv_len
-    k = tl.load(k_ptrs + start_n * stride_kn, mask=key_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
+    unmasked blocks are the fully visible ones below the diagonal: every key of the block is valid, so
+    their loads carry no row mask (and no column mask when ``EVEN_D``: D is the tile width) and their
+    logits no per-element test, which keeps the loads vectorised and the loop free of selects."""
+    if MASKED:
+        key_pos = start_n + offs_n
+        key_ok = key_pos < kv_len
+        kv_mask = key_ok[:, None] & (offs_d[None, :] < HEAD_DIM)
+        k = tl.load(k_ptrs + start_n * stride_kn, mask=kv_mask, other=0.0)
+    elif EVEN_D:
+        k = tl.load(k_ptrs + start_n * stride_kn)
+    else:
+        k = tl.load(k_ptrs + start_n * stride_kn, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
     s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
     if MASKED:
         visible = (key_pos[None, :] <= q_pos[:, None]) & key_ok[None, :]
         s = tl.where(visible, s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    # rows with no visible key yet keep m = -inf: subtract 0 instead, so exp2 gives 0, not NaN
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        # rows with no visible key yet keep m = -inf: subtract 0 instead, so exp2 gives 0, not NaN
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        # every row sees every key of this block: m_new is finite
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = m_new
     alpha = tl.exp2(m_i - m_safe)
     p = tl.exp2(s - m_safe[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
-    v = tl.load(v_ptrs + start_n * stride_vn, mask=key_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
+    if MASKED:
+        v = tl.load(v_ptrs + start_n * stride_vn, mask=kv_mask, other=0.0)
+    elif EVEN_D:
+        v = tl.load(v_ptrs + start_n * stride_vn)
+    else:
+        v = tl.load(v_ptrs + start_n * stride_vn, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
     return acc, m_new, l_i
 
@@ -81,10 +98,12 @@ def _prefill_attention_kernel(
     num_q_heads, seq_q, qk_scale,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    WRITE_LSE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    WRITE_LSE: tl.constexpr, DOT_PRECISION: tl.constexpr, EVEN_D: tl.constexpr,
 ):
-    pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
+    # grid (batch*head, query block), query blocks in reverse: the longest causal rows start first and the
+    # short ones fill the last wave (longest-processing-time-first order across all heads)
+    pid_bh = tl.program_id(0)
+    pid_m = tl.num_programs(1) - 1 - tl.program_id(1)
     b = (pid_bh // num_q_heads).to(tl.int64)
     h = pid_bh % num_q_heads
     kvh = h // GROUP
@@ -113,10 +132,10 @@ def _prefill_attention_kernel(
     last_pos = tl.minimum(q_offset + tl.minimum((pid_m + 1) * BLOCK_M, seq_q), kv_len)  # exclusive
     for start_n in range(0, full_end, BLOCK_N):
         acc, m_i, l_i = _attend_block(acc, m_i, l_i, q, k_ptrs, v_ptrs, start_n, offs_n, offs_d, q_pos,
-                                      kv_len, stride_kn, stride_vn, qk_scale, HEAD_DIM, False, DOT_PRECISION)
+                                      kv_len, stride_kn, stride_vn, qk_scale, HEAD_DIM, False, DOT_PRECISION, EVEN_D)
     for start_n in range(full_end, last_pos, BLOCK_N):
         acc, m_i, l_i = _attend_block(acc, m_i, l_i, q, k_ptrs, v_ptrs, start_n, offs_n, offs_d, q_pos,
-                                      kv_len, stride_kn, stride_vn, qk_scale, HEAD_DIM, True, DOT_PRECISION)
+                                      kv_len, stride_kn, stride_vn, qk_scale, HEAD_DIM, True, DOT_PRECISION, EVEN_D)
 
     l_safe = tl.where(row_ok & (l_i > 0), l_i, 1.0)
     out = acc / l_safe[:, None]
@@ -166,7 +185,7 @@ def prefill_attention_triton(q, k, v, q_offsets, kv_lens, *, scale=None, return_
     lse = torch.empty((batch, num_q_heads, seq_q), device=q.device, dtype=torch.float32)
     if out.numel() == 0:
         return (out, lse.fill_(float("-inf"))) if return_lse else out
-    grid = lambda meta: (triton.cdiv(seq_q, meta["BLOCK_M"]), batch * num_q_heads)  # noqa: E731
+    grid = lambda meta: (batch * num_q_heads, triton.cdiv(seq_q, meta["BLOCK_M"]))  # noqa: E731
     _prefill_attention_kernel[grid](
         q, k, v, out, lse, q_offsets, kv_lens,
         q.stride(0), q.stride(1), q.stride(2),
@@ -176,7 +195,7 @@ def prefill_attention_triton(q, k, v, q_offsets, kv_lens, *, scale=None, return_
         lse.stride(0), lse.stride(1),
         num_q_heads, seq_q, scale * LOG2_E,
         GROUP=group, HEAD_DIM=head_dim, BLOCK_D=head_dim_block(head_dim),
-        WRITE_LSE=return_lse, DOT_PRECISION=dot_precision(q.dtype),
+        WRITE_LSE=return_lse, DOT_PRECISION=dot_precision(q.dtype), EVEN_D=head_dim == head_dim_block(head_dim),
     )
     return (out, lse) if return_lse else out
 
