@@ -331,7 +331,7 @@ def pod_prefill_attention(q, k_own, k_anchor, v, seq_lens, *, sink, recent, scal
 
 
 def pod_decode_attention(q, k_local, k_anchor, v_cache, seq_lens, *, sink, recent, scale=None, gate_tau=None,
-                         return_gate=False, gate_estimate=None, return_skip=False):
+                         return_gate=False, gate_estimate=None, return_skip=False, return_scores=False):
     """POD decode: proximal keys from the layer's own sink + ring, distant keys from the anchor.
 
     Args:
@@ -345,12 +345,20 @@ def pod_decode_attention(q, k_local, k_anchor, v_cache, seq_lens, *, sink, recen
         gate_estimate: [B, Hq] or None; if set (with gate_tau), it decides the skip instead of the
             exact gate (a gate pre-evaluated elsewhere, e.g. by the anchor layer: paper section 2.3
             under key sharing), and skipped heads report gate 1 (their distant part is never read).
+        return_scores: also return the logits q.k * scale of every position [B, Hq, N] fp32, each with the key
+            the layer attends it by (own key if proximal, anchor key if distant), -inf past seq_lens: what
+            TidalDecode's top-k needs in a POD selection layer. Not with gate_estimate (skipped heads read no
+            distant key).
     Returns:
         out [B, Hq, D]; with return_gate also gate [B, Hq] (the exact gate, computed before any
-        skipping); with return_skip also skip [B, Hq] bool (heads that dropped the distant part).
+        skipping); with return_skip also skip [B, Hq] bool (heads that dropped the distant part); with
+        return_scores also scores [B, Hq, N]. Order: out, gate, skip, scores.
     """
     if gate_estimate is not None and gate_tau is None:
         raise ValueError("gate_estimate is given but gate_tau is None; the estimate only decides a skip at gate_tau")
+    if return_scores and gate_estimate is not None:
+        raise ValueError("return_scores with gate_estimate: skipped heads read no distant key, so their distant "
+                         "logits do not exist; ask for scores without a gate estimate")
     ct = _compute_dtype(q)
     batch, num_heads, head_dim = q.shape
     n = v_cache.shape[2]
@@ -376,11 +384,15 @@ def pod_decode_attention(q, k_local, k_anchor, v_cache, seq_lens, *, sink, recen
     lse_p = torch.logsumexp(logits_p, -1)
     lse_d = torch.logsumexp(logits_d, -1)
     gate, skip = _pod_gate_skip(torch.sigmoid(lse_p - lse_d), gate_tau, gate_estimate)
+    scores = torch.where(proximal[:, None], logits_p, logits_d).float() if return_scores else None
     logits_d = logits_d.masked_fill(skip.unsqueeze(-1), float("-inf"))
     logits = torch.where(proximal[:, None], logits_p, logits_d)
     valid = causal[:, None].expand_as(logits) & torch.isfinite(logits)
     out, _ = _masked_softmax_attend(logits, valid, _expand_kv(v_cache, num_heads).to(ct))
-    return _pod_results(out.to(q.dtype), gate, skip, return_gate, return_skip)
+    results = _pod_results(out.to(q.dtype), gate, skip, return_gate, return_skip)
+    if not return_scores:
+        return results
+    return (*(results if isinstance(results, tuple) else (results,)), scores)
 
 
 def _pod_gate_skip(gate, gate_tau, gate_estimate):

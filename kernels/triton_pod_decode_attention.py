@@ -42,7 +42,7 @@ _NUM_STAGES = 2
 
 @triton.jit
 def _pod_decode_split_kernel(
-    Q, KLocal, KAnchor, V, SeqLens, OPart, LSEPart, GateEst,
+    Q, KLocal, KAnchor, V, SeqLens, OPart, LSEPart, GateEst, Scores,
     sm_scale, sink, recent, num_distant_splits, chunk_d, chunk_p, tau,
     stride_qb, stride_qh,
     stride_lb, stride_lh, stride_ln,
@@ -50,10 +50,11 @@ def _pod_decode_split_kernel(
     stride_vb, stride_vh, stride_vn,
     stride_opb, stride_oph, stride_ops,
     stride_lpb, stride_lph,
+    stride_sb, stride_sh,
     Hkv,
     G: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
     D: tl.constexpr, BLOCK_D: tl.constexpr, IEEE: tl.constexpr, SKIP: tl.constexpr = False,
-    LOCAL_BY_POSITION: tl.constexpr = False,
+    LOCAL_BY_POSITION: tl.constexpr = False, RETURN_SCORES: tl.constexpr = False,
 ):
     """Program (split, b*Hkv + kvh). Splits < num_distant_splits: distant positions
     [sink + split*chunk_d, ...) below p - recent + 1, keys from k_anchor. Other splits: virtual
@@ -61,7 +62,9 @@ def _pod_decode_split_kernel(
     t >= sink is position seq_len - recent + (t - sink) (kept when >= sink), keys from k_local.
     With SKIP, heads with gate_est[b, head] >= tau take no distant key; a distant program whose
     heads all skip loads nothing and writes an empty partial (lse -inf). LOCAL_BY_POSITION: KLocal is
-    slot = position (an anchor layer's own keys), so a proximal position's key is row `pos`, not its ring slot."""
+    slot = position (an anchor layer's own keys), so a proximal position's key is row `pos`, not its ring slot.
+    RETURN_SCORES: each program also writes the logits of its positions to Scores[b, head, pos] (the caller
+    fills the rest with -inf); every position below seq_len is written by exactly one program."""
     split = tl.program_id(0)
     bh = tl.program_id(1)
     b = (bh // Hkv).to(tl.int64)
@@ -75,6 +78,7 @@ def _pod_decode_split_kernel(
     q = tl.load(Q + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
                 mask=g_mask[:, None] & d_mask[None, :], other=0.0)
     v_base = V + b * stride_vb + kvh * stride_vh
+    s_base = Scores + b * stride_sb + heads[:, None].to(tl.int64) * stride_sh
 
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)
@@ -98,6 +102,8 @@ def _pod_decode_split_kernel(
             v = tl.load(v_base + offs[:, None] * stride_vn + offs_d[None, :], mask=kv_mask, other=0.0)
             s = C.tile_logits(q, k, sm_scale, True, IEEE)
             s = tl.where(valid[None, :], s, float("-inf"))
+            if RETURN_SCORES:
+                tl.store(s_base + offs[None, :], s, mask=g_mask[:, None] & valid[None, :])
             if SKIP:
                 s = tl.where(skip[:, None], float("-inf"), s)
             m_i, l_i, acc = C.online_softmax_update(s, v, m_i, l_i, acc, True, IEEE)
@@ -123,6 +129,8 @@ def _pod_decode_split_kernel(
             v = tl.load(v_base + pos[:, None] * stride_vn + offs_d[None, :], mask=kv_mask, other=0.0)
             s = C.tile_logits(q, k, sm_scale, True, IEEE)
             s = tl.where(valid[None, :], s, float("-inf"))
+            if RETURN_SCORES:
+                tl.store(s_base + pos[None, :], s, mask=g_mask[:, None] & valid[None, :])
             m_i, l_i, acc = C.online_softmax_update(s, v, m_i, l_i, acc, True, IEEE)
 
     C.store_partial(OPart, LSEPart, m_i, l_i, acc,
@@ -180,7 +188,7 @@ def _check_inputs(q, k_local, k_anchor, v_cache, seq_lens, sink, recent, gate_ta
 
 def pod_decode_attention_triton(q, k_local, k_anchor, v_cache, seq_lens, *, sink, recent, scale=None,
                                 gate_tau=None, return_gate=False, gate_estimate=None, return_skip=False,
-                                _num_warps=_NUM_WARPS):
+                                return_scores=False, _num_warps=_NUM_WARPS):
     """POD decode attention.
 
     q: [B,Hq,D] (query at p = seq_lens-1); k_local: [B,Hkv,sink+recent,D] (sinks at slots 0..sink-1,
@@ -193,10 +201,16 @@ def pod_decode_attention_triton(q, k_local, k_anchor, v_cache, seq_lens, *, sink
     Returns out [B,Hq,D] (q.dtype); with return_gate also gate [B,Hq] fp32 (the exact proximal gate,
     computed before any exact-gate skipping; 1 where no distant key exists or, with gate_estimate,
     where the head skipped); with return_skip also skip [B,Hq] bool (heads that dropped the distant
-    part: gate >= tau, or gate_estimate >= tau; all False without gate_tau). Order: out, gate, skip.
+    part: gate >= tau, or gate_estimate >= tau; all False without gate_tau); with return_scores also
+    scores [B,Hq,N] fp32, the logit of every position by the key the layer attends it with (own if proximal,
+    anchor if distant), -inf past seq_lens (TidalDecode's selection in a POD layer; not with gate_estimate).
+    Order: out, gate, skip, scores.
     """
     B, Hq, Hkv, N, D, G = _check_inputs(q, k_local, k_anchor, v_cache, seq_lens, sink, recent, gate_tau)
     _check_gate_estimate(gate_estimate, gate_tau, q)
+    if return_scores and gate_estimate is not None:
+        raise ValueError("return_scores with gate_estimate: skipped heads read no distant key, so their distant "
+                         "logits do not exist; ask for scores without a gate estimate")
     use_est = gate_estimate is not None
     est = gate_estimate.float().contiguous() if use_est else None
     scale = C.resolve_scale(scale, D)
@@ -209,8 +223,11 @@ def pod_decode_attention_triton(q, k_local, k_anchor, v_cache, seq_lens, *, sink
     num_splits = num_d + num_p
     o_part, lse_part = C.alloc_partials(B, Hq, num_splits, D, q.device)
     launch = dict(num_warps=_num_warps) if C.interpreting() else dict(num_warps=_num_warps, num_stages=_NUM_STAGES)
+    # every position below seq_len is written by the kernel; the rest (past the sequence) stays -inf
+    scores = torch.full((B, Hq, N), float("-inf"), device=q.device, dtype=torch.float32) if return_scores else None
     _pod_decode_split_kernel[(num_splits, rows)](
         q, k_local, k_anchor, v_cache, seq_lens, o_part, lse_part, est if use_est else lse_part,
+        scores if return_scores else lse_part,
         scale, sink, recent, num_d, chunk_d, chunk_p, float(gate_tau) if use_est else 0.0,
         q.stride(0), q.stride(1),
         k_local.stride(0), k_local.stride(1), k_local.stride(2),
@@ -218,11 +235,15 @@ def pod_decode_attention_triton(q, k_local, k_anchor, v_cache, seq_lens, *, sink
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         o_part.stride(0), o_part.stride(1), o_part.stride(2),
         lse_part.stride(0), lse_part.stride(1),
+        *((scores.stride(0), scores.stride(1)) if return_scores else (0, 0)),
         Hkv,
         G=G, BLOCK_G=C.block_g(G), BLOCK_N=_BLOCK_N, D=D, BLOCK_D=triton.next_power_of_2(D),
-        IEEE=q.dtype == torch.float32, SKIP=use_est, LOCAL_BY_POSITION=by_position,
+        IEEE=q.dtype == torch.float32, SKIP=use_est, LOCAL_BY_POSITION=by_position, RETURN_SCORES=return_scores,
         **launch,
     )
     # with an estimate the skipped heads' distant partials are already empty: no tau in the merge
-    return C.merge_gated_splits(o_part, lse_part, q, split_p_start=num_d, gate_tau=gate_tau, estimate=est,
-                                return_gate=return_gate, return_skip=return_skip)
+    results = C.merge_gated_splits(o_part, lse_part, q, split_p_start=num_d, gate_tau=gate_tau, estimate=est,
+                                   return_gate=return_gate, return_skip=return_skip)
+    if not return_scores:
+        return results
+    return (*(results if isinstance(results, tuple) else (results,)), scores)

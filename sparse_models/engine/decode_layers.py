@@ -77,29 +77,6 @@ def full_attention(cache: StaticCache, layer: int, q, lens, scale, gate_tau=None
     return _cat(outs)
 
 
-def _pod_logits_all_slots(cache: StaticCache, layer: int, run: KeyRun, q_run, lens, scale):
-    """Raw logits [B, Hq_run, N] of a POD non-anchor run: anchor keys everywhere, then the proximal
-    slots (sinks + the last ``recent`` positions) overwritten with the layer's own keys from the ring."""
-    batch = q_run.shape[0]
-    k_anchor = cache.full_keys(run.anchor, run.h0, run.h1, batch)
-    v = cache.values[layer][:batch, run.h0:run.h1]
-    _, scores = kernels.decode_attention(q_run, k_anchor, v, lens, scale=scale, return_scores=True)
-    group = q_run.shape[1] // (run.h1 - run.h0)
-    k_local = cache.local_keys[layer][:batch, run.h0:run.h1].repeat_interleave(group, dim=1)
-    own = torch.einsum("bhd,bhwd->bhw", q_run.float(), k_local.float()) * scale  # [B, Hq_run, W]
-    p = (lens - 1)[:, None]  # [B, 1]
-    slot = torch.arange(cache.sink + cache.recent, device=q_run.device)[None, :]
-    ring = slot - cache.sink
-    # position held by each local slot: sinks hold their own position; ring slot r holds the latest
-    # position <= p congruent to r modulo `recent`
-    pos = torch.where(slot < cache.sink, slot, p - (p - ring) % cache.recent)
-    valid = (pos <= p) & (pos >= 0) & ((slot < cache.sink) | (pos >= cache.sink))
-    # invalid slots are sent to the current slot, whose score selection ignores (it is always kept)
-    target = torch.where(valid, pos, p.expand_as(pos))
-    scores.scatter_(2, target[:, None, :].expand_as(own), own)
-    return scores
-
-
 def selection_attention(cache: StaticCache, layer: int, q, lens, scale, budget: int, per_kv_group: bool):
     """TidalDecode selection layer: exact attention + indices [B, Hs, budget] (Hs = Hq or Hkv)."""
     batch, num_heads, _ = q.shape
@@ -113,23 +90,16 @@ def selection_attention(cache: StaticCache, layer: int, q, lens, scale, budget: 
             out, idx = kernels.selection_decode_attention(q[:, hq], k_full, v, lens, budget, scale=scale,
                                                           per_kv_group=per_kv_group)
         else:
-            out = full_attention_run(cache, layer, run, q[:, hq], lens, scale)
-            scores = _pod_logits_all_slots(cache, layer, run, q[:, hq], lens, scale)
+            # a POD non-anchor run: one read gives the output and the logit of every position by the key it is
+            # attended with (ring key if proximal, anchor key if distant), which the top-k ranks
+            k_local = cache.local_keys[layer][:batch, run.h0:run.h1]
+            k_anchor = cache.full_keys(run.anchor, run.h0, run.h1, batch)
+            out, scores = kernels.pod_decode_attention(q[:, hq], k_local, k_anchor, v, lens, sink=cache.sink,
+                                                       recent=cache.recent, scale=scale, return_scores=True)
             idx = kernels.select_topk_positions(scores, lens, budget, group_size=group, per_kv_group=per_kv_group)
         outs.append(out)
         indices.append(idx)
     return _cat(outs), _cat(indices)
-
-
-def full_attention_run(cache: StaticCache, layer: int, run: KeyRun, q_run, lens, scale):
-    batch = q_run.shape[0]
-    k_full = cache.full_keys(run.anchor, run.h0, run.h1, batch)
-    v = cache.values[layer][:batch, run.h0:run.h1]
-    if run.own:
-        return kernels.decode_attention(q_run, k_full, v, lens, scale=scale)
-    k_local = cache.local_keys[layer][:batch, run.h0:run.h1]
-    return kernels.pod_decode_attention(q_run, k_local, k_full, v, lens, sink=cache.sink, recent=cache.recent,
-                                        scale=scale)
 
 
 def _pod_sparse_run(cache: StaticCache, layer: int, run: KeyRun, q_run, indices, lens, scale):

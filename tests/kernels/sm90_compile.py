@@ -64,10 +64,12 @@ def variants():
     yield "topk_count", "", TS._count_kernel, passes, {"K": "i32"}, TS._NUM_WARPS, 2
     yield ("topk_write", "", TS._write_kernel, dict(BLOCK_S=128, **passes), {"K": "i32", "Out": "*i64"},
            TS._NUM_WARPS, 2)
-    for skip, by_position in ((False, False), (True, False), (False, True)):
-        yield ("pod_decode_split", f"skip={skip}" + (" own-anchor" if by_position else ""), PD._pod_decode_split_kernel,
-               dict(G=4, BLOCK_G=16, SKIP=skip, LOCAL_BY_POSITION=by_position, **tile), {}, PD._NUM_WARPS,
-               PD._NUM_STAGES)
+    for skip, by_position, scores in ((False, False, False), (True, False, False), (False, True, False),
+                                      (False, False, True)):
+        variant = f"skip={skip}" + (" own-anchor" if by_position else "") + (" scores" if scores else "")
+        yield ("pod_decode_split", variant, PD._pod_decode_split_kernel,
+               dict(G=4, BLOCK_G=16, SKIP=skip, LOCAL_BY_POSITION=by_position, RETURN_SCORES=scores, **tile), {},
+               PD._NUM_WARPS, PD._NUM_STAGES)
     for per_group in (False, True):
         plan = SP._PLAN_GROUP if per_group else SP._PLAN_HEAD
         yield ("sparse_decode_split", f"per_group={per_group}", SP._sparse_decode_split_kernel,

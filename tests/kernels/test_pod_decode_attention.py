@@ -244,3 +244,56 @@ def test_own_anchor_layer_bf16_gpu(G):
     Hkv = 8 if G < 8 else 2
     _check_own_anchor(_own_anchor_case((2, G * Hkv, Hkv, 3000, 128, 4, 1000, [3000, 1100]), torch.bfloat16,
                                        "cuda", G), 1e-2)
+
+
+def _scores_by_hand(q, k_local, k_anchor, lens, sink, recent):
+    """[B, Hq, N] float64: position j's logit with its own (ring) key if proximal to p = len-1, else the anchor's;
+    -inf past the sequence (what TidalDecode's selection in a POD layer ranks)."""
+    B, Hq, D = q.shape
+    Hkv, N = k_anchor.shape[1], k_anchor.shape[2]
+    out = torch.full((B, Hq, N), float("-inf"), dtype=torch.float64)
+    for b, L in enumerate(lens.tolist()):
+        for h in range(Hq):
+            kv = h // (Hq // Hkv)
+            for j in range(L):
+                proximal = j < sink or L - 1 - j < recent
+                key = k_local[b, kv, j if j < sink else sink + j % recent] if proximal else k_anchor[b, kv, j]
+                out[b, h, j] = (q[b, h].double() @ key.double()) * D ** -0.5
+    return out
+
+
+@cpu_only
+@pytest.mark.parametrize("case", CASES[:3])
+def test_scores_are_each_positions_logit_by_the_key_it_is_attended_with(case):
+    q, k_local, k_anchor, v, lens, sink, recent = make_case(case, torch.float32, "cpu", 11)
+    want = _scores_by_hand(q, k_local, k_anchor, lens, sink, recent)
+    out, scores = pod_decode_attention_triton(q, k_local, k_anchor, v, lens, sink=sink, recent=recent,
+                                              return_scores=True)
+    ref_out, ref_scores = reference.pod_decode_attention(q, k_local, k_anchor, v, lens, sink=sink, recent=recent,
+                                                         return_scores=True)
+    for got in (scores, ref_scores):
+        assert got.dtype == torch.float32 and got.shape == want.shape
+        assert torch.equal(torch.isinf(got), torch.isinf(want))
+        finite = torch.isfinite(want)
+        assert (got.double()[finite] - want[finite]).abs().max() < 1e-4
+    assert torch.allclose(out, ref_out, atol=1e-5)
+    # with the gate too, the order is out, gate, scores
+    _, gate, scores2 = pod_decode_attention_triton(q, k_local, k_anchor, v, lens, sink=sink, recent=recent,
+                                                   return_gate=True, return_scores=True)
+    assert gate.shape == q.shape[:2] and torch.equal(scores2, scores)
+    with pytest.raises(ValueError, match="return_scores with gate_estimate"):
+        pod_decode_attention_triton(q, k_local, k_anchor, v, lens, sink=sink, recent=recent, gate_tau=0.5,
+                                    gate_estimate=torch.zeros(q.shape[:2]), return_scores=True)
+
+
+@pytest.mark.gpu
+def test_scores_bf16_gpu():
+    case = (2, 32, 8, 3000, 128, 4, 1000, [3000, 1100])
+    q, k_local, k_anchor, v, lens, sink, recent = make_case(case, torch.bfloat16, "cuda", 12)
+    _, scores = pod_decode_attention_triton(q, k_local, k_anchor, v, lens, sink=sink, recent=recent,
+                                            return_scores=True)
+    _, ref = reference.pod_decode_attention(q.float(), k_local.float(), k_anchor.float(), v.float(), lens, sink=sink,
+                                            recent=recent, return_scores=True)
+    assert torch.equal(torch.isinf(scores), torch.isinf(ref))
+    finite = torch.isfinite(ref)
+    assert (scores[finite] - ref[finite]).abs().max() < 0.05
