@@ -48,14 +48,15 @@ def full_attention(cache: StaticCache, layer: int, q, lens, scale, gate_tau=None
     batch, num_heads, _ = q.shape
     group = num_heads // cache.num_kv_heads
     estimate = gates is not None and gate_tau is not None
+    stores_gate = estimate and layer in gate_anchor_layers(cache)  # a later layer's estimate reads this one's gate
+    pod = dict(sink=cache.sink, recent=cache.recent, scale=scale)
     outs, layer_gates = [], []
     # (a run whose anchor layer stored no gate this step, e.g. a TidalDecode selection layer, skips by its exact gate)
     for run in cache.runs[layer]:
         hq = _heads(run, group)
         v = cache.values[layer][:batch, run.h0:run.h1]
         k_full = cache.full_keys(run.anchor, run.h0, run.h1, batch)
-        pod = dict(sink=cache.sink, recent=cache.recent, scale=scale)
-        if run.own and estimate and layer in gate_anchor_layers(cache):
+        if run.own and stores_gate:
             out, gate = kernels.pod_decode_attention(q[:, hq], None, k_full, v, lens, return_gate=True, **pod)
         elif run.own:
             out, gate = kernels.decode_attention(q[:, hq], k_full, v, lens, scale=scale), None
@@ -69,7 +70,7 @@ def full_attention(cache: StaticCache, layer: int, q, lens, scale, gate_tau=None
                                                      **pod), None
         outs.append(out)
         layer_gates.append(gate)
-    if estimate and layer in gate_anchor_layers(cache):
+    if stores_gate:
         # heads of runs without a gate are never read: a later layer's head takes its anchor layer's gate, and
         # in that layer the head is its own anchor (a block is anchored at its lowest layer)
         gates[layer] = _cat([g if g is not None else torch.ones(batch, (r.h1 - r.h0) * group, device=q.device)

@@ -26,6 +26,20 @@ CASES = [  # B, Hq, Hkv, N, D, sink, recent, seq_lens
 assert_error_within = error_check(floor=1e-6)
 
 
+def ring_of(keys, lens, sink, recent, fill=0.0):
+    """[B, Hkv, sink + recent, D]: the sink + ring buffer a POD layer holds for keys [B, Hkv, N, D] once each
+    sequence has lens[b] tokens (slot j for sinks, sink + j % recent for the last `recent`); other slots `fill`."""
+    B, Hkv, _, D = keys.shape
+    ring = torch.full((B, Hkv, sink + recent, D), fill, dtype=keys.dtype)
+    for b, L in enumerate(lens):
+        for j in range(L):
+            if j < sink:
+                ring[b, :, j] = keys[b, :, j]
+            elif L - 1 - j < recent:
+                ring[b, :, sink + j % recent] = keys[b, :, j]
+    return ring
+
+
 def make_case(case, dtype, device, seed):
     """k_local holds the layer's own keys for proximal positions; every other slot is garbage
     (huge), so that reading a wrong slot cannot pass unnoticed."""
@@ -35,13 +49,7 @@ def make_case(case, dtype, device, seed):
     k_own = torch.randn(B, Hkv, N, D, generator=gen)
     k_anchor = torch.randn(B, Hkv, N, D, generator=gen)
     v = torch.randn(B, Hkv, N, D, generator=gen)
-    k_local = torch.full((B, Hkv, sink + recent, D), 1e3)
-    for b, L in enumerate(lens):
-        for j in range(L):
-            if j < sink:
-                k_local[b, :, j] = k_own[b, :, j]
-            elif L - 1 - j < recent:
-                k_local[b, :, sink + j % recent] = k_own[b, :, j]
+    k_local = ring_of(k_own, lens, sink, recent, fill=1e3)
     # anchor keys at proximal positions are never read: poison them too
     for b, L in enumerate(lens):
         for j in range(L):
@@ -204,13 +212,7 @@ def _own_anchor_case(case, dtype, device, seed):
     B, Hq, Hkv, N, D, sink, recent, lens = case
     gen = torch.Generator().manual_seed(seed)
     q, k, v = (torch.randn(B, h, *rest, generator=gen) for h, rest in ((Hq, (D,)), (Hkv, (N, D)), (Hkv, (N, D))))
-    ring = torch.zeros(B, Hkv, sink + recent, D)
-    for b, L in enumerate(lens):
-        for j in range(L):
-            if j < sink:
-                ring[b, :, j] = k[b, :, j]
-            elif L - 1 - j < recent:
-                ring[b, :, sink + j % recent] = k[b, :, j]
+    ring = ring_of(k, lens, sink, recent)
     t = lambda x: x.to(device, dtype)  # noqa: E731
     return t(q), t(ring), t(k), t(v), torch.tensor(lens, device=device), sink, recent
 

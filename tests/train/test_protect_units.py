@@ -57,17 +57,21 @@ def tiny(tmp_path_factory):
     return root, model, train_text, held_out
 
 
-@pytest.mark.parametrize("units, message", [
-    ([[1, 2, 3]], "pod.protect_units[0]=[1, 2, 3]: expected a [layer, KV head] pair of integers >= 0"),
-    ([[1, -1]], "pod.protect_units[0]=[1, -1]: expected a [layer, KV head] pair"),
-    ([[1, 0], [1, 0]], "a unit is listed twice"),
-    ([[4, 0]], "pod.protect_units[0]=[4, 0]: model.name_or_path="),
-    ([[1, 2]], "has 4 layers and 2 KV heads; expected a layer in [0, 3] and a KV head in [0, 1]"),
-    ("18,2", "pod.protect_units='18,2': expected"),
+@pytest.mark.parametrize("field, value, message", [
+    ("protect_units", [[1, 2, 3]], "pod.protect_units[0]=[1, 2, 3]: expected a [layer, KV head] pair of integers >= 0"),
+    ("protect_units", [[1, -1]], "pod.protect_units[0]=[1, -1]: expected a [layer, KV head] pair"),
+    ("protect_units", [[1, 0], [1, 0]], "a unit is listed twice"),
+    ("protect_units", [[4, 0]], "pod.protect_units[0]=[4, 0]: model.name_or_path="),
+    ("protect_units", [[1, 2]], "has 4 layers and 2 KV heads; expected a layer in [0, 3] and a KV head in [0, 1]"),
+    ("protect_units", "18,2", "pod.protect_units='18,2': expected"),
+    ("min_kv_saving", 0.5, "pod.min_kv_saving=0.5: expected null or a fraction in (0, 0.5)"),
+    ("min_kv_saving", 0.0, "pod.min_kv_saving=0.0: expected null or a fraction in (0, 0.5)"),
+    ("min_kv_saving", 0.45, "pod.min_kv_saving=0.45: with 4 layers, 4 + 12 proximal tokens and "
+                            "data.context_length=64, POD saves at most 0.281 of the KV cache"),
 ])
-def test_bad_protect_units_are_reported_before_any_work(tiny, units, message):
+def test_bad_pod_fields_are_reported_before_any_work(tiny, field, value, message):
     root, model, train_text, held_out = tiny
-    recipe = tiny_recipe(root / "bad", model, train_text, held_out, pod={"protect_units": units})
+    recipe = tiny_recipe(root / "bad", model, train_text, held_out, pod={field: value})
     with pytest.raises(RecipeError) as error:
         recipe_from_dict(recipe)
     assert message in str(error.value)
@@ -137,20 +141,6 @@ def test_delta_for_kv_saving_names_the_best_reachable_saving():
     with pytest.raises(ValueError, match=r"saves 40.0% of the KV cache at 2048 tokens with 1 protected unit\(s\): "
                                          r"the most is 2\d.\d%"):
         delta_for_kv_saving(sim, 0.4, seq_len=2048, sink=16, recent=240, start_delta=0.5, protect=[(2, 0)])
-
-
-@pytest.mark.parametrize("value, message", [
-    (0.5, "pod.min_kv_saving=0.5: expected null or a fraction in (0, 0.5)"),
-    (0.0, "pod.min_kv_saving=0.0: expected null or a fraction in (0, 0.5)"),
-    (0.45, "pod.min_kv_saving=0.45: with 4 layers, 4 + 12 proximal tokens and data.context_length=64, POD saves "
-           "at most 0.281 of the KV cache"),
-])
-def test_bad_min_kv_saving_is_reported_before_any_work(tiny, value, message):
-    root, model, train_text, held_out = tiny
-    recipe = tiny_recipe(root / "bad", model, train_text, held_out, pod={"min_kv_saving": value})
-    with pytest.raises(RecipeError) as error:
-        recipe_from_dict(recipe)
-    assert message in str(error.value)
 
 
 def test_pipeline_lowers_delta_to_meet_min_kv_saving(tiny):

@@ -1,9 +1,12 @@
 """A/B of the dense prefill kernel before and after the 2026-12-01 change, against SDPA (run from the repository root
-on a GPU: python benchmarks/h200_2026-12-01/prefill_issue13_s8/prefill_ab.py; writes $OUTF). The previous kernel file
-lies beside this script and is copied into the kernels package for the run (it imports kernels' helpers)."""
-import shutil, json, os, sys
+of a git checkout on a GPU: python benchmarks/h200_2026-12-01/prefill_issue13_s8/prefill_ab.py; writes $OUTF). The
+previous kernel is taken from commit fb9e405 (`git show`) into the kernels package for the run (it imports kernels'
+helpers); the measured run had that same file beside it."""
+import json, os, subprocess, sys
 sys.path.insert(0, os.getcwd())
-shutil.copy(os.path.join(os.path.dirname(__file__), "previous_triton_prefill_attention.py"), "kernels/_old_prefill.py")
+with open("kernels/_old_prefill.py", "w") as f:
+    f.write(subprocess.run(["git", "show", "fb9e405:kernels/triton_prefill_attention.py"], check=True,
+                           capture_output=True, text=True).stdout)
 import torch, triton, triton.testing
 import torch.nn.functional as F
 from kernels import _old_prefill as OLD
