@@ -18,6 +18,13 @@ their final hidden states, the chunk's loss terms, and discards the logits; each
 activation checkpointing, so backward recomputes the chunk's logits instead of keeping them. Peak
 extra memory is O(chunk_tokens x vocab), whatever the sequence length. ``chunk_tokens=None`` computes
 everything in one piece (the reference the tests compare against).
+
+A frozen LM head (LoRA trains adapters on the projections, not the head) takes another route: each chunk's
+gradient with respect to its hidden states is formed right away in the forward pass and kept (``[n, H]``, the
+size of the hidden states), the way Liger Kernel's fused linear cross-entropy does, so backward recomputes
+nothing. Recomputing instead breaks under DeepSpeed ZeRO-3: it releases a frozen module's gathered weight as
+soon as the module's forward returns, so the recomputed product has saved an empty weight (torch's checkpoint
+refuses it: "Recomputed values ... have different metadata"). It also saves the head's second forward.
 """
 
 from __future__ import annotations
@@ -87,6 +94,36 @@ def _chunk_sums(student_hidden: torch.Tensor, teacher_hidden: torch.Tensor | Non
     return torch.stack([total, lm_sum.detach(), kl_sum.detach()])
 
 
+class _FrozenHeadChunk(torch.autograd.Function):
+    """One chunk's summed terms ``[3]`` whose gradient to ``hidden [n, H]`` is computed in forward.
+
+    ``scale`` is the factor the caller will backpropagate into the weighted sum (``1 / tokens`` for the mean
+    loss): the kept gradient is formed already scaled, so backward multiplies by exactly 1.0 in the usual case
+    and the bf16 gradient rounds as it does on the recomputing route."""
+
+    @staticmethod
+    def forward(ctx, hidden, teacher_hidden, labels, student_head, teacher_head, weights, temperature, scale):
+        with torch.enable_grad():
+            leaf = hidden.detach().requires_grad_(True)
+            sums = _chunk_sums(leaf, teacher_hidden, labels, student_head, teacher_head, weights, temperature)
+            (grad,) = torch.autograd.grad(sums[0] * scale, leaf)
+        ctx.save_for_backward(grad)
+        ctx.scale = scale
+        return sums.detach()
+
+    @staticmethod
+    def backward(ctx, grad_sums):
+        (grad,) = ctx.saved_tensors
+        factor = grad_sums[0] / ctx.scale
+        return (grad if bool(factor == 1) else grad * factor.to(grad.dtype)), None, None, None, None, None, None, None
+
+
+def _trains(head) -> bool:
+    """Whether any parameter of ``head`` (a module, or a plain function: none) takes a gradient."""
+    parameters = getattr(head, "parameters", None)
+    return parameters is None or any(p.requires_grad for p in parameters())
+
+
 def chunked_objective_loss(student_hidden: torch.Tensor, labels: torch.Tensor, student_head: Callable, *,
                            weights: ObjectiveWeights, teacher_hidden: torch.Tensor | None = None,
                            teacher_head: Callable | None = None, temperature: float = 1.0,
@@ -112,16 +149,19 @@ def chunked_objective_loss(student_hidden: torch.Tensor, labels: torch.Tensor, s
     n = hidden.shape[0]
     step = n if not chunk_tokens or chunk_tokens >= n else chunk_tokens
     sums = hidden.new_zeros(3, dtype=torch.float32)
+    denominator = max(tokens, 1)
+    frozen_head = not _trains(student_head)
     for start in range(0, n, step):
         piece = slice(start, start + step)
         args = (hidden[piece], teacher[piece] if teacher is not None else None, targets[piece],
                 student_head, teacher_head, weights, temperature)
         if step < n and torch.is_grad_enabled() and hidden.requires_grad:
-            # The chunk's logits are recomputed in backward instead of being kept for it.
-            sums = sums + checkpoint(_chunk_sums, *args, use_reentrant=False)
+            if frozen_head:  # the chunk's gradient to its hidden states now; nothing recomputed (module docstring)
+                sums = sums + _FrozenHeadChunk.apply(*args, 1.0 / denominator)
+            else:  # the chunk's logits are recomputed in backward instead of being kept for it
+                sums = sums + checkpoint(_chunk_sums, *args, use_reentrant=False)
         else:
             sums = sums + _chunk_sums(*args)
-    denominator = max(tokens, 1)
     parts = sums[1:].detach().tolist()
     return LossTerms(loss=sums[0] / denominator, lm=parts[0] / denominator, kl=parts[1] / denominator,
                      tokens=tokens)

@@ -22,7 +22,9 @@ from sparse_models.calibration.outputs import save_figure
 def _label(report: dict) -> str:
     args = report.get("args", {})
     parts = [f"SP {args.get('sp', 1)}", f"{args.get('layers', '?')} layers"]
+    parts += ["LoRA"] * (args.get("method") == "lora")
     parts += ["tiled MLP"] * bool(args.get("tiled_mlp")) + ["ckpt offload"] * bool(args.get("activation_offload"))
+    parts += ["whole logits"] * (args.get("loss_chunk_tokens") == 0)
     return ", ".join(parts)
 
 

@@ -16,14 +16,18 @@ of ``--block-size`` layers) or ``--scheme dense`` (podkit's dense kernels), one 
 tokens per data-parallel replica. Memory: full fine-tuning of 8B keeps ~16 bytes of weights, gradients
 and Adam state per parameter (~128 GB), which ZeRO-3 splits over the GPUs; on ONE H200 that leaves too little
 for 32K activations and logits, so the 1-GPU row needs ``--zero-config recipes/deepspeed/zero3_offload.json``
-(CPU Adam: not a like-for-like baseline) or the same per-layer shape with fewer ``--layers`` for the scaling
-efficiency. A failed launch is recorded in the JSON (``failures``) and the next N still runs. With ``--sp P`` (Ulysses, train/sequence_parallel.py) P GPUs share
+(CPU Adam: not a like-for-like baseline; its fp32 master weights, Adam moments and gradients need ~128 GB of
+host memory for 8B), ``--method lora`` (peft adapters on every projection: the bf16 weights stay whole on the GPU and
+only the adapters train), or the same per-layer shape with fewer ``--layers`` for the scaling efficiency. A failed launch is recorded in the JSON (``failures``) and the next N still runs. With ``--sp P`` (Ulysses, train/sequence_parallel.py) P GPUs share
 each sequence, so a step processes ``N / P`` sequences. Tokens/s = N/P * seq / seconds per step.
 The same code path as ``train/pod.py`` with ``train.sequence_parallel_size`` (model hook, SP groups,
 SP loss), minus the Trainer and data loading.
 
 Long context (train/long_context.py, DeepSpeed's ALST components): ``--tiled-mlp [--tiled-mlp-shards K]``
-and ``--activation-offload``, as ``train.tiled_mlp`` / ``train.activation_offload`` in a recipe.
+and ``--activation-offload``, as ``train.tiled_mlp`` / ``train.activation_offload`` in a recipe. The loss runs
+the LM head and cross-entropy ``--loss-chunk-tokens`` tokens at a time from the final hidden states
+(train/losses.py, as the training pipeline does), so the ``[tokens x vocab]`` logits never exist whole;
+``--loss-chunk-tokens 0`` forms them whole (the "before" of the memory-against-context plot).
 
 The launcher: the ``deepspeed`` script beside the interpreter, else the one on PATH, else
 ``python -m deepspeed.launcher.runner`` (:func:`deepspeed_launcher`); none of them: exit 2, nothing written.
@@ -78,6 +82,11 @@ def parse_args(argv):
     p.add_argument("--tiled-mlp-shards", type=int, default=None, help="slices (default ceil(seq / SP / hidden))")
     p.add_argument("--activation-offload", action="store_true",
                    help="train.activation_offload: checkpointed layer inputs to CPU")
+    p.add_argument("--loss-chunk-tokens", type=int, default=4096,
+                   help="LM head + cross-entropy this many tokens at a time (train/losses.py); 0 = whole logits at once")
+    p.add_argument("--method", choices=("full", "lora"), default="full",
+                   help="full fine-tuning, or peft LoRA on every projection (train.method: lora)")
+    p.add_argument("--lora-r", type=int, default=16)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--timeout-s", type=int, default=3600, help="per launch")
@@ -92,6 +101,10 @@ def parse_args(argv):
         problems.append(f"--sp {args.sp}: Ulysses needs --heads {args.heads} and --kv-heads {args.kv_heads} divisible by it")
     if args.tiled_mlp_shards is not None and (args.tiled_mlp_shards < 1 or not args.tiled_mlp):
         problems.append(f"--tiled-mlp-shards {args.tiled_mlp_shards}: expected an integer >= 1, with --tiled-mlp")
+    if args.loss_chunk_tokens < 0:
+        problems.append(f"--loss-chunk-tokens {args.loss_chunk_tokens}: expected 0 (whole logits) or a positive integer")
+    if args.lora_r < 1:
+        problems.append(f"--lora-r {args.lora_r}: expected an integer >= 1")
     if problems:
         p.error("; ".join(problems))
     return args
@@ -142,6 +155,13 @@ def build_model(args, ds_config):
     else:
         model.set_sparse_attention(prefill_scheme="dense", decode_scheme="dense")
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if args.method == "lora":  # the adapters of train/trainer.py's wrap_lora (recipe defaults: every projection)
+        from peft import LoraConfig, get_peft_model
+
+        from train.recipe_schema import LORA_DEFAULT_TARGETS
+
+        model = get_peft_model(model, LoraConfig(r=args.lora_r, lora_alpha=2 * args.lora_r, lora_dropout=0.0,
+                                                 target_modules=list(LORA_DEFAULT_TARGETS), task_type="CAUSAL_LM"))
     return model.train(), keep_alive
 
 
@@ -157,6 +177,8 @@ def run_worker(args) -> int:
     deepspeed.init_distributed()
     import torch.distributed as dist
 
+    from train.losses import ObjectiveWeights, chunked_objective_loss
+    from train.objective import output_embeddings
     from train.sequence_parallel import attach_sequence_parallel, sequence_parallel_loss, setup_sequence_parallel
 
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -195,12 +217,15 @@ def run_worker(args) -> int:
         return offloaded_step()
 
     def offloaded_step():
+        chunk = args.loss_chunk_tokens or None  # None: the whole [tokens x vocab] logits at once (the "before")
         if sp is not None:
-            loss, row_loss, _ = sequence_parallel_loss(engine, {"input_ids": ids, "shift_labels": labels}, sp)
-        else:
-            out = engine(input_ids=ids, use_cache=False)
-            loss = torch.nn.functional.cross_entropy(out.logits.float().reshape(-1, args.vocab), labels.reshape(-1),
-                                                     ignore_index=-100)
+            loss, row_loss, _ = sequence_parallel_loss(engine, {"input_ids": ids, "shift_labels": labels}, sp,
+                                                       chunk_tokens=chunk)
+        else:  # what train/objective.py runs for train.objective: lm
+            out = engine(input_ids=ids, use_cache=False, skip_lm_head=True)
+            loss = chunked_objective_loss(out.hidden_states[-1], labels, output_embeddings(engine),
+                                          weights=ObjectiveWeights(1.0, 0.0), chunk_tokens=chunk,
+                                          labels_shifted=True).loss
             row_loss = loss.detach()
         engine.backward(loss)
         engine.step()
@@ -230,7 +255,10 @@ def run_worker(args) -> int:
             "peak_memory_gib_max_rank": float(peak.item()) if device.type == "cuda" else None,
             "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
             "zero_config": args.zero_config, "tiled_mlp": args.tiled_mlp, "tiled_mlp_shards": args.tiled_mlp_shards,
-            "activation_offload": args.activation_offload}))
+            "activation_offload": args.activation_offload, "loss_chunk_tokens": args.loss_chunk_tokens,
+            "method": args.method, "lora_r": args.lora_r if args.method == "lora" else None,
+            # ZeRO-3 leaves each parameter's local shard in .data; ds_numel is the whole parameter
+            "trainable_parameters": sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters() if p.requires_grad)}))
     del keep_alive
     # tear the process groups down before exit: a rank leaving with gloo's threads alive can abort in C++
     # ("terminate called without an active exception"), which failed a CPU CI run after the result was written
@@ -271,7 +299,7 @@ def launch(args, gpus: int, seq: int, result_path: Path) -> tuple[dict | None, s
         command += ["--hostfile", args.hostfile]
     command += ["--num_gpus", str(gpus), "--master_port", str(args.master_port), str(Path(__file__).resolve())]
     for name in ("sp", "scheme", "layers", "hidden", "heads", "kv_heads", "intermediate", "vocab", "sink", "recent",
-                 "block_size", "zero_config", "warmup", "steps"):
+                 "block_size", "zero_config", "warmup", "steps", "loss_chunk_tokens", "method", "lora_r"):
         command += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
     command += ["--tiled-mlp"] * args.tiled_mlp + ["--activation-offload"] * args.activation_offload
     if args.tiled_mlp_shards is not None:
@@ -333,7 +361,9 @@ def main(argv=None) -> int:
             base = report["rows"][0]
             for row in report["rows"]:
                 row["scaling_efficiency"] = row["tokens_per_s"] / (base["tokens_per_s"] * row["gpus"] / base["gpus"])
-            extras = "".join([", tiled MLP" * args.tiled_mlp, ", checkpoint offload" * args.activation_offload])
+            extras = "".join([", LoRA" * (args.method == "lora"), ", tiled MLP" * args.tiled_mlp,
+                              ", checkpoint offload" * args.activation_offload,
+                              ", whole logits" * (args.loss_chunk_tokens == 0)])
             print(f"POD training ({args.scheme}), {args.layers} layers, hidden {args.hidden}, {args.heads}/{args.kv_heads} "
                   f"heads, seq {args.seq}, SP {args.sp}, bf16, grad ckpt{extras}, {args.zero_config}, on {base['device']}")
             print(f"scaling efficiency against the {base['gpus']}-GPU row (the first that ran)")

@@ -108,3 +108,33 @@ open(args[args.index("--worker") + 1], "w").write(json.dumps({{"gpus": 2, "sp": 
     argv = json.loads((tmp_path / "argv.json").read_text())
     assert argv[:2] == ["--num_gpus", "2"] and argv[argv.index("--seq") + 1] == "64"
     assert json.loads(out.read_text())["rows"][0]["device"] == "stand-in"
+
+
+@pytest.mark.slow
+def test_one_rank_lora_with_chunked_loss_equals_whole_logits(tmp_path):
+    """One CPU rank, peft LoRA: only the adapters train, and the loss formed 8 tokens at a time (the logits never
+    whole) is the loss of the whole [tokens x vocab] logits, step for step (same seed, same data)."""
+    rows = {}
+    for chunk in ("8", "0"):
+        out = tmp_path / f"bench_{chunk}.json"
+        done = _bench("--num-gpus", "1", "--seq", "40", "--out", str(out), "--method", "lora", "--lora-r", "4",
+                      "--loss-chunk-tokens", chunk, "--master-port", "29541", *TINY)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        (rows[chunk],) = json.loads(out.read_text())["rows"]
+    chunked, whole = rows["8"], rows["0"]
+    assert (chunked["method"], chunked["lora_r"], chunked["loss_chunk_tokens"]) == ("lora", 4, 8)
+    assert whole["loss_chunk_tokens"] == 0
+    # r=4 adapters on 7 projections x 2 layers: A [4 x in] + B [out x 4] each; nothing else trains
+    hidden, kv, ffn = 64, 2 * 16, 128
+    shapes = [(hidden, hidden), (hidden, kv), (hidden, kv), (hidden, hidden), (hidden, ffn), (hidden, ffn), (ffn, hidden)]
+    assert chunked["trainable_parameters"] == 2 * sum(4 * (i + o) for i, o in shapes)
+    assert math.isfinite(chunked["loss"]) and abs(chunked["loss"] - whole["loss"]) < 1e-2 * whole["loss"]
+
+
+def test_bad_loss_chunk_and_lora_rank_are_refused(tmp_path):
+    done = _bench("--num-gpus", "1", "--loss-chunk-tokens", "-1", "--lora-r", "0", "--out", str(tmp_path / "x.json"),
+                  *TINY)
+    assert done.returncode == 2
+    assert "--loss-chunk-tokens -1: expected 0 (whole logits) or a positive integer" in done.stderr
+    assert "--lora-r 0: expected an integer >= 1" in done.stderr
+    assert not (tmp_path / "x.json").exists()

@@ -54,10 +54,12 @@ def _batch(batch=2, length=23, vocab=61, seed=1):
 
 @pytest.mark.parametrize("objective", ["lm", "distill", "lm+distill"])
 @pytest.mark.parametrize("chunk", [1, 7, 16])
-def test_chunked_loss_equals_unchunked_with_gradients(objective, chunk):
+@pytest.mark.parametrize("frozen_head", [False, True], ids=["head-trains", "head-frozen"])
+def test_chunked_loss_equals_unchunked_with_gradients(objective, chunk, frozen_head):
+    """A frozen head (LoRA) takes the gradient-in-forward route (train/losses.py), a trained one recomputes."""
     torch.manual_seed(0)
     hidden_size, vocab = 12, 37
-    head = torch.nn.Linear(hidden_size, vocab, bias=False)
+    head = torch.nn.Linear(hidden_size, vocab, bias=False).requires_grad_(not frozen_head)
     teacher_head = torch.nn.Linear(hidden_size, vocab, bias=False)
     student_hidden = torch.randn(3, 9, hidden_size, requires_grad=True)
     teacher_hidden = torch.randn(3, 9, hidden_size)
@@ -70,8 +72,9 @@ def test_chunked_loss_equals_unchunked_with_gradients(objective, chunk):
         student_hidden.grad = None
         terms = chunked_objective_loss(student_hidden, labels, head, weights=weights, teacher_hidden=teacher_hidden,
                                        teacher_head=teacher_head, temperature=2.0, chunk_tokens=chunk_tokens)
-        terms.loss.backward()
-        results.append((terms.loss.detach(), terms.lm, terms.kl, student_hidden.grad.clone(), head.weight.grad.clone()))
+        (3.0 * terms.loss).backward()  # a factor other than 1 reaches the kept gradient too
+        results.append((terms.loss.detach(), terms.lm, terms.kl, student_hidden.grad.clone(),
+                        head.weight.grad.clone() if not frozen_head else torch.zeros(())))
     (a, lm_a, kl_a, gh_a, gw_a), (b, lm_b, kl_b, gh_b, gw_b) = results
     torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     assert lm_a == pytest.approx(lm_b, rel=1e-5) and kl_a == pytest.approx(kl_b, rel=1e-5, abs=1e-7)
