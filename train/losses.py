@@ -114,8 +114,8 @@ class _FrozenHeadChunk(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_sums):
         (grad,) = ctx.saved_tensors
-        factor = grad_sums[0] / ctx.scale
-        return (grad if bool(factor == 1) else grad * factor.to(grad.dtype)), None, None, None, None, None, None, None
+        factor = (grad_sums[0] / ctx.scale).to(grad.dtype)  # exactly 1.0 for the mean loss: no rounding added
+        return grad * factor, None, None, None, None, None, None, None
 
 
 def _trains(head) -> bool:

@@ -72,11 +72,17 @@ def training_arguments(recipe: Recipe):
 
 def wrap_lora(model, recipe: Recipe):
     """peft LoRA on ``train.lora_target_modules``; only the adapters train."""
+    t = recipe.train
+    return add_lora_adapters(model, r=t.lora_r, alpha=t.lora_alpha, dropout=t.lora_dropout,
+                             target_modules=t.lora_target_modules)
+
+
+def add_lora_adapters(model, *, r: int, alpha: int, dropout: float, target_modules):
+    """``model`` wrapped by peft with rank-``r`` adapters on ``target_modules`` (the only parameters that train)."""
     from peft import LoraConfig, get_peft_model
 
-    t = recipe.train
-    config = LoraConfig(r=t.lora_r, lora_alpha=t.lora_alpha, lora_dropout=t.lora_dropout,
-                        target_modules=list(t.lora_target_modules), task_type="CAUSAL_LM")
+    config = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=list(target_modules),
+                        task_type="CAUSAL_LM")
     return get_peft_model(model, config)
 
 

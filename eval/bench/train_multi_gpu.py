@@ -155,13 +155,12 @@ def build_model(args, ds_config):
     else:
         model.set_sparse_attention(prefill_scheme="dense", decode_scheme="dense")
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    if args.method == "lora":  # the adapters of train/trainer.py's wrap_lora (recipe defaults: every projection)
-        from peft import LoraConfig, get_peft_model
-
+    if args.method == "lora":  # train.method: lora with the recipe's default targets (every projection)
         from train.recipe_schema import LORA_DEFAULT_TARGETS
+        from train.trainer import add_lora_adapters
 
-        model = get_peft_model(model, LoraConfig(r=args.lora_r, lora_alpha=2 * args.lora_r, lora_dropout=0.0,
-                                                 target_modules=list(LORA_DEFAULT_TARGETS), task_type="CAUSAL_LM"))
+        model = add_lora_adapters(model, r=args.lora_r, alpha=2 * args.lora_r, dropout=0.0,
+                                  target_modules=LORA_DEFAULT_TARGETS)
     return model.train(), keep_alive
 
 
@@ -177,8 +176,7 @@ def run_worker(args) -> int:
     deepspeed.init_distributed()
     import torch.distributed as dist
 
-    from train.losses import ObjectiveWeights, chunked_objective_loss
-    from train.objective import output_embeddings
+    from train.objective import ObjectiveLoss
     from train.sequence_parallel import attach_sequence_parallel, sequence_parallel_loss, setup_sequence_parallel
 
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -221,11 +219,8 @@ def run_worker(args) -> int:
         if sp is not None:
             loss, row_loss, _ = sequence_parallel_loss(engine, {"input_ids": ids, "shift_labels": labels}, sp,
                                                        chunk_tokens=chunk)
-        else:  # what train/objective.py runs for train.objective: lm
-            out = engine(input_ids=ids, use_cache=False, skip_lm_head=True)
-            loss = chunked_objective_loss(out.hidden_states[-1], labels, output_embeddings(engine),
-                                          weights=ObjectiveWeights(1.0, 0.0), chunk_tokens=chunk,
-                                          labels_shifted=True).loss
+        else:  # what the Trainer runs for train.objective: lm (labels = the ids, shifted inside)
+            loss = ObjectiveLoss("lm", chunk_tokens=chunk)(engine, {"input_ids": ids}).loss
             row_loss = loss.detach()
         engine.backward(loss)
         engine.step()
