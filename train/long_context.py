@@ -8,8 +8,11 @@ compute, activation checkpoint offload to CPU), switched on by the recipe
   runs on ``shards`` slices of the sequence, without autograd in the forward, and recomputes one slice
   at a time in the backward. The [B, S, intermediate] activations (gate, up, their product: 3.5x the
   hidden size each for Llama-3-8B) then exist for one slice at a time. Shards: ``train.tiled_mlp_shards``,
-  or by default ALST's rule ``ceil(tokens per rank / hidden_size)`` (slices of about ``hidden_size``
-  tokens, so the MLP's peak no longer depends on S). Costs one extra MLP forward per layer.
+  or by default ``ceil(tokens per rank / (4 * hidden_size))`` (slices of about 4 x ``hidden_size``
+  tokens, so the MLP's peak no longer depends on S). Costs one extra MLP forward per layer, and every
+  slice costs time of its own under ZeRO-3: ALST's rule of ``hidden_size``-token slices (8 at 32K for
+  Llama-3-8B) made the 32-layer LoRA step on one H200 about 2.5x slower than 2 slices for 3 GiB less
+  peak memory (BENCHMARKS.md, "Where the long-context step's time went").
 * **Checkpoint offload** (``deepspeed.runtime.activation_checkpointing.offload_activations.
   CheckpointHiddenStatesOffload``): with gradient checkpointing the only activation kept per layer is
   the layer's input hidden state [B, S_local, hidden] (32 layers x 0.5 GiB at 64K tokens of an 8B
@@ -47,8 +50,12 @@ def _untiled_mlp(module, x: torch.Tensor) -> torch.Tensor:
 
 
 def default_mlp_shards(tokens_per_rank: int, hidden_size: int) -> int:
-    """ALST's rule: ``ceil(tokens per rank / hidden_size)`` slices, i.e. slices of about ``hidden_size`` tokens."""
-    return max(math.ceil(tokens_per_rank / hidden_size), 1)
+    """``ceil(tokens per rank / (4 * hidden_size))`` slices, i.e. slices of about ``4 * hidden_size`` tokens.
+
+    ALST (arXiv 2506.13996) slices at ``hidden_size`` tokens. Four times that keeps the slice's MLP activations
+    small (Llama-3-8B: 16K tokens x 14336 x 3 bf16 tensors = 1.3 GiB) with a quarter of the slices, which is
+    what costs the time (module docstring)."""
+    return max(math.ceil(tokens_per_rank / (4 * hidden_size)), 1)
 
 
 def _tiled_forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -72,7 +79,7 @@ def enable_tiled_mlp(model, tokens_per_rank: int, num_shards: int | None = None)
     if num_shards is not None and (isinstance(num_shards, bool) or not isinstance(num_shards, int)
                                    or num_shards < 1):
         raise ValueError(f"train.tiled_mlp_shards={num_shards!r}: expected an integer >= 1, or null for "
-                         f"ceil(tokens per rank / hidden_size)")
+                         f"ceil(tokens per rank / (4 * hidden_size))")
     try:
         from deepspeed.runtime.sequence_parallel.ulysses_sp import TiledMLP  # noqa: F401
     except ImportError as error:

@@ -186,7 +186,7 @@ def _check_long_context(r: Recipe, problems: list[str]) -> None:
     t = r.train
     if t.tiled_mlp_shards is not None and t.tiled_mlp_shards < 1:
         problems.append(f"train.tiled_mlp_shards={t.tiled_mlp_shards}: expected an integer >= 1, or null for "
-                        f"ceil(tokens per rank / hidden_size)")
+                        f"ceil(tokens per rank / (4 * hidden_size))")
     elif t.tiled_mlp_shards is not None and not t.tiled_mlp:
         problems.append(f"train.tiled_mlp_shards={t.tiled_mlp_shards} has no effect with train.tiled_mlp: false; "
                         f"set train.tiled_mlp: true or remove train.tiled_mlp_shards")

@@ -125,7 +125,7 @@ class TrainSection:
     distill_temperature: float = 1.0          # T: both distributions softened by T, the KL scaled by T^2
     loss_chunk_tokens: int | None = 4096      # tokens per LM-head chunk (train/losses.py); null: all at once
     tiled_mlp: bool = False                   # MLP over sequence slices, DeepSpeed's TiledMLP (train/long_context.py)
-    tiled_mlp_shards: int | None = None       # slices per MLP call; null: ceil(tokens per rank / hidden_size)
+    tiled_mlp_shards: int | None = None       # slices per MLP call; null: ceil(tokens per rank / (4 * hidden_size))
     activation_offload: bool = False          # checkpointed layer inputs to CPU (needs gradient_checkpointing)
 
 

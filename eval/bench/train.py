@@ -15,6 +15,11 @@ Targets (issue 4): POD >= 0.85x dense tokens/s, dense MFU >= 35%.
 
 DeepSpeed is imported only here, lazily; without it (``--no-deepspeed`` or not installed) the step is
 a plain ``torch.optim.AdamW`` step on bf16 weights, and the JSON says so.
+
+Each scheme is measured in its own Python process. In one process the first scheme's DeepSpeed engine
+stayed allocated after it was dropped (its weights, fp32 master copy, Adam state and gradient partitions:
+about 20 GiB at the 1B shape), so the second scheme's peak memory included it: the 88.9 GiB POD row of
+2026-11-29 against dense's 69.1 was dense's engine plus POD's own 69.3 (BENCHMARKS.md, issue 13).
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ import argparse
 import json
 import os
 import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -51,6 +58,7 @@ def parse_args(argv):
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--no-deepspeed", action="store_true")
     p.add_argument("--schemes", default="dense,pod")
+    p.add_argument("--row-out", default=None, help=argparse.SUPPRESS)  # internal: measure one scheme, write its row
     return p.parse_args(argv)
 
 
@@ -150,11 +158,47 @@ def measure(scheme: str, args, device, use_deepspeed: bool) -> dict:
     seconds = (time.perf_counter() - start) / args.steps
     result = {"scheme": scheme, "seconds_per_step": seconds, "tokens_per_s": args.batch * args.seq / seconds,
               "loss": float(loss.detach()), "peak_memory_gib": torch.cuda.max_memory_allocated() / 2 ** 30
-              if device.type == "cuda" else None}
-    model = engine = None  # free the weights and optimizer state before the next scheme (closures hold the names)
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
+              if device.type == "cuda" else None, "process_id": os.getpid()}
     return result
+
+
+def _destroy_process_group() -> None:
+    """DeepSpeed initialised a one-process group; leaving with it alive can hang the exit (seen on an H200)."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
+def measure_in_fresh_process(scheme: str, argv: list[str], out: Path) -> dict | None:
+    """:func:`measure` for one scheme in a new interpreter (see the module docstring: a DeepSpeed engine is not
+    freed within a process). Returns its row, or None after printing the child's output tail when it failed."""
+    row_path = out.with_name(f"{out.stem}.{scheme}.row.json")
+    row_path.parent.mkdir(parents=True, exist_ok=True)
+    row_path.unlink(missing_ok=True)
+    keep = []
+    skip_next = False
+    for i, arg in enumerate(argv):  # drop the parent's --schemes / --row-out (both "--x v" and "--x=v" forms)
+        if skip_next:
+            skip_next = False
+            continue
+        if arg in ("--schemes", "--row-out"):
+            skip_next = True
+            continue
+        if arg.startswith(("--schemes=", "--row-out=")):
+            continue
+        keep.append(arg)
+    repo = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH")])))
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):  # the child sets up its own group
+        env.pop(name, None)
+    done = subprocess.run([sys.executable, "-m", "eval.bench", "train", *keep, "--schemes", scheme,
+                           "--row-out", str(row_path)], cwd=repo, env=env, capture_output=True, text=True)
+    if done.returncode != 0 or not row_path.is_file():
+        tail = "\n".join((done.stdout + done.stderr).splitlines()[-20:])
+        print(f"error: measuring {scheme} failed (exit code {done.returncode}):\n{tail}", file=sys.stderr)
+        return None
+    row = json.loads(row_path.read_text())
+    row_path.unlink()
+    return row
 
 
 def measured_matmul_peak(device) -> float | None:
@@ -182,11 +226,23 @@ def main(argv=None) -> int:
         except ImportError:
             print("deepspeed is not installed: plain torch AdamW steps (pass --no-deepspeed to silence this)")
             use_deepspeed = False
+    schemes = [s.strip() for s in args.schemes.split(",") if s.strip()]
+    unknown = sorted(set(schemes) - {"dense", "pod"})
+    if unknown or not schemes:
+        print(f"error: --schemes={args.schemes!r}: allowed schemes are dense and pod (comma-separated)", file=sys.stderr)
+        return 2
+    if args.row_out:  # child process: one scheme, its row to a file
+        row = measure(schemes[0], args, device, use_deepspeed)
+        Path(args.row_out).write_text(json.dumps(row))
+        _destroy_process_group()
+        return 0
     flops = model_flops_per_token(args)
     matmul_peak = measured_matmul_peak(device)
     rows = []
-    for scheme in [s.strip() for s in args.schemes.split(",") if s.strip()]:
-        row = measure(scheme, args, device, use_deepspeed)
+    for scheme in schemes:
+        row = measure_in_fresh_process(scheme, argv if argv is not None else sys.argv[1:], Path(args.out))
+        if row is None:
+            return 1
         row["mfu_vs_spec"] = row["tokens_per_s"] * flops / H200_BF16_PEAK if device.type == "cuda" else None
         row["mfu_vs_measured_matmul"] = row["tokens_per_s"] * flops / matmul_peak if matmul_peak else None
         rows.append(row)

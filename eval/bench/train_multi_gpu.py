@@ -61,7 +61,8 @@ def parse_args(argv):
     p = argparse.ArgumentParser(prog="python -m eval.bench train-multi-gpu", description=__doc__.split("\n\n")[0])
     p.add_argument("--num-gpus", default="1,2", help="comma-separated GPU counts, one launch each (per host with --hostfile)")
     p.add_argument("--hostfile", default=None, help="DeepSpeed hostfile for a multi-host job")
-    p.add_argument("--master-port", type=int, default=29533)
+    p.add_argument("--master-port", type=int, default=None,
+                   help="rendezvous port of each launch (default: a free port chosen per launch)")
     p.add_argument("--out", default="outputs/bench/train_multi_gpu.json")
     p.add_argument("--seq", type=int, default=32768)
     p.add_argument("--sp", type=int, default=1, help="Ulysses sequence-parallel size (GPUs per sequence)")
@@ -287,12 +288,41 @@ def deepspeed_launcher(python: str | None = None, search_path: str | None = None
                             f"'deepspeed' script on PATH")
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _run_process_group(command: list[str], env: dict, timeout_s: int) -> tuple[int | None, str]:
+    """Run ``command`` in its own session; on timeout kill the whole group (the launcher *and* the ranks it
+    spawned: killing only the launcher left a rank alive holding GPU memory and the rendezvous port, and the next
+    launch failed with EADDRINUSE). Returns (exit code or None on timeout, stdout + stderr)."""
+    import signal
+
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO,
+                               env=env, start_new_session=True)
+    try:
+        output, _ = process.communicate(timeout=timeout_s)
+        return process.returncode, output
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        output, _ = process.communicate()
+        return None, output or ""
+
+
 def launch(args, gpus: int, seq: int, result_path: Path) -> tuple[dict | None, str]:
-    """One ``deepspeed`` job; (its result, or None with the tail of its output when it failed)."""
+    """One ``deepspeed`` job; (its result, or None with the tail of its output when it failed).
+
+    A job that wrote its result and then outlived ``--timeout-s`` while exiting (process-group teardown) keeps its
+    row, marked ``"teardown_timed_out": true``: the steps completed and were timed."""
     command = deepspeed_launcher()
     if args.hostfile:
         command += ["--hostfile", args.hostfile]
-    command += ["--num_gpus", str(gpus), "--master_port", str(args.master_port), str(Path(__file__).resolve())]
+    port = args.master_port if args.master_port is not None else _free_port()
+    command += ["--num_gpus", str(gpus), "--master_port", str(port), str(Path(__file__).resolve())]
     for name in ("sp", "scheme", "layers", "hidden", "heads", "kv_heads", "intermediate", "vocab", "sink", "recent",
                  "block_size", "zero_config", "warmup", "steps", "loss_chunk_tokens", "method", "lora_r"):
         command += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
@@ -302,14 +332,14 @@ def launch(args, gpus: int, seq: int, result_path: Path) -> tuple[dict | None, s
     command += ["--seq", str(seq), "--num-gpus", str(gpus), "--worker", str(result_path)]
     result_path.unlink(missing_ok=True)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, cwd=REPO, env=env, timeout=args.timeout_s)
-        output = done.stdout + done.stderr
-        ok = done.returncode == 0
-    except subprocess.TimeoutExpired as error:
-        output, ok = f"timed out after {args.timeout_s} s\n{error.stdout or ''}{error.stderr or ''}", False
-    if ok and result_path.is_file():
-        return json.loads(result_path.read_text()), ""
+    code, output = _run_process_group(command, env, args.timeout_s)
+    if code is None:
+        output = f"{output}\ntimed out after {args.timeout_s} s (the launcher and its ranks were killed)"
+    if result_path.is_file() and (code == 0 or code is None):
+        row = json.loads(result_path.read_text())
+        if code is None:
+            row["teardown_timed_out"] = True
+        return row, ""
     tail = "\n".join(str(output).splitlines()[-15:])
     return None, tail
 

@@ -19,7 +19,7 @@ from train.long_context import (  # noqa: E402
 )
 
 LAYERS, HEADS, KV_HEADS, HEAD_DIM = 4, 6, 2, 8  # hidden = 48
-SEQ = 101  # > 2 * hidden: the automatic rule cuts 3 slices, the last one shorter
+SEQ = 401  # > 2 * 4 * hidden: the automatic rule cuts 3 slices, the last one shorter
 
 
 def _run(model, ids):
@@ -57,7 +57,7 @@ def test_tiled_mlp_equals_untiled(checkpointing, shards, monkeypatch):
     calls = []
     real_apply = ulysses_sp.TiledMLP.apply
     monkeypatch.setattr(ulysses_sp.TiledMLP, "apply", lambda *a: calls.append(a[3]) or real_apply(*a))
-    expected = 4 if shards else 3  # ceil(101 / 48)
+    expected = 4 if shards else 3  # ceil(401 / (4 * 48))
     assert enable_tiled_mlp(model, SEQ, shards) == expected
     tiled = _run(model, ids)
     # once per layer in the forward, and again in the backward's recomputation with checkpointing
@@ -76,7 +76,7 @@ def test_tiled_mlp_survives_deepcopy_and_rejects_bad_shards():
     assert twin.model.layers[1].mlp.forward.__self__ is twin.model.layers[1].mlp
     with pytest.raises(ValueError, match=r"train.tiled_mlp_shards=0: expected an integer >= 1"):
         enable_tiled_mlp(model, SEQ, 0)
-    assert (default_mlp_shards(7, 48), default_mlp_shards(96, 48), default_mlp_shards(97, 48)) == (1, 2, 3)
+    assert [default_mlp_shards(n, 48) for n in (7, 192, 193, 385)] == [1, 1, 2, 3]  # slices of 4 x 48 tokens
     assert enable_tiled_mlp(model, 40) == 1  # one slice: the plain MLP, no recomputation
     with pytest.raises(TypeError, match="holds no podkit decoder"):
         enable_tiled_mlp(torch.nn.Linear(2, 2), SEQ)

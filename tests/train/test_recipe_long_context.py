@@ -44,7 +44,7 @@ def test_valid_combinations(tmp_path, train):
 
 @pytest.mark.parametrize("train, line", [
     ({"tiled_mlp": True, "tiled_mlp_shards": 0},
-     "train.tiled_mlp_shards=0: expected an integer >= 1, or null for ceil(tokens per rank / hidden_size)"),
+     "train.tiled_mlp_shards=0: expected an integer >= 1, or null for ceil(tokens per rank / (4 * hidden_size))"),
     ({"tiled_mlp_shards": 4},
      "train.tiled_mlp_shards=4 has no effect with train.tiled_mlp: false; set train.tiled_mlp: true or remove "
      "train.tiled_mlp_shards"),
