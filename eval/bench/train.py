@@ -28,12 +28,13 @@ import argparse
 import json
 import os
 import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import torch
+
+from eval.bench.process_group import run_process_group
 
 H200_BF16_PEAK = 989.5e12
 
@@ -58,6 +59,7 @@ def parse_args(argv):
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--no-deepspeed", action="store_true")
     p.add_argument("--schemes", default="dense,pod")
+    p.add_argument("--timeout-s", type=int, default=3600, help="per scheme (each runs in its own process)")
     p.add_argument("--row-out", default=None, help=argparse.SUPPRESS)  # internal: measure one scheme, write its row
     return p.parse_args(argv)
 
@@ -168,7 +170,7 @@ def _destroy_process_group() -> None:
         torch.distributed.destroy_process_group()
 
 
-def measure_in_fresh_process(scheme: str, argv: list[str], out: Path) -> dict | None:
+def measure_in_fresh_process(scheme: str, argv: list[str], out: Path, timeout_s: float) -> dict | None:
     """:func:`measure` for one scheme in a new interpreter (see the module docstring: a DeepSpeed engine is not
     freed within a process). Returns its row, or None after printing the child's output tail when it failed."""
     row_path = out.with_name(f"{out.stem}.{scheme}.row.json")
@@ -190,14 +192,17 @@ def measure_in_fresh_process(scheme: str, argv: list[str], out: Path) -> dict | 
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH")])))
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):  # the child sets up its own group
         env.pop(name, None)
-    done = subprocess.run([sys.executable, "-m", "eval.bench", "train", *keep, "--schemes", scheme,
-                           "--row-out", str(row_path)], cwd=repo, env=env, capture_output=True, text=True)
-    if done.returncode != 0 or not row_path.is_file():
-        tail = "\n".join((done.stdout + done.stderr).splitlines()[-20:])
-        print(f"error: measuring {scheme} failed (exit code {done.returncode}):\n{tail}", file=sys.stderr)
+    job = run_process_group([sys.executable, "-m", "eval.bench", "train", *keep, "--schemes", scheme,
+                             "--row-out", str(row_path)], cwd=repo, env=env, timeout_s=timeout_s, result_file=row_path)
+    if not row_path.is_file() or not (job.returncode == 0 or job.teardown_killed):
+        tail = "\n".join(job.output.splitlines()[-20:])
+        why = f"timed out after {timeout_s} s" if job.timed_out else f"exit code {job.returncode}"
+        print(f"error: measuring {scheme} failed ({why}):\n{tail}", file=sys.stderr)
         return None
     row = json.loads(row_path.read_text())
     row_path.unlink()
+    if job.teardown_killed:
+        row["teardown_timed_out"] = True
     return row
 
 
@@ -240,7 +245,7 @@ def main(argv=None) -> int:
     matmul_peak = measured_matmul_peak(device)
     rows = []
     for scheme in schemes:
-        row = measure_in_fresh_process(scheme, argv if argv is not None else sys.argv[1:], Path(args.out))
+        row = measure_in_fresh_process(scheme, argv if argv is not None else sys.argv[1:], Path(args.out), args.timeout_s)
         if row is None:
             return 1
         row["mfu_vs_spec"] = row["tokens_per_s"] * flops / H200_BF16_PEAK if device.type == "cuda" else None

@@ -44,7 +44,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -54,7 +53,10 @@ if __package__ in (None, ""):  # launched by deepspeed as a script: make the rep
 
 import torch  # noqa: E402
 
+from eval.bench.process_group import run_process_group  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[2]
+TEARDOWN_GRACE_S = 60  # seconds a job may take to exit after writing its result
 
 
 def parse_args(argv):
@@ -296,28 +298,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _run_process_group(command: list[str], env: dict, timeout_s: int) -> tuple[int | None, str]:
-    """Run ``command`` in its own session; on timeout kill the whole group (the launcher *and* the ranks it
-    spawned: killing only the launcher left a rank alive holding GPU memory and the rendezvous port, and the next
-    launch failed with EADDRINUSE). Returns (exit code or None on timeout, stdout + stderr)."""
-    import signal
-
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO,
-                               env=env, start_new_session=True)
-    try:
-        output, _ = process.communicate(timeout=timeout_s)
-        return process.returncode, output
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        output, _ = process.communicate()
-        return None, output or ""
-
-
 def launch(args, gpus: int, seq: int, result_path: Path) -> tuple[dict | None, str]:
     """One ``deepspeed`` job; (its result, or None with the tail of its output when it failed).
 
-    A job that wrote its result and then outlived ``--timeout-s`` while exiting (process-group teardown) keeps its
-    row, marked ``"teardown_timed_out": true``: the steps completed and were timed."""
+    A job that wrote its result and then did not exit within ``TEARDOWN_GRACE_S`` (process-group teardown) keeps its
+    row, marked ``"teardown_timed_out": true``: the steps completed and were timed (eval/bench/process_group.py)."""
     command = deepspeed_launcher()
     if args.hostfile:
         command += ["--hostfile", args.hostfile]
@@ -332,12 +317,14 @@ def launch(args, gpus: int, seq: int, result_path: Path) -> tuple[dict | None, s
     command += ["--seq", str(seq), "--num-gpus", str(gpus), "--worker", str(result_path)]
     result_path.unlink(missing_ok=True)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
-    code, output = _run_process_group(command, env, args.timeout_s)
-    if code is None:
+    job = run_process_group(command, cwd=REPO, env=env, timeout_s=args.timeout_s, result_file=result_path,
+                            grace_s=TEARDOWN_GRACE_S)
+    output = job.output
+    if job.timed_out:
         output = f"{output}\ntimed out after {args.timeout_s} s (the launcher and its ranks were killed)"
-    if result_path.is_file() and (code == 0 or code is None):
+    if result_path.is_file() and (job.returncode == 0 or job.teardown_killed):
         row = json.loads(result_path.read_text())
-        if code is None:
+        if job.teardown_killed:
             row["teardown_timed_out"] = True
         return row, ""
     tail = "\n".join(str(output).splitlines()[-15:])
