@@ -14,6 +14,10 @@ diagonal) are computed in both phases; ``dV`` counts them in phase 1 only.
 
 ``pod_dq_kernel``: a program owns ``BLOCK_M`` queries and walks the same five key ranges as the
 forward (``pod_key_ranges``).
+
+``PROX_ONLY``: gradients of the proximal pairs alone (phase 2 and the distant key range skipped, distant
+pairs of mixed blocks masked; ``DK_ANC`` is not written), with ``LSE2`` / ``DELTA`` of the *merged*
+attention so that ``P`` is each pair's share of the whole softmax (``kernels/pod_split_attention.py``).
 """
 
 from __future__ import annotations
@@ -80,7 +84,7 @@ def pod_delta_kernel(OUT, DOUT, DELTA, stride_ob, stride_oh, stride_os, stride_d
 def _dkdv_block(
     dk, dv, k_own, k_anc, v, q_base, do_base, lse_base, delta_base, stride_qs, stride_ds, start_m, offs_m,
     offs_d, key_pos, seq_total, sink, recent, qk_scale,
-    HEAD_DIM: tl.constexpr, MODE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    HEAD_DIM: tl.constexpr, MODE: tl.constexpr, DOT_PRECISION: tl.constexpr, PROX_ONLY: tl.constexpr = False,
 ):
     """One query block against the program's key block, transposed: rows are keys.
 
@@ -102,6 +106,11 @@ def _dkdv_block(
     elif MODE == 2:
         s_t = tl.dot(k_anc, tl.trans(q), input_precision=DOT_PRECISION) * qk_scale
         take = s_t == s_t
+    elif PROX_ONLY:  # MODE 3 with the distant pairs masked out of P (so out of dV too)
+        s_t = tl.dot(k_own, tl.trans(q), input_precision=DOT_PRECISION) * qk_scale
+        is_prox = (key_pos[:, None] < sink) | ((q_pos[None, :] - key_pos[:, None]) < recent)
+        s_t = tl.where(is_prox & (key_pos[:, None] <= q_pos[None, :]), s_t, float("-inf"))
+        take = is_prox
     else:
         s_own = tl.dot(k_own, tl.trans(q), input_precision=DOT_PRECISION)
         s_anc = tl.dot(k_anc, tl.trans(q), input_precision=DOT_PRECISION)
@@ -117,13 +126,13 @@ def _dkdv_block(
         dv += tl.dot(p_t.to(do.dtype), do, input_precision=DOT_PRECISION)
     dp_t = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
     ds_t = p_t * (dp_t - delta[None, :])
-    if MODE == 3 or MODE == 4:
+    if (MODE == 3 or MODE == 4) and not PROX_ONLY:
         ds_t = tl.where(take, ds_t, 0.0)
     dk += tl.dot(ds_t.to(q.dtype), q, input_precision=DOT_PRECISION)
     return dk, dv
 
 
-@triton.autotune(configs=dkdv_configs(), key=["HEAD_DIM", "GROUP"])
+@triton.autotune(configs=dkdv_configs(), key=["HEAD_DIM", "GROUP", "PROX_ONLY"])
 @triton.jit
 def pod_dkdv_kernel(
     Q, K_OWN, K_ANC, V, DOUT, LSE2, DELTA, SEQ_LENS, DK_OWN, DK_ANC, DV,
@@ -136,7 +145,7 @@ def pod_dkdv_kernel(
     stride_gb, stride_gh, stride_gn,
     num_kv_heads, seq_total, sink, recent, qk_scale, sm_scale,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr, PROX_ONLY: tl.constexpr = False,
 ):
     pid_n = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -182,7 +191,7 @@ def pod_dkdv_kernel(
         for start_m in range(q_start, m1, BLOCK_M):
             dk, dv = _dkdv_block(dk, dv, k_own, k_anc, v, q_base, do_base, lse_base, delta_base, stride_qs,
                                  stride_ds, start_m, offs_m, offs_d, key_pos, seq_total, sink, recent, qk_scale,
-                                 HEAD_DIM, 3, DOT_PRECISION)
+                                 HEAD_DIM, 3, DOT_PRECISION, PROX_ONLY)
         for start_m in range(m1, pp, BLOCK_M):
             dk, dv = _dkdv_block(dk, dv, k_own, k_anc, v, q_base, do_base, lse_base, delta_base, stride_qs,
                                  stride_ds, start_m, offs_m, offs_d, key_pos, seq_total, sink, recent, qk_scale,
@@ -190,10 +199,13 @@ def pod_dkdv_kernel(
         for start_m in range(pp, p1_end, BLOCK_M):
             dk, dv = _dkdv_block(dk, dv, k_own, k_anc, v, q_base, do_base, lse_base, delta_base, stride_qs,
                                  stride_ds, start_m, offs_m, offs_d, key_pos, seq_total, sink, recent, qk_scale,
-                                 HEAD_DIM, 3, DOT_PRECISION)
+                                 HEAD_DIM, 3, DOT_PRECISION, PROX_ONLY)
     out_off = b * stride_gb + kvh * stride_gh + key_pos[:, None] * stride_gn + offs_d[None, :]
     out_mask = (key_pos[:, None] < seq_total) & (offs_d[None, :] < HEAD_DIM)
     tl.store(DK_OWN + out_off, (dk * sm_scale).to(DK_OWN.dtype.element_ty), mask=out_mask)
+    if PROX_ONLY:
+        tl.store(DV + out_off, dv.to(DV.dtype.element_ty), mask=out_mask)
+        return
 
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     if all_sink:
@@ -229,7 +241,7 @@ def pod_dkdv_kernel(
 def _dq_block(
     dq, q, do, lse2, delta, k_own_base, k_anc_base, v_base, stride_kn, stride_an, stride_vn, start_n, offs_n,
     offs_d, q_pos, kv_end, sink, recent, qk_scale,
-    HEAD_DIM: tl.constexpr, MODE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    HEAD_DIM: tl.constexpr, MODE: tl.constexpr, DOT_PRECISION: tl.constexpr, PROX_ONLY: tl.constexpr = False,
 ):
     """One key block for a query tile (modes as in the forward's five ranges)."""
     key_pos = start_n + offs_n
@@ -246,6 +258,12 @@ def _dq_block(
         s = tl.dot(q, tl.trans(k_a), input_precision=DOT_PRECISION) * qk_scale
         k_b = k_a
         is_prox = s == s
+    elif PROX_ONLY:  # MODE 3, distant pairs masked out of P: only the own keys take part
+        k_a = tl.load(k_own_base + key_pos[:, None] * stride_kn + offs_d[None, :], mask=kmask, other=0.0)
+        s = tl.dot(q, tl.trans(k_a), input_precision=DOT_PRECISION) * qk_scale
+        is_prox = (key_pos[None, :] < sink) | ((q_pos[:, None] - key_pos[None, :]) < recent)
+        s = tl.where(is_prox & (key_pos[None, :] <= q_pos[:, None]) & (key_pos[None, :] < kv_end), s, float("-inf"))
+        k_b = k_a
     else:
         k_a = tl.load(k_own_base + key_pos[:, None] * stride_kn + offs_d[None, :], mask=kmask, other=0.0)
         k_b = tl.load(k_anc_base + key_pos[:, None] * stride_an + offs_d[None, :], mask=kmask, other=0.0)
@@ -258,7 +276,7 @@ def _dq_block(
     v = tl.load(v_base + key_pos[:, None] * stride_vn + offs_d[None, :], mask=kmask, other=0.0)
     dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
     ds = p * (dp - delta[:, None])
-    if MODE == 3:
+    if MODE == 3 and not PROX_ONLY:
         dq += tl.dot(tl.where(is_prox, ds, 0.0).to(q.dtype), k_a, input_precision=DOT_PRECISION)
         dq += tl.dot(tl.where(is_prox, 0.0, ds).to(q.dtype), k_b, input_precision=DOT_PRECISION)
     else:
@@ -266,7 +284,7 @@ def _dq_block(
     return dq
 
 
-@triton.autotune(configs=dq_configs(), key=["HEAD_DIM", "GROUP"])
+@triton.autotune(configs=dq_configs(), key=["HEAD_DIM", "GROUP", "PROX_ONLY"])
 @triton.jit
 def pod_dq_kernel(
     Q, K_OWN, K_ANC, V, DOUT, LSE2, DELTA, SEQ_LENS, DQ,
@@ -279,7 +297,7 @@ def pod_dq_kernel(
     stride_gb, stride_gh, stride_gs,
     num_q_heads, seq_total, sink, recent, qk_scale, sm_scale,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr, PROX_ONLY: tl.constexpr = False,
 ):
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -309,13 +327,17 @@ def pod_dq_kernel(
     e1, e2, e3, e4, end = pod_key_ranges(first_q, last_q, kv_end, sink, recent, BLOCK_N)
     for start_n in range(0, e1, BLOCK_N):
         dq = _dq_block(dq, q, do, lse2, delta, k_own_base, k_anc_base, v_base, stride_kn, stride_an, stride_vn,
-                       start_n, offs_n, offs_d, offs_m, kv_end, sink, recent, qk_scale, HEAD_DIM, 3, DOT_PRECISION)
-    for start_n in range(e1, e2, BLOCK_N):
-        dq = _dq_block(dq, q, do, lse2, delta, k_own_base, k_anc_base, v_base, stride_kn, stride_an, stride_vn,
-                       start_n, offs_n, offs_d, offs_m, kv_end, sink, recent, qk_scale, HEAD_DIM, 2, DOT_PRECISION)
+                       start_n, offs_n, offs_d, offs_m, kv_end, sink, recent, qk_scale, HEAD_DIM, 3, DOT_PRECISION,
+                       PROX_ONLY)
+    if not PROX_ONLY:
+        for start_n in range(e1, e2, BLOCK_N):
+            dq = _dq_block(dq, q, do, lse2, delta, k_own_base, k_anc_base, v_base, stride_kn, stride_an, stride_vn,
+                           start_n, offs_n, offs_d, offs_m, kv_end, sink, recent, qk_scale, HEAD_DIM, 2,
+                           DOT_PRECISION)
     for start_n in range(e2, e3, BLOCK_N):
         dq = _dq_block(dq, q, do, lse2, delta, k_own_base, k_anc_base, v_base, stride_kn, stride_an, stride_vn,
-                       start_n, offs_n, offs_d, offs_m, kv_end, sink, recent, qk_scale, HEAD_DIM, 3, DOT_PRECISION)
+                       start_n, offs_n, offs_d, offs_m, kv_end, sink, recent, qk_scale, HEAD_DIM, 3, DOT_PRECISION,
+                       PROX_ONLY)
     for start_n in range(e3, e4, BLOCK_N):
         dq = _dq_block(dq, q, do, lse2, delta, k_own_base, k_anc_base, v_base, stride_kn, stride_an, stride_vn,
                        start_n, offs_n, offs_d, offs_m, kv_end, sink, recent, qk_scale, HEAD_DIM, 0, DOT_PRECISION)

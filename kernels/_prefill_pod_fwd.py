@@ -12,6 +12,10 @@ and no per-element masking (the loads stay unconditional, so the GPU compiler pi
 
 The running max is shared by both kinds of pair, so one online softmax equals the LSE merge of
 the two masked passes; ``l_prox`` (the proximal part of the sum) gives the gate ``l_prox / l``.
+
+``PROX_ONLY`` computes the proximal pass alone (the distant range is skipped, distant pairs of the
+mixed blocks are masked): ``kernels/pod_split_attention.py`` merges it with torch's fused causal
+attention over the distant core.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ def forward_configs():
 @triton.jit
 def pod_block_logits(
     q, k_own_base, k_anc_base, stride_kn, stride_an, start_n, offs_n, offs_d, q_pos, kv_end, sink, recent,
-    qk_scale, HEAD_DIM: tl.constexpr, MODE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    qk_scale, HEAD_DIM: tl.constexpr, MODE: tl.constexpr, DOT_PRECISION: tl.constexpr, PROX_ONLY: tl.constexpr = False,
 ):
     """Logits (log2 domain) of a query tile against one key block.
 
@@ -56,6 +60,12 @@ def pod_block_logits(
                     other=0.0)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
         is_prox = s != s
+    elif PROX_ONLY:  # mixed block, proximal pairs only: the own keys, distant pairs masked
+        k = tl.load(k_own_base + key_pos[:, None] * stride_kn + offs_d[None, :], mask=key_ok[:, None] & d_ok,
+                    other=0.0)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+        is_prox = (key_pos[None, :] < sink) | ((q_pos[:, None] - key_pos[None, :]) < recent)
+        s = tl.where(is_prox & (key_pos[None, :] <= q_pos[:, None]) & key_ok[None, :], s, float("-inf"))
     else:
         k_own = tl.load(k_own_base + key_pos[:, None] * stride_kn + offs_d[None, :],
                         mask=key_ok[:, None] & d_ok, other=0.0)
@@ -74,9 +84,10 @@ def _fwd_block(
     acc, m_i, l_i, l_prox, q, k_own_base, k_anc_base, v_base, stride_kn, stride_an, stride_vn, start_n,
     offs_n, offs_d, q_pos, kv_end, sink, recent, qk_scale,
     HEAD_DIM: tl.constexpr, MODE: tl.constexpr, RETURN_GATE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    PROX_ONLY: tl.constexpr = False,
 ):
     s, is_prox = pod_block_logits(q, k_own_base, k_anc_base, stride_kn, stride_an, start_n, offs_n, offs_d,
-                                  q_pos, kv_end, sink, recent, qk_scale, HEAD_DIM, MODE, DOT_PRECISION)
+                                  q_pos, kv_end, sink, recent, qk_scale, HEAD_DIM, MODE, DOT_PRECISION, PROX_ONLY)
     m_new = tl.maximum(m_i, tl.max(s, 1))
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
     alpha = tl.exp2(m_i - m_safe)
@@ -114,7 +125,7 @@ def pod_key_ranges(first_q, last_q, kv_end, sink, recent, BLOCK_N: tl.constexpr)
     return e1, e2, e3, e4, end
 
 
-@triton.autotune(configs=forward_configs(), key=["HEAD_DIM", "GROUP", "RETURN_GATE"])
+@triton.autotune(configs=forward_configs(), key=["HEAD_DIM", "GROUP", "RETURN_GATE", "PROX_ONLY"])
 @triton.jit
 def pod_forward_kernel(
     Q, K_OWN, K_ANC, V, SEQ_LENS, OUT, LSE2, GATE,
@@ -127,7 +138,7 @@ def pod_forward_kernel(
     num_q_heads, seq_total, sink, recent, qk_scale,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    RETURN_GATE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    RETURN_GATE: tl.constexpr, DOT_PRECISION: tl.constexpr, PROX_ONLY: tl.constexpr = False,
 ):
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -159,15 +170,16 @@ def pod_forward_kernel(
     for start_n in range(0, e1, BLOCK_N):
         acc, m_i, l_i, l_prox = _fwd_block(acc, m_i, l_i, l_prox, q, k_own_base, k_anc_base, v_base, stride_kn,
                                            stride_an, stride_vn, start_n, offs_n, offs_d, offs_m, kv_end, sink,
-                                           recent, qk_scale, HEAD_DIM, 3, RETURN_GATE, DOT_PRECISION)
-    for start_n in range(e1, e2, BLOCK_N):
-        acc, m_i, l_i, l_prox = _fwd_block(acc, m_i, l_i, l_prox, q, k_own_base, k_anc_base, v_base, stride_kn,
-                                           stride_an, stride_vn, start_n, offs_n, offs_d, offs_m, kv_end, sink,
-                                           recent, qk_scale, HEAD_DIM, 2, RETURN_GATE, DOT_PRECISION)
+                                           recent, qk_scale, HEAD_DIM, 3, RETURN_GATE, DOT_PRECISION, PROX_ONLY)
+    if not PROX_ONLY:
+        for start_n in range(e1, e2, BLOCK_N):
+            acc, m_i, l_i, l_prox = _fwd_block(acc, m_i, l_i, l_prox, q, k_own_base, k_anc_base, v_base, stride_kn,
+                                               stride_an, stride_vn, start_n, offs_n, offs_d, offs_m, kv_end, sink,
+                                               recent, qk_scale, HEAD_DIM, 2, RETURN_GATE, DOT_PRECISION)
     for start_n in range(e2, e3, BLOCK_N):
         acc, m_i, l_i, l_prox = _fwd_block(acc, m_i, l_i, l_prox, q, k_own_base, k_anc_base, v_base, stride_kn,
                                            stride_an, stride_vn, start_n, offs_n, offs_d, offs_m, kv_end, sink,
-                                           recent, qk_scale, HEAD_DIM, 3, RETURN_GATE, DOT_PRECISION)
+                                           recent, qk_scale, HEAD_DIM, 3, RETURN_GATE, DOT_PRECISION, PROX_ONLY)
     for start_n in range(e3, e4, BLOCK_N):
         acc, m_i, l_i, l_prox = _fwd_block(acc, m_i, l_i, l_prox, q, k_own_base, k_anc_base, v_base, stride_kn,
                                            stride_an, stride_vn, start_n, offs_n, offs_d, offs_m, kv_end, sink,

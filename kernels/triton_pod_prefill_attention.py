@@ -20,6 +20,8 @@ causal attention and autograd sums the two key gradients.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 
@@ -36,7 +38,8 @@ from ._prefill_pod_bwd import pod_delta_kernel, pod_dkdv_kernel, pod_dq_kernel
 from ._prefill_pod_fwd import pod_forward_kernel
 
 
-def _pod_forward(q, k_own, k_anchor, v, seq_lens, sink, recent, scale, return_gate):
+def _pod_forward(q, k_own, k_anchor, v, seq_lens, sink, recent, scale, return_gate, prox_only=False):
+    """-> out, lse2 (log2-domain LSE, +inf on padding rows), gate or None. ``prox_only``: the proximal pairs alone."""
     batch, num_q_heads, seq_total, head_dim = q.shape
     group = num_q_heads // k_own.shape[1]
     out = torch.empty(q.shape, device=q.device, dtype=q.dtype)
@@ -53,27 +56,37 @@ def _pod_forward(q, k_own, k_anchor, v, seq_lens, sink, recent, scale, return_ga
         lse2.stride(0), lse2.stride(1),
         num_q_heads, seq_total, sink, recent, scale * LOG2_E,
         GROUP=group, HEAD_DIM=head_dim, BLOCK_D=head_dim_block(head_dim),
-        RETURN_GATE=return_gate, DOT_PRECISION=dot_precision(q.dtype),
+        RETURN_GATE=return_gate, DOT_PRECISION=dot_precision(q.dtype), PROX_ONLY=prox_only,
     )
     return out, lse2, (gate if return_gate else None)
 
 
-def _pod_backward(dout, q, k_own, k_anchor, v, seq_lens, out, lse2, sink, recent, scale):
+def pod_delta(out, dout, lse2):
+    """``delta[b, h, i] = sum_d out * dout`` in fp32 ([B, Hq, S], laid out like ``lse2``); dout has unit last stride."""
+    batch, num_q_heads, seq_total, head_dim = out.shape
+    delta = torch.empty_like(lse2)
+    delta_block = 64
+    pod_delta_kernel[(triton.cdiv(seq_total, delta_block), batch * num_q_heads)](
+        out, dout, delta, out.stride(0), out.stride(1), out.stride(2), dout.stride(0), dout.stride(1),
+        dout.stride(2), delta.stride(0), delta.stride(1), num_q_heads, seq_total,
+        HEAD_DIM=head_dim, BLOCK_D=head_dim_block(head_dim), BLOCK_M=delta_block,
+    )
+    return delta
+
+
+def _pod_backward(dout, q, k_own, k_anchor, v, seq_lens, out, lse2, sink, recent, scale, prox_only=False, delta=None):
+    """-> dq, dk_own, dk_anchor (None with ``prox_only``), dv. ``lse2`` / ``delta`` may be those of a merged
+    attention (``prox_only``: the proximal pairs' gradients within it; ``delta`` then given, ``out`` unused)."""
     batch, num_q_heads, seq_total, head_dim = q.shape
     num_kv_heads = k_own.shape[1]
     group = num_q_heads // num_kv_heads
     block_d = head_dim_block(head_dim)
     precision = dot_precision(q.dtype)
     dout = dout.contiguous() if dout.stride(-1) != 1 else dout
-    delta = torch.empty_like(lse2)
-    delta_block = 64
-    pod_delta_kernel[(triton.cdiv(seq_total, delta_block), batch * num_q_heads)](
-        out, dout, delta, out.stride(0), out.stride(1), out.stride(2), dout.stride(0), dout.stride(1),
-        dout.stride(2), delta.stride(0), delta.stride(1), num_q_heads, seq_total,
-        HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=delta_block,
-    )
+    if delta is None:
+        delta = pod_delta(out, dout, lse2)
     dk_own = torch.empty(k_own.shape, device=q.device, dtype=q.dtype)
-    dk_anchor = torch.empty_like(dk_own)
+    dk_anchor = dk_own if prox_only else torch.empty_like(dk_own)  # not written with prox_only
     dv = torch.empty_like(dk_own)
     grid_kv = lambda meta: (triton.cdiv(seq_total, meta["BLOCK_N"]), batch * num_kv_heads)  # noqa: E731
     pod_dkdv_kernel[grid_kv](
@@ -86,7 +99,7 @@ def _pod_backward(dout, q, k_own, k_anchor, v, seq_lens, out, lse2, sink, recent
         lse2.stride(0), lse2.stride(1),
         dk_own.stride(0), dk_own.stride(1), dk_own.stride(2),
         num_kv_heads, seq_total, sink, recent, scale * LOG2_E, scale,
-        GROUP=group, HEAD_DIM=head_dim, BLOCK_D=block_d, DOT_PRECISION=precision,
+        GROUP=group, HEAD_DIM=head_dim, BLOCK_D=block_d, DOT_PRECISION=precision, PROX_ONLY=prox_only,
     )
     dq = torch.empty(q.shape, device=q.device, dtype=q.dtype)
     grid_q = lambda meta: (triton.cdiv(seq_total, meta["BLOCK_M"]), batch * num_q_heads)  # noqa: E731
@@ -100,9 +113,9 @@ def _pod_backward(dout, q, k_own, k_anchor, v, seq_lens, out, lse2, sink, recent
         lse2.stride(0), lse2.stride(1),
         dq.stride(0), dq.stride(1), dq.stride(2),
         num_q_heads, seq_total, sink, recent, scale * LOG2_E, scale,
-        GROUP=group, HEAD_DIM=head_dim, BLOCK_D=block_d, DOT_PRECISION=precision,
+        GROUP=group, HEAD_DIM=head_dim, BLOCK_D=block_d, DOT_PRECISION=precision, PROX_ONLY=prox_only,
     )
-    return dq, dk_own, dk_anchor, dv
+    return dq, dk_own, (None if prox_only else dk_anchor), dv
 
 
 class PodPrefillAttentionFunction(torch.autograd.Function):
@@ -125,6 +138,26 @@ class PodPrefillAttentionFunction(torch.autograd.Function):
         dq, dk_own, dk_anchor, dv = _pod_backward(dout, q, k_own, k_anchor, v, seq_lens, out, lse2, sink, recent,
                                                   scale)
         return dq, dk_own, dk_anchor, dv, None, None, None, None, None
+
+
+POD_ATTENTION_PATHS = ("auto", "fused", "split")
+
+
+def pod_attention_path(device: torch.device | str = "cuda") -> str:
+    """The route of the differentiable POD attention, ``fused`` or ``split``, from ``PODKIT_POD_ATTENTION``:
+
+    * ``fused``: one Triton pass over both kinds of pair (kernels/_prefill_pod_fwd.py, _prefill_pod_bwd.py);
+    * ``split``: torch's fused causal attention over the distant core + the Triton proximal band, merged by
+      log-sum-exp (kernels/pod_split_attention.py); 1.29x SDPA forward + backward at 32K on an H200 against the
+      fused pass's 1.52x (BENCHMARKS.md, issue 13);
+    * ``auto`` (default): ``split`` on CUDA, ``fused`` elsewhere (the CPU route is the Triton interpreter, for tests).
+    """
+    path = os.environ.get("PODKIT_POD_ATTENTION", "auto")
+    if path not in POD_ATTENTION_PATHS:
+        raise ValueError(f"PODKIT_POD_ATTENTION={path!r}: allowed values are {', '.join(POD_ATTENTION_PATHS)}")
+    if path == "auto":
+        return "split" if torch.device(device).type == "cuda" else "fused"
+    return path
 
 
 def _check_window(name: str, value) -> int:
@@ -166,4 +199,10 @@ def pod_prefill_attention_triton(q, k_own, k_anchor, v, seq_lens, *, sink, recen
         out = torch.zeros_like(q)
         gate = torch.zeros((batch, num_q_heads, seq_total), device=q.device, dtype=torch.float32)
         return (out, gate) if return_gate else out
+    if not return_gate and pod_attention_path(q.device) == "split":
+        from .pod_split_attention import pod_split_attention
+
+        out = pod_split_attention(q, k_own, k_anchor, v, seq_lens, sink=sink, recent=recent, scale=scale)
+        if out is not None:
+            return out
     return PodPrefillAttentionFunction.apply(q, k_own, k_anchor, v, seq_lens, sink, recent, scale, return_gate)

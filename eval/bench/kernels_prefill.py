@@ -13,8 +13,9 @@ Rows (B=1, 32 query heads, 8 KV heads, D=128, bf16 by default), each timed as th
   gather Q/K/V, SDPA causal on the compressed tensors, scatter back, as the paper's code does);
   and the scorer alone. Targets: pipeline <= (rho^2 + 0.15) x SDPA causal; scorer <= 10% of
   dense attention.
-- POD training attention fwd+bwd (sink 16, recent 4080): SDPA causal fwd+bwd vs podkit.
-  Target: <= 1.3 x SDPA.
+- POD training attention fwd+bwd (sink 16, recent 4080): SDPA causal fwd+bwd vs podkit, once per
+  route (``--pod-paths``: ``fused`` one Triton pass, ``split`` torch's fused attention over the distant
+  core + the Triton proximal band). Target: <= 1.3 x SDPA.
 - floor: attention FLOPs / the bf16 matmul rate measured here (8192^3 matmul).
 
 It also checks bf16 correctness of each podkit op against torch at the benchmark sizes (errors
@@ -24,12 +25,16 @@ are printed and stored). Pure torch + triton: runs on the GPU image (no deepspee
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import math
+import os
 
 import torch
 import torch.nn.functional as F
+
+from kernels.triton_pod_prefill_attention import POD_ATTENTION_PATHS
 
 
 def _bench(fn, warmup=3, rep=10):
@@ -190,33 +195,51 @@ def bench_pod(seq, args, rate, rows, checks):
         with torch.no_grad():
             sdpa_causal(q, k_own, v)
 
-    # correctness: with k_anchor = k_own POD is dense causal attention (grads of k sum both parts)
-    anchor_same = k_own.detach().clone().requires_grad_()
-    out_pod = pod_prefill_attention_triton(q, k_own, anchor_same, v, lens, sink=sink, recent=recent)
-    g_pod = torch.autograd.grad(out_pod, (q, k_own, anchor_same, v), dout)
-    out_ref = sdpa_causal(q, k_own, v)
-    g_ref = torch.autograd.grad(out_ref, (q, k_own, v), dout)
-    checks[f"pod_{seq}_out_max_abs_vs_sdpa"] = (out_pod.float() - out_ref.float()).abs().max().item()
-    checks[f"pod_{seq}_dq_max_abs_vs_sdpa"] = (g_pod[0].float() - g_ref[0].float()).abs().max().item()
-    checks[f"pod_{seq}_dk_max_abs_vs_sdpa"] = (
-        g_pod[1].float() + g_pod[2].float() - g_ref[1].float()).abs().max().item()
-    checks[f"pod_{seq}_dv_max_abs_vs_sdpa"] = (g_pod[3].float() - g_ref[2].float()).abs().max().item()
-    checks[f"pod_{seq}_grad_scale"] = max(g.float().abs().max().item() for g in g_ref)
-    del out_pod, g_pod, out_ref, g_ref, anchor_same
-
     t_sdpa = _bench(sdpa_step)
-    t_pod = _bench(pod_step)
     t_sdpa_f = _bench(sdpa_forward)
-    t_pod_f = _bench(pod_forward)
     floor = 3.5 * causal_flops(args.q_heads, seq, args.head_dim) / rate / 1e9  # fwd 2 + bwd 5 matmuls
     base = dict(op="POD training attention fwd+bwd (sink 16, recent 4080)", S=seq)
     rows += [
         dict(base, impl="torch SDPA causal fwd+bwd", ms=t_sdpa, ratio_vs_sdpa=1.0),
-        dict(base, impl="podkit fwd+bwd", ms=t_pod, ratio_vs_sdpa=t_pod / t_sdpa, target="<= 1.3"),
         dict(base, impl="torch SDPA causal fwd only", ms=t_sdpa_f, ratio_vs_sdpa=t_sdpa_f / t_sdpa),
-        dict(base, impl="podkit fwd only", ms=t_pod_f, ratio_vs_sdpa=t_pod_f / t_sdpa),
         dict(base, impl="floor (FLOPs/matmul rate)", ms=floor, ratio_vs_sdpa=floor / t_sdpa),
     ]
+    for path in args.pod_paths:
+        with _pod_attention_path(path):
+            # correctness: with k_anchor = k_own POD is dense causal attention (grads of k sum both parts)
+            anchor_same = k_own.detach().clone().requires_grad_()
+            out_pod = pod_prefill_attention_triton(q, k_own, anchor_same, v, lens, sink=sink, recent=recent)
+            g_pod = torch.autograd.grad(out_pod, (q, k_own, anchor_same, v), dout)
+            out_ref = sdpa_causal(q, k_own, v)
+            g_ref = torch.autograd.grad(out_ref, (q, k_own, v), dout)
+            key = f"pod_{path}_{seq}"
+            checks[f"{key}_out_max_abs_vs_sdpa"] = (out_pod.float() - out_ref.float()).abs().max().item()
+            checks[f"{key}_dq_max_abs_vs_sdpa"] = (g_pod[0].float() - g_ref[0].float()).abs().max().item()
+            checks[f"{key}_dk_max_abs_vs_sdpa"] = (
+                g_pod[1].float() + g_pod[2].float() - g_ref[1].float()).abs().max().item()
+            checks[f"{key}_dv_max_abs_vs_sdpa"] = (g_pod[3].float() - g_ref[2].float()).abs().max().item()
+            checks[f"{key}_grad_scale"] = max(g.float().abs().max().item() for g in g_ref)
+            del out_pod, g_pod, out_ref, g_ref, anchor_same
+            t_pod = _bench(pod_step)
+            t_pod_f = _bench(pod_forward)
+        rows += [
+            dict(base, impl=f"podkit fwd+bwd ({path})", ms=t_pod, ratio_vs_sdpa=t_pod / t_sdpa, target="<= 1.3"),
+            dict(base, impl=f"podkit fwd only ({path})", ms=t_pod_f, ratio_vs_sdpa=t_pod_f / t_sdpa),
+        ]
+
+
+@contextlib.contextmanager
+def _pod_attention_path(path):
+    """Run POD attention through ``path`` (``PODKIT_POD_ATTENTION``, kernels/triton_pod_prefill_attention.py)."""
+    saved = os.environ.get("PODKIT_POD_ATTENTION")
+    os.environ["PODKIT_POD_ATTENTION"] = path
+    try:
+        yield
+    finally:
+        if saved is None:
+            del os.environ["PODKIT_POD_ATTENTION"]
+        else:
+            os.environ["PODKIT_POD_ATTENTION"] = saved
 
 
 def _tuned_configs():
@@ -237,12 +260,15 @@ def main(argv=None):
     parser.add_argument("--out", default="bench_prefill.json")
     parser.add_argument("--lengths", type=int, nargs="+", default=[32768, 131072])
     parser.add_argument("--pod-lengths", type=int, nargs="+", default=[32768])
+    parser.add_argument("--pod-paths", nargs="+", default=["fused", "split"], choices=POD_ATTENTION_PATHS,
+                        help="POD attention routes to time (PODKIT_POD_ATTENTION values)")
     parser.add_argument("--keep-ratios", type=float, nargs="+", default=[0.5, 0.25])
     parser.add_argument("--q-heads", type=int, default=32)
     parser.add_argument("--kv-heads", type=int, default=8)
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
-    parser.add_argument("--skip", nargs="*", default=[], choices=["dense", "sparse", "pod"])
+    parser.add_argument("--skip", nargs="*", default=[], choices=["dense", "sparse", "pod"],
+                        help="parts not to run (the dense rows still run when sparse does: they are its SDPA base)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("kernels_prefill needs a CUDA GPU")
@@ -250,7 +276,7 @@ def main(argv=None):
     torch.manual_seed(0)
     rate = matmul_tflops(args.dtype)
     rows, checks = [], {}
-    for seq in args.lengths:
+    for seq in args.lengths if not {"dense", "sparse"} <= set(args.skip) else []:
         t_sdpa, q, k, v = bench_dense(seq, args, rate, rows, checks)
         if "sparse" not in args.skip:
             bench_token_sparse(seq, args, rate, rows, checks, t_sdpa, q, k, v)

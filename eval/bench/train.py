@@ -161,6 +161,10 @@ def measure(scheme: str, args, device, use_deepspeed: bool) -> dict:
     result = {"scheme": scheme, "seconds_per_step": seconds, "tokens_per_s": args.batch * args.seq / seconds,
               "loss": float(loss.detach()), "peak_memory_gib": torch.cuda.max_memory_allocated() / 2 ** 30
               if device.type == "cuda" else None, "process_id": os.getpid()}
+    if scheme == "pod":
+        from kernels.triton_pod_prefill_attention import pod_attention_path
+
+        result["pod_attention"] = pod_attention_path(device)  # PODKIT_POD_ATTENTION's route on this device
     return result
 
 
