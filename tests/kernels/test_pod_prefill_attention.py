@@ -13,17 +13,22 @@ from kernels import reference
 from kernels.triton_pod_prefill_attention import pod_prefill_attention_triton
 
 
-def run_both(case, dtype, gen):
+def pod_case_inputs(case, dtype, gen):
+    """-> [q, k_own, k_anchor, v] (``dtype``, requiring grad), seq_lens (ragged, the first full), dout (``dtype``)."""
     batch, hq, hkv, s, d, sink, recent = case
     q = torch.randn(batch, hq, s, d, generator=gen)
     k_own, k_anchor, v = (torch.randn(batch, hkv, s, d, generator=gen) for _ in range(3))
     seq_lens = torch.randint(1, s + 1, (batch,), generator=gen)
     seq_lens[0] = s
-    seq_lens = seq_lens.to(DEVICE)
-    dout = torch.randn(batch, hq, s, d, generator=gen).to(DEVICE)
-    inputs = [t.to(DEVICE, dtype).requires_grad_() for t in (q, k_own, k_anchor, v)]
+    dout = torch.randn(batch, hq, s, d, generator=gen).to(DEVICE, dtype)
+    return [t.to(DEVICE, dtype).requires_grad_() for t in (q, k_own, k_anchor, v)], seq_lens.to(DEVICE), dout
+
+
+def run_both(case, dtype, gen):
+    batch, hq, hkv, s, d, sink, recent = case
+    inputs, seq_lens, dout = pod_case_inputs(case, dtype, gen)
     out, gate = pod_prefill_attention_triton(*inputs, seq_lens, sink=sink, recent=recent, return_gate=True)
-    grads = torch.autograd.grad(out, inputs, dout.to(dtype))
+    grads = torch.autograd.grad(out, inputs, dout)
     exact_in = [t.detach().double().requires_grad_() for t in inputs]
     exact_out, exact_gate = reference.pod_prefill_attention(*exact_in, seq_lens, sink=sink, recent=recent,
                                                             return_gate=True)

@@ -6,7 +6,7 @@ range, band, diagonal; no distant pair; every pair distant), GQA groups 1-8, rag
 import pytest
 import torch
 from kernel_checks import DEVICE, error_check
-from test_pod_prefill_attention import CASES
+from test_pod_prefill_attention import CASES, pod_case_inputs
 
 from kernels import pod_split_attention as split
 from kernels import reference
@@ -15,19 +15,9 @@ from kernels.triton_pod_prefill_attention import pod_prefill_attention_triton
 assert_error_within = error_check(floor=2e-5)
 
 
-def _inputs(case, dtype, gen):
-    batch, hq, hkv, s, d, sink, recent = case
-    q = torch.randn(batch, hq, s, d, generator=gen)
-    k_own, k_anchor, v = (torch.randn(batch, hkv, s, d, generator=gen) for _ in range(3))
-    seq_lens = torch.randint(1, s + 1, (batch,), generator=gen)
-    seq_lens[0] = s
-    dout = torch.randn(batch, hq, s, d, generator=gen).to(DEVICE, dtype)
-    return [t.to(DEVICE, dtype).requires_grad_() for t in (q, k_own, k_anchor, v)], seq_lens.to(DEVICE), dout
-
-
 def _check_against_reference(case, dtype, gen, factor=1.0, monkeypatch=None):
     batch, hq, hkv, s, d, sink, recent = case
-    inputs, seq_lens, dout = _inputs(case, dtype, gen)
+    inputs, seq_lens, dout = pod_case_inputs(case, dtype, gen)
     calls = []
     real = split.PodSplitAttentionFunction.apply
     monkeypatch.setattr(split.PodSplitAttentionFunction, "apply", lambda *a: calls.append(1) or real(*a))
