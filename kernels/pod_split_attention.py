@@ -30,7 +30,7 @@ import triton
 
 from ._pod_merge import pod_merge_kernel
 from ._prefill_common import LOG2_E, head_dim_block
-from .triton_pod_prefill_attention import _pod_backward, _pod_forward, pod_delta
+from ._prefill_pod_launch import _pod_backward, _pod_forward, pod_delta
 
 _aten = torch.ops.aten
 

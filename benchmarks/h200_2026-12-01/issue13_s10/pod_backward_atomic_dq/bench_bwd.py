@@ -4,7 +4,7 @@ PODKIT_HOPPER_CONFIGS=0 python3 benchmarks/h200_2026-12-01/issue13_s10/pod_backw
 import json, os, sys, time
 sys.path.insert(0, os.path.dirname(__file__))
 import torch, triton
-from kernels import triton_pod_prefill_attention as tp
+from kernels import _prefill_pod_launch as tp
 from kernels._prefill_common import LOG2_E, dot_precision, head_dim_block, interpreter_active
 from kernels._prefill_pod_bwd import pod_delta_kernel, pod_dkdv_kernel, pod_dq_kernel
 import fused

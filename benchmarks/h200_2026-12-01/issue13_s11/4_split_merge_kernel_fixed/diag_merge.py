@@ -1,7 +1,7 @@
 import json, os, sys, torch
 import torch.nn.functional as F
 from kernels import pod_split_attention as split
-from kernels.triton_pod_prefill_attention import _pod_forward
+from kernels._prefill_pod_launch import _pod_forward
 res = {}
 torch.manual_seed(0)
 S, sink, recent = int(sys.argv[1]), 16, 4080
