@@ -66,15 +66,13 @@ def _pod_backward(dout, q, k_own, k_anchor, v, seq_lens, out, lse2, sink, recent
     dk_own = torch.empty(k_own.shape, device=q.device, dtype=q.dtype)
     dk_anchor = dk_own if prox_only else torch.empty_like(dk_own)  # not written with prox_only
     dv = torch.empty_like(dk_own)
+    # q, k_own, k_anchor, v, dout: (batch, head, position) strides; lse2 / delta: (batch, head)
+    input_strides = (*q.stride()[:3], *k_own.stride()[:3], *k_anchor.stride()[:3], *v.stride()[:3], *dout.stride()[:3],
+                     *lse2.stride()[:2])
     grid_kv = lambda meta: (triton.cdiv(seq_total, meta["BLOCK_N"]), batch * num_kv_heads)  # noqa: E731
     pod_dkdv_kernel[grid_kv](
         q, k_own, k_anchor, v, dout, lse2, delta, seq_lens, dk_own, dk_anchor, dv,
-        q.stride(0), q.stride(1), q.stride(2),
-        k_own.stride(0), k_own.stride(1), k_own.stride(2),
-        k_anchor.stride(0), k_anchor.stride(1), k_anchor.stride(2),
-        v.stride(0), v.stride(1), v.stride(2),
-        dout.stride(0), dout.stride(1), dout.stride(2),
-        lse2.stride(0), lse2.stride(1),
+        *input_strides,
         dk_own.stride(0), dk_own.stride(1), dk_own.stride(2),
         num_kv_heads, seq_total, sink, recent, scale * LOG2_E, scale,
         GROUP=group, HEAD_DIM=head_dim, BLOCK_D=block_d, DOT_PRECISION=precision, PROX_ONLY=prox_only,
@@ -83,12 +81,7 @@ def _pod_backward(dout, q, k_own, k_anchor, v, seq_lens, out, lse2, sink, recent
     grid_q = lambda meta: (triton.cdiv(seq_total, meta["BLOCK_M"]), batch * num_q_heads)  # noqa: E731
     pod_dq_kernel[grid_q](
         q, k_own, k_anchor, v, dout, lse2, delta, seq_lens, dq,
-        q.stride(0), q.stride(1), q.stride(2),
-        k_own.stride(0), k_own.stride(1), k_own.stride(2),
-        k_anchor.stride(0), k_anchor.stride(1), k_anchor.stride(2),
-        v.stride(0), v.stride(1), v.stride(2),
-        dout.stride(0), dout.stride(1), dout.stride(2),
-        lse2.stride(0), lse2.stride(1),
+        *input_strides,
         dq.stride(0), dq.stride(1), dq.stride(2),
         num_q_heads, seq_total, sink, recent, scale * LOG2_E, scale,
         GROUP=group, HEAD_DIM=head_dim, BLOCK_D=block_d, DOT_PRECISION=precision, PROX_ONLY=prox_only,
