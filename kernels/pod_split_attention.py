@@ -25,6 +25,8 @@ nothing to any gradient; keys past ``seq_lens[b]`` are only ever seen by padding
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 import triton
 
@@ -106,19 +108,32 @@ class _CudaCudnn(_CausalCore):
 
 def causal_core_for(q, k, v, scale) -> _CausalCore | None:
     """The backend ``scaled_dot_product_attention`` would use for a causal call on ``q [B, Hq, L, D]`` and
-    ``k`` / ``v [B, Hkv, L, D]`` (None: only the math path, which has no fused backward to reuse)."""
+    ``k`` / ``v [B, Hkv, L, D]`` (None: only the math path, which has no fused backward to reuse, or torch could
+    not be asked)."""
     if q.device.type == "cpu":
         return _CpuFlash()
     from torch.nn.attention import SDPBackend
 
-    try:
-        choice = torch._fused_sdp_choice(q, k, v, None, 0.0, True, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
-    except TypeError:  # a torch without enable_gqa: ask with the heads repeated, as the core will run
-        group = q.shape[1] // k.shape[1]
-        choice = torch._fused_sdp_choice(q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1), None, 0.0,
-                                         True, scale=scale)
+    choice = _sdpa_backend_choice(q, k, v, scale)
     return {int(SDPBackend.FLASH_ATTENTION): _CudaFlash(), int(SDPBackend.EFFICIENT_ATTENTION): _CudaEfficient(),
-            int(SDPBackend.CUDNN_ATTENTION): _CudaCudnn()}.get(int(choice))
+            int(SDPBackend.CUDNN_ATTENTION): _CudaCudnn()}.get(choice)
+
+
+def _sdpa_backend_choice(q, k, v, scale) -> int | None:
+    """``torch._fused_sdp_choice`` for a causal call (an int of ``SDPBackend``), or None where this torch cannot
+    answer (the helper is private: a torch that renamed it sends POD attention to the fused route, with a warning)."""
+    try:
+        try:
+            return int(torch._fused_sdp_choice(q, k, v, None, 0.0, True, scale=scale,
+                                               enable_gqa=q.shape[1] != k.shape[1]))
+        except TypeError:  # a torch without enable_gqa: ask with the heads repeated, as the core will run
+            group = q.shape[1] // k.shape[1]
+            return int(torch._fused_sdp_choice(q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1), None,
+                                               0.0, True, scale=scale))
+    except (AttributeError, TypeError, RuntimeError) as err:
+        warnings.warn(f"POD split attention: torch._fused_sdp_choice failed ({err!r}); using the single-pass "
+                      f"Triton route (PODKIT_POD_ATTENTION=fused)", RuntimeWarning, stacklevel=3)
+        return None
 
 
 def _rows(lse, length):

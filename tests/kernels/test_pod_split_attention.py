@@ -120,3 +120,15 @@ def test_split_equals_sdpa_at_long_context_gpu(monkeypatch):
     out = pod_prefill_attention_triton(q, k, k, v, torch.tensor([16384], device="cuda"), sink=16, recent=4080)
     expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
     assert (out.float() - expected.float()).abs().max().item() < 0.01
+
+
+def test_a_torch_that_cannot_name_its_backend_falls_back_to_the_fused_route(monkeypatch):
+    """``torch._fused_sdp_choice`` is private: if it is gone (or fails), the probe warns and answers None, which
+    sends POD attention to the single-pass kernels instead of failing the training step."""
+    def gone(*args, **kwargs):
+        raise AttributeError("module 'torch' has no attribute '_fused_sdp_choice'")
+
+    monkeypatch.setattr(torch, "_fused_sdp_choice", gone, raising=False)
+    q, k = torch.randn(1, 4, 8, 16), torch.randn(1, 2, 8, 16)
+    with pytest.warns(RuntimeWarning, match="single-pass Triton route"):
+        assert split._sdpa_backend_choice(q, k, k, 0.25) is None
