@@ -11,21 +11,21 @@ POD (METHODS.md §A.3, arXiv 2412.02252 v2 §4): a query at ``i`` sees key ``j <
 backend ``scaled_dot_product_attention`` itself would pick); the proximal band (sink columns + a diagonal band of
 width ``recent``) runs on podkit's POD kernels with ``PROX_ONLY``.
 
-Merge: ``lse = logaddexp(lse_P, lse_D)``, ``out = exp(lse_P - lse) out_P + exp(lse_D - lse) out_D``, one Triton pass
-over the two parts (kernels/_pod_merge.py). Backward (the
-identity ring attention uses): each part's gradients are its own kernel's backward run with the *merged* ``out``
-and ``lse``, since then ``P`` is each pair's probability in the whole softmax and ``delta = rowsum(dO * out)`` is
-the whole row's. torch's fused attention ops take ``out`` and ``logsumexp`` as inputs of their backward, which is
+Merge: ``lse = logaddexp(lse_P, lse_D)``, ``out = exp(lse_P - lse) out_P + exp(lse_D - lse) out_D``, one Triton
+pass over the two parts (kernels/_pod_merge.py). Backward (the identity ring attention uses): each part's gradients
+are its own kernel's backward run with the *merged* ``out`` and ``lse``, since then ``P`` is each pair's probability
+in the whole softmax and ``delta = rowsum(dO * out)`` is the whole row's. torch's fused attention ops take ``out`` and ``logsumexp`` as inputs of their backward, which is
 what makes this possible without a kernel of our own for the core.
 
 GQA: the core reads the KV heads as they are where the backend's op takes fewer K/V heads than query heads (the
-flash kernels do) and repeats them to the query heads otherwise, summing their gradients back per group. Padding rows (``i >= seq_lens[b]``) output 0 and get ``lse = +inf``, so they add
-nothing to any gradient; keys past ``seq_lens[b]`` are only ever seen by padding rows (causality).
+flash kernels do) and repeats them to the query heads otherwise, summing their gradients back per group. Padding
+rows (``i >= seq_lens[b]``) output 0 and get ``lse = +inf``, so they add nothing to any gradient; keys past ``seq_lens[b]`` are only ever seen by padding rows (causality).
 """
 
 from __future__ import annotations
 
 import warnings
+from typing import Protocol
 
 import torch
 import triton
@@ -37,18 +37,16 @@ from ._prefill_pod_launch import _pod_backward, _pod_forward, pod_delta
 _aten = torch.ops.aten
 
 
-class _CausalCore:
+class _CausalCore(Protocol):
     """One backend of torch's fused causal attention: ``forward(q, k, v, scale) -> out, lse, saved`` with ``lse``
     natural-log ``[B, H, L]``-shaped (any strides, possibly padded at the end), and
     ``backward(dout, q, k, v, out, lse, saved, scale) -> dq, dk, dv`` taking an ``out`` / ``lse`` of our choice."""
 
-    name = "abstract"
+    name: str
 
-    def forward(self, q, k, v, scale):
-        raise NotImplementedError
+    def forward(self, q, k, v, scale): ...
 
-    def backward(self, dout, q, k, v, out, lse, saved, scale):
-        raise NotImplementedError
+    def backward(self, dout, q, k, v, out, lse, saved, scale): ...
 
 
 class _CpuFlash(_CausalCore):
@@ -148,26 +146,33 @@ def _rows(lse, length):
 _NATIVE_GQA: dict[str, bool] = {}
 
 
-def _core_forward(core, q, k_anchor, v, sink, recent, scale):
-    """-> out_d [B, Hq, L, D], lse_d (backend layout), saved, native_gqa: the distant core (views, no copies with
-    native GQA): queries ``[c, S)`` against anchor keys / values ``[sink, S - recent)``."""
+def _core_views(q, k_anchor, v, sink, recent, repeat_kv):
+    """The distant core's q [B, Hq, L, D] and k / v [B, Hkv, L, D] (views; [B, Hq, L, D] copies with ``repeat_kv``):
+    queries ``[sink + recent, S)`` against anchor keys / values ``[sink, S - recent)``."""
     seq_total = q.shape[2]
-    group = q.shape[1] // k_anchor.shape[1]
-    q_core = q[:, :, sink + recent:]
     k_core, v_core = k_anchor[:, :, sink:seq_total - recent], v[:, :, sink:seq_total - recent]
-    if group > 1 and _NATIVE_GQA.get(core.name, True):
+    if repeat_kv:
+        group = q.shape[1] // k_anchor.shape[1]
+        k_core, v_core = k_core.repeat_interleave(group, 1), v_core.repeat_interleave(group, 1)
+    return q[:, :, sink + recent:], k_core, v_core
+
+
+def _core_forward(core, q, k_anchor, v, sink, recent, scale):
+    """-> out_d [B, Hq, L, D], lse_d (backend layout), saved, native_gqa: the distant core, on the KV heads as they
+    are where the backend takes GQA (``native_gqa``; also with one query head per KV head), else on K/V repeated to
+    the query heads."""
+    if q.shape[1] != k_anchor.shape[1] and _NATIVE_GQA.get(core.name, True):
         try:
-            out_d, lse_d, saved = core.forward(q_core, k_core, v_core, scale)
+            out_d, lse_d, saved = core.forward(*_core_views(q, k_anchor, v, sink, recent, False), scale)
             _NATIVE_GQA[core.name] = True
             return out_d, lse_d, saved, True
         except torch.OutOfMemoryError:
             raise
         except RuntimeError:
             _NATIVE_GQA[core.name] = False
-    if group > 1:
-        k_core, v_core = k_core.repeat_interleave(group, 1), v_core.repeat_interleave(group, 1)
-    out_d, lse_d, saved = core.forward(q_core, k_core, v_core, scale)
-    return out_d, lse_d, saved, group == 1
+    repeat_kv = q.shape[1] != k_anchor.shape[1]
+    out_d, lse_d, saved = core.forward(*_core_views(q, k_anchor, v, sink, recent, repeat_kv), scale)
+    return out_d, lse_d, saved, not repeat_kv
 
 
 def _merge_core_with_band(out_p, lse2_p, out_d, lse_d, seq_lens, start):
@@ -195,19 +200,20 @@ class PodSplitAttentionFunction(torch.autograd.Function):
         out, lse2, _ = _pod_forward(q, k_own, k_anchor, v, seq_lens, sink, recent, scale, False, prox_only=True)
         start = sink + recent
         length = seq_total - start
-        lse_d_raw, saved, native_gqa = None, (), True
+        lse_d_raw, saved, kv_repeated = None, (), False
         if length > 0:
             out_d, lse_d_raw, saved, native_gqa = _core_forward(core, q, k_anchor, v, sink, recent, scale)
+            kv_repeated = not native_gqa
             out, lse2 = _merge_core_with_band(out, lse2, out_d, _rows(lse_d_raw, length), seq_lens, start)
         ctx.save_for_backward(q, k_own, k_anchor, v, seq_lens, out, lse2)
-        ctx.core_state = (core, lse_d_raw, saved, native_gqa, length)
+        ctx.core_state = (core, lse_d_raw, saved, kv_repeated, length)
         ctx.pod_args = (sink, recent, scale)
         return out
 
     @staticmethod
     def backward(ctx, dout):
         q, k_own, k_anchor, v, seq_lens, out, lse2 = ctx.saved_tensors
-        core, lse_d_raw, saved, native_gqa, length = ctx.core_state
+        core, lse_d_raw, saved, kv_repeated, length = ctx.core_state
         sink, recent, scale = ctx.pod_args
         dout = dout.contiguous()
         delta = pod_delta(out, dout, lse2)
@@ -219,16 +225,13 @@ class PodSplitAttentionFunction(torch.autograd.Function):
             seq_total = q.shape[2]
             batch, num_kv_heads = k_anchor.shape[:2]
             group = q.shape[1] // num_kv_heads
-            q_core = q[:, :, start:]
-            k_core, v_core = k_anchor[:, :, sink:seq_total - recent], v[:, :, sink:seq_total - recent]
-            if not native_gqa:
-                k_core, v_core = k_core.repeat_interleave(group, 1), v_core.repeat_interleave(group, 1)
+            q_core, k_core, v_core = _core_views(q, k_anchor, v, sink, recent, kv_repeated)
             lse_core = lse_d_raw.clone()  # the backend's layout (strides, padding), the merged values
             _rows(lse_core, length).copy_(lse2[:, :, start:] * (1.0 / LOG2_E))
             dq_d, dk_d, dv_d = core.backward(dout[:, :, start:], q_core, k_core, v_core, out[:, :, start:], lse_core,
                                              saved, scale)
             dq[:, :, start:] += dq_d
-            if not native_gqa:
+            if kv_repeated:
                 fold = (batch, num_kv_heads, group, length, -1)
                 dk_d = dk_d.reshape(fold).sum(2, dtype=torch.float32)
                 dv_d = dv_d.reshape(fold).sum(2, dtype=torch.float32)

@@ -25,11 +25,11 @@ are printed and stored). Pure torch + triton: runs on the GPU image (no deepspee
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
 import json
 import math
 import os
+from unittest import mock
 
 import torch
 import torch.nn.functional as F
@@ -205,7 +205,7 @@ def bench_pod(seq, args, rate, rows, checks):
         dict(base, impl="floor (FLOPs/matmul rate)", ms=floor, ratio_vs_sdpa=floor / t_sdpa),
     ]
     for path in args.pod_paths:
-        with _pod_attention_path(path):
+        with mock.patch.dict(os.environ, {"PODKIT_POD_ATTENTION": path}):  # the route, for this block only
             # correctness: with k_anchor = k_own POD is dense causal attention (grads of k sum both parts)
             anchor_same = k_own.detach().clone().requires_grad_()
             out_pod = pod_prefill_attention_triton(q, k_own, anchor_same, v, lens, sink=sink, recent=recent)
@@ -226,20 +226,6 @@ def bench_pod(seq, args, rate, rows, checks):
             dict(base, impl=f"podkit fwd+bwd ({path})", ms=t_pod, ratio_vs_sdpa=t_pod / t_sdpa, target="<= 1.3"),
             dict(base, impl=f"podkit fwd only ({path})", ms=t_pod_f, ratio_vs_sdpa=t_pod_f / t_sdpa),
         ]
-
-
-@contextlib.contextmanager
-def _pod_attention_path(path):
-    """Run POD attention through ``path`` (``PODKIT_POD_ATTENTION``, kernels/triton_pod_prefill_attention.py)."""
-    saved = os.environ.get("PODKIT_POD_ATTENTION")
-    os.environ["PODKIT_POD_ATTENTION"] = path
-    try:
-        yield
-    finally:
-        if saved is None:
-            del os.environ["PODKIT_POD_ATTENTION"]
-        else:
-            os.environ["PODKIT_POD_ATTENTION"] = saved
 
 
 def _tuned_configs():
