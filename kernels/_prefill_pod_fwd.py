@@ -103,7 +103,8 @@ def _fwd_block(
     key_pos = start_n + offs_n
     v = tl.load(v_base + key_pos[:, None] * stride_vn + offs_d[None, :],
                 mask=(key_pos[:, None] < kv_end) & (offs_d[None, :] < HEAD_DIM), other=0.0)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+    # P @ V accumulates into the rescaled accumulator inside the MMA (kernels/triton_prefill_attention.py)
+    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
     return acc, m_new, l_i, l_prox
 
 

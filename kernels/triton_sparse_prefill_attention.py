@@ -61,7 +61,8 @@ def _attend_listed_block(
     p = tl.exp2(s - m_safe[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
     v = tl.load(V + safe_pos[:, None] * stride_vn + offs_d[None, :], mask=key_ok[:, None] & d_ok, other=0.0)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+    # P @ V accumulates into the rescaled accumulator inside the MMA (kernels/triton_prefill_attention.py)
+    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
     return acc, m_new, l_i
 
 

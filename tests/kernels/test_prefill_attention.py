@@ -140,6 +140,20 @@ def test_bad_inputs_raise_clear_errors(mutate, error, match):
                                  scale=args["scale"])
 
 
+def test_value_range_checks_follow_the_skip_switch(monkeypatch):
+    """The per-sequence range checks read the tensor on the host (a device sync per call on CUDA): like the
+    decode kernels' checks they are left out under PODKIT_SKIP_VALUE_CHECKS=1, while shape / dtype checks stay."""
+    from kernels._prefill_common import check_int_vector
+
+    lens = torch.tensor([40, 3])
+    with pytest.raises(ValueError, match="kv_lens has values"):
+        check_int_vector("kv_lens", lens, 2, lens.device, low=0, high=12)
+    monkeypatch.setenv("PODKIT_SKIP_VALUE_CHECKS", "1")
+    assert check_int_vector("kv_lens", lens, 2, lens.device, low=0, high=12).tolist() == [40, 3]
+    with pytest.raises(ValueError, match="shape"):
+        check_int_vector("kv_lens", lens, 3, lens.device, low=0, high=12)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("group", [1, 3, 4, 8])
 def test_bf16_gpu(group, poisoned_outputs):
