@@ -20,12 +20,12 @@ from ._interpreter import interpreting as interpreter_active  # noqa: E402,F401 
 from ._value_checks import value_checks_enabled  # noqa: E402
 
 
-def forward_tile_configs():
-    """Autotune candidates shared by the FlashAttention-style forward kernels (dense, sparse and POD
-    prefill): query tile BLOCK_M x key tile BLOCK_N; one small tile under the interpreter."""
+def forward_tile_candidates():
+    """``(base, sm_90)`` autotune candidate lists of the FlashAttention-style forward kernels (dense, sparse and
+    POD prefill): query tile BLOCK_M x key tile BLOCK_N (tests run every one of them on the GPU)."""
     import triton
 
-    return pick_configs([
+    base = [
         triton.Config({"BLOCK_M": 128, "BLOCK_N": 64}, num_warps=8, num_stages=3),
         triton.Config({"BLOCK_M": 128, "BLOCK_N": 128}, num_warps=8, num_stages=3),
         triton.Config({"BLOCK_M": 64, "BLOCK_N": 64}, num_warps=4, num_stages=3),
@@ -33,7 +33,8 @@ def forward_tile_configs():
         triton.Config({"BLOCK_M": 128, "BLOCK_N": 128}, num_warps=8, num_stages=2),
         triton.Config({"BLOCK_M": 64, "BLOCK_N": 128}, num_warps=4, num_stages=3),
         triton.Config({"BLOCK_M": 128, "BLOCK_N": 32}, num_warps=4, num_stages=4),
-    ], triton.Config({"BLOCK_M": 16, "BLOCK_N": 16}, num_warps=4, num_stages=1), hopper_configs=[
+    ]
+    hopper = [
         # sm_90: deeper software pipelines to keep the wgmma units fed (Triton's fused-attention tutorial
         # autotunes BLOCK_M 64/128 x BLOCK_N 32/64/128 with 2-4 stages); 228 KB of shared memory per SM
         triton.Config({"BLOCK_M": 128, "BLOCK_N": 128}, num_warps=8, num_stages=4),
@@ -43,28 +44,50 @@ def forward_tile_configs():
         # four warpgroups over 256 query rows share each K/V tile: the fastest dense tile at 32K on an H200
         # (benchmarks/h200_2026-12-02/prefill_variants, 1.17x SDPA against 1.21x for 128 x 128)
         triton.Config({"BLOCK_M": 256, "BLOCK_N": 64}, num_warps=16, num_stages=3),
-    ])
+    ]
+    return base, hopper
 
 
-def is_hopper_or_newer() -> bool:
+def forward_tile_configs(*, hopper_env: str = "PODKIT_HOPPER_CONFIGS", hopper_default: str = "1"):
+    """Autotune candidates of the forward kernels (:func:`forward_tile_candidates`); one small tile under the
+    interpreter. The sm_90 candidates join when ``hopper_env`` (default ``hopper_default``) is not "0"
+    (:func:`is_hopper_or_newer`)."""
+    import triton
+
+    base, hopper = forward_tile_candidates()
+    return pick_configs(base, triton.Config({"BLOCK_M": 16, "BLOCK_N": 16}, num_warps=4, num_stages=1),
+                        hopper_configs=hopper, hopper_env=hopper_env, hopper_default=hopper_default)
+
+
+# The POD training kernels' sm_90 candidates are opt-in: with them the autotuner's picks made the 1B-shape POD
+# training step slower (POD / dense tokens/s 0.915 against 0.949 without, H200, BENCHMARKS.md "Dense prefill at
+# the tutorial's arithmetic"), while the POD attention microbenchmark moved by under 1%.
+POD_HOPPER_CONFIGS_ENV = "PODKIT_POD_HOPPER_CONFIGS"
+
+
+def is_hopper_or_newer(env: str = "PODKIT_HOPPER_CONFIGS", default: str = "1") -> bool:
     """Whether the current CUDA device is sm_90 or newer (False without CUDA, and under the interpreter).
-    ``PODKIT_HOPPER_CONFIGS=0`` says False (A/B runs of the extra autotune candidates)."""
-    if interpreter_active() or os.environ.get("PODKIT_HOPPER_CONFIGS", "1") == "0" or not torch.cuda.is_available():
+    ``$env`` (``PODKIT_HOPPER_CONFIGS`` unless a kernel family names its own) set to "0" says False: the switch
+    of the extra autotune candidates; ``default`` is its value when unset."""
+    if interpreter_active() or os.environ.get(env, default) == "0" or not torch.cuda.is_available():
         return False
     return torch.cuda.get_device_capability()[0] >= 9
 
 
-def pick_configs(gpu_configs, interpreter_config, hopper_configs=()):
+def pick_configs(gpu_configs, interpreter_config, hopper_configs=(), *, hopper_env: str = "PODKIT_HOPPER_CONFIGS",
+                 hopper_default: str = "1"):
     """Autotune candidates: one small config under the interpreter (it cannot benchmark), only
     the first (default) GPU config when ``PODKIT_TRITON_AUTOTUNE=0`` (fast compiles in tests),
-    else all of them, plus ``hopper_configs`` on sm_90+ (:func:`is_hopper_or_newer`). The autotuner
+    else all of them, plus ``hopper_configs`` on sm_90+ (:func:`is_hopper_or_newer` with ``hopper_env``;
+    ``PODKIT_HOPPER_CONFIGS=0`` also turns off a family with its own switch). The autotuner
     times every candidate at the first call of each key and keeps the fastest, so extra candidates
     cost compile time only, never correctness; one that does not fit the GPU is skipped."""
     if interpreter_active():
         return [interpreter_config]
     if os.environ.get("PODKIT_TRITON_AUTOTUNE", "1") == "0":
         return gpu_configs[:1]
-    return list(gpu_configs) + (list(hopper_configs) if is_hopper_or_newer() else [])
+    hopper = is_hopper_or_newer(hopper_env, hopper_default) and is_hopper_or_newer()
+    return list(gpu_configs) + (list(hopper_configs) if hopper else [])
 
 
 def dot_precision(dtype: torch.dtype) -> str:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._prefill_common import pick_configs
+from ._prefill_common import POD_HOPPER_CONFIGS_ENV, pick_configs
 from ._prefill_pod_fwd import pod_key_ranges
 
 
@@ -43,7 +43,7 @@ def dkdv_configs():
         triton.Config({"BLOCK_M": 32, "BLOCK_N": 128}, num_warps=4, num_stages=5),
         triton.Config({"BLOCK_M": 64, "BLOCK_N": 128}, num_warps=8, num_stages=4),
         triton.Config({"BLOCK_M": 32, "BLOCK_N": 64}, num_warps=4, num_stages=5),
-    ])
+    ], hopper_env=POD_HOPPER_CONFIGS_ENV, hopper_default="0")  # opt-in (kernels/_prefill_common.py)
 
 
 def dq_configs():
@@ -58,7 +58,7 @@ def dq_configs():
         triton.Config({"BLOCK_M": 128, "BLOCK_N": 32}, num_warps=4, num_stages=5),
         triton.Config({"BLOCK_M": 128, "BLOCK_N": 64}, num_warps=8, num_stages=4),
         triton.Config({"BLOCK_M": 64, "BLOCK_N": 64}, num_warps=4, num_stages=5),
-    ])
+    ], hopper_env=POD_HOPPER_CONFIGS_ENV, hopper_default="0")  # opt-in (kernels/_prefill_common.py)
 
 
 @triton.jit

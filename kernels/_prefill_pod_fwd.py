@@ -23,7 +23,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._prefill_common import forward_tile_configs
+from ._prefill_common import POD_HOPPER_CONFIGS_ENV, forward_tile_configs
 
 MODE_PROX = 0
 MODE_PROX_MASKED = 1
@@ -32,7 +32,8 @@ MODE_MIXED = 3
 
 
 def forward_configs():
-    return forward_tile_configs()
+    # sm_90 candidates opt-in for the POD kernels (kernels/_prefill_common.py, POD_HOPPER_CONFIGS_ENV)
+    return forward_tile_configs(hopper_env=POD_HOPPER_CONFIGS_ENV, hopper_default="0")
 
 
 @triton.jit

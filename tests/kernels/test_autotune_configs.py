@@ -48,9 +48,33 @@ def test_hopper_candidates_only_on_sm90(compiled_on, monkeypatch, major, hopper_
     assert common.pick_configs(GPU, INTERPRETER, hopper_configs=HOPPER) == expected
 
 
+@pytest.mark.parametrize("pod_env, hopper_env, expected_extra", [
+    (None, None, False),   # default: the POD kernels autotune over the base candidates only
+    ("1", None, True),     # opt-in
+    ("1", "0", False),     # PODKIT_HOPPER_CONFIGS=0 turns every family's sm_90 candidates off
+])
+def test_pod_kernels_take_their_sm90_candidates_only_when_asked(compiled_on, monkeypatch, pod_env, hopper_env,
+                                                                expected_extra):
+    from kernels._prefill_pod_fwd import forward_configs as pod_forward_configs
+
+    monkeypatch.delenv("PODKIT_TRITON_AUTOTUNE", raising=False)
+    for name, value in ((common.POD_HOPPER_CONFIGS_ENV, pod_env), ("PODKIT_HOPPER_CONFIGS", hopper_env)):
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, value)
+    compiled_on(9)
+    base, hopper = common.forward_tile_candidates()
+    assert len(pod_forward_configs()) == len(base) + (len(hopper) if expected_extra else 0)
+    assert (len(dq_configs()) > 5) == expected_extra and (len(dkdv_configs()) > 7) == expected_extra
+    # the dense / sparse forward kernels keep theirs by default
+    assert len(common.forward_tile_configs()) == len(base) + (0 if hopper_env == "0" else len(hopper))
+
+
 def test_shipped_hopper_candidates_are_new_and_wgmma_shaped(compiled_on, monkeypatch):
     monkeypatch.delenv("PODKIT_HOPPER_CONFIGS", raising=False)
     monkeypatch.delenv("PODKIT_TRITON_AUTOTUNE", raising=False)
+    monkeypatch.setenv(common.POD_HOPPER_CONFIGS_ENV, "1")
     for make in (common.forward_tile_configs, dkdv_configs, dq_configs):
         compiled_on(8)
         base = [(tuple(c.kwargs.items()), c.num_warps, c.num_stages) for c in make()]

@@ -13,6 +13,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 
 AUTOTUNED_CHECKS = [
+    "tests/kernels/test_prefill_attention.py::test_bf16_gpu[4]",
     "tests/kernels/test_prefill_attention.py::test_bf16_gradients_gpu[4]",
     "tests/kernels/test_pod_prefill_attention.py::test_bf16_gpu[4]",
     "tests/kernels/test_sparse_prefill_attention.py::test_bf16_gpu[4]",
@@ -21,7 +22,7 @@ AUTOTUNED_CHECKS = [
 
 @pytest.mark.gpu
 def test_prefill_kernels_are_correct_with_every_autotune_candidate_enabled():
-    env = dict(os.environ, PODKIT_TRITON_AUTOTUNE="1")
+    env = dict(os.environ, PODKIT_TRITON_AUTOTUNE="1", PODKIT_POD_HOPPER_CONFIGS="1")  # the opt-in POD ones too
     env.pop("PODKIT_HOPPER_CONFIGS", None)
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *AUTOTUNED_CHECKS],
                           capture_output=True, text=True, env=env, cwd=REPO, timeout=900)

@@ -7,6 +7,7 @@ reference's error (plus a tiny floor for fp32, where both are ~1e-7).
 
 import pytest
 import torch
+import triton
 from kernel_checks import DEVICE, error_check
 
 from kernels import reference
@@ -163,6 +164,49 @@ def test_bf16_gpu(group, poisoned_outputs):
     q_offsets = torch.tensor([n - s, 100], device=DEVICE)
     kv_lens = torch.tensor([n, 513], device=DEVICE)
     out, lse = prefill_attention_triton(q, k, v, q_offsets, kv_lens, return_lse=True)
+    exact_out, exact_lse = reference.prefill_attention(q.double(), k.double(), v.double(), q_offsets, kv_lens,
+                                                       return_lse=True)
+    ref_out = reference.prefill_attention(q, k, v, q_offsets, kv_lens)
+    assert_error_within("out", out, ref_out, exact_out, factor=3.0)
+    finite = torch.isfinite(exact_lse)
+    assert (lse[finite].double() - exact_lse[finite]).abs().max().item() < 1e-2
+
+
+def _forward_tile_ids():
+    from kernels._prefill_common import forward_tile_candidates
+
+    base, hopper = forward_tile_candidates()
+    return [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) for c in base + hopper]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tile", _forward_tile_ids(), ids=lambda t: "m{}_n{}_w{}_s{}".format(*t))
+def test_every_tile_candidate_gpu(tile, poisoned_outputs):
+    """The autotuner may pick any candidate (sm_90 ones included) for some length: each one, launched directly,
+    is correct on a ragged GQA batch whose lengths cross its blocks. A tile that does not fit the GPU's shared
+    memory is skipped, as the autotuner skips it."""
+    from triton.runtime.errors import OutOfResources
+
+    from kernels.triton_prefill_attention import _prefill_attention_kernel
+
+    block_m, block_n, warps, stages = tile
+    gen = torch.Generator().manual_seed(block_m + block_n + warps + stages)
+    batch, hkv, group, s, n, d = 2, 2, 4, 700, 1000, 128
+    q, k, v = make_inputs(batch, hkv * group, hkv, s, n, d, torch.bfloat16, gen)
+    q_offsets = torch.tensor([n - s, 100], dtype=torch.int32, device=DEVICE)
+    kv_lens = torch.tensor([n, 513], dtype=torch.int32, device=DEVICE)
+    out = torch.full_like(q, float("nan"))
+    lse = torch.full((batch, hkv * group, s), float("nan"), device=DEVICE)
+    grid = (batch * hkv * group, triton.cdiv(s, block_m))
+    try:
+        _prefill_attention_kernel.fn[grid](
+            q, k, v, out, lse, q_offsets, kv_lens, 10,
+            *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3], *lse.stride()[:2],
+            hkv * group, s, d ** -0.5 * 1.4426950408889634,
+            GROUP=group, HEAD_DIM=d, BLOCK_D=d, BLOCK_M=block_m, BLOCK_N=block_n, WRITE_LSE=True,
+            DOT_PRECISION="tf32", EVEN_D=True, num_warps=warps, num_stages=stages)
+    except OutOfResources as exc:
+        pytest.skip(f"tile does not fit this GPU: {exc}")
     exact_out, exact_lse = reference.prefill_attention(q.double(), k.double(), v.double(), q_offsets, kv_lens,
                                                        return_lse=True)
     ref_out = reference.prefill_attention(q, k, v, q_offsets, kv_lens)
