@@ -71,4 +71,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from train.process_exit import exit_process
+
+    exit_process(main())  # sys.exit, or os._exit after the atexit handlers for a rank of a launch (why: there)

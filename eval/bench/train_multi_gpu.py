@@ -395,4 +395,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from train.process_exit import exit_process
+
+    exit_process(main())  # the workers are ranks of a deepspeed launch: train/process_exit.py says why
