@@ -1,8 +1,8 @@
 """How a rank of a multi-process launch leaves once its work is done.
 
-A rank that returned normally could still exit with SIGABRT (-6, "terminate called without an active exception")
-in about one of 25 runs of ``tests/train/test_pipeline_sequence_parallel.py`` on a 2-core CPU (and in one of five CI runs) (two gloo ranks under
-``deepspeed``), after it had trained, written its checkpoint and destroyed its process group
+A rank that returned normally could still exit with SIGABRT (-6, "terminate called without an active exception"):
+in about one of 25 runs of ``tests/train/test_pipeline_sequence_parallel.py`` on a 2-core CPU, and in one of five
+CI runs (two gloo ranks under ``deepspeed``), after it had trained, written its checkpoint and destroyed its process group
 (train/pipeline.py, ``_shutdown_distributed``); the launcher then reports the whole job failed and kills the other
 ranks. Both ways a CPython process that has finished its work can still abort in native code belong to interpreter
 finalization, which comes after the ``atexit`` handlers: daemon threads that wake then are ended with
