@@ -48,15 +48,14 @@ def forward_tile_candidates():
     return base, hopper
 
 
-def forward_tile_configs(*, hopper_env: str = "PODKIT_HOPPER_CONFIGS", hopper_default: str = "1"):
+def forward_tile_configs(*, hopper_opt_in_env: str | None = None):
     """Autotune candidates of the forward kernels (:func:`forward_tile_candidates`); one small tile under the
-    interpreter. The sm_90 candidates join when ``hopper_env`` (default ``hopper_default``) is not "0"
-    (:func:`is_hopper_or_newer`)."""
+    interpreter; ``hopper_opt_in_env`` as in :func:`pick_configs`."""
     import triton
 
     base, hopper = forward_tile_candidates()
     return pick_configs(base, triton.Config({"BLOCK_M": 16, "BLOCK_N": 16}, num_warps=4, num_stages=1),
-                        hopper_configs=hopper, hopper_env=hopper_env, hopper_default=hopper_default)
+                        hopper_configs=hopper, hopper_opt_in_env=hopper_opt_in_env)
 
 
 # The POD training kernels' sm_90 candidates are opt-in: with them the autotuner's picks made the 1B-shape POD
@@ -65,29 +64,27 @@ def forward_tile_configs(*, hopper_env: str = "PODKIT_HOPPER_CONFIGS", hopper_de
 POD_HOPPER_CONFIGS_ENV = "PODKIT_POD_HOPPER_CONFIGS"
 
 
-def is_hopper_or_newer(env: str = "PODKIT_HOPPER_CONFIGS", default: str = "1") -> bool:
+def is_hopper_or_newer() -> bool:
     """Whether the current CUDA device is sm_90 or newer (False without CUDA, and under the interpreter).
-    ``$env`` (``PODKIT_HOPPER_CONFIGS`` unless a kernel family names its own) set to "0" says False: the switch
-    of the extra autotune candidates; ``default`` is its value when unset."""
-    if interpreter_active() or os.environ.get(env, default) == "0" or not torch.cuda.is_available():
+    ``PODKIT_HOPPER_CONFIGS=0`` says False (A/B runs of the extra autotune candidates)."""
+    if interpreter_active() or os.environ.get("PODKIT_HOPPER_CONFIGS", "1") == "0" or not torch.cuda.is_available():
         return False
     return torch.cuda.get_device_capability()[0] >= 9
 
 
-def pick_configs(gpu_configs, interpreter_config, hopper_configs=(), *, hopper_env: str = "PODKIT_HOPPER_CONFIGS",
-                 hopper_default: str = "1"):
+def pick_configs(gpu_configs, interpreter_config, hopper_configs=(), *, hopper_opt_in_env: str | None = None):
     """Autotune candidates: one small config under the interpreter (it cannot benchmark), only
     the first (default) GPU config when ``PODKIT_TRITON_AUTOTUNE=0`` (fast compiles in tests),
-    else all of them, plus ``hopper_configs`` on sm_90+ (:func:`is_hopper_or_newer` with ``hopper_env``;
-    ``PODKIT_HOPPER_CONFIGS=0`` also turns off a family with its own switch). The autotuner
+    else all of them, plus ``hopper_configs`` on sm_90+ (:func:`is_hopper_or_newer`), for a family with a
+    ``hopper_opt_in_env`` only when that variable is "1". The autotuner
     times every candidate at the first call of each key and keeps the fastest, so extra candidates
     cost compile time only, never correctness; one that does not fit the GPU is skipped."""
     if interpreter_active():
         return [interpreter_config]
     if os.environ.get("PODKIT_TRITON_AUTOTUNE", "1") == "0":
         return gpu_configs[:1]
-    hopper = is_hopper_or_newer(hopper_env, hopper_default) and is_hopper_or_newer()
-    return list(gpu_configs) + (list(hopper_configs) if hopper else [])
+    opted_in = hopper_opt_in_env is None or os.environ.get(hopper_opt_in_env, "0") == "1"
+    return list(gpu_configs) + (list(hopper_configs) if opted_in and is_hopper_or_newer() else [])
 
 
 def dot_precision(dtype: torch.dtype) -> str:

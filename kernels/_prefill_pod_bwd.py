@@ -43,7 +43,7 @@ def dkdv_configs():
         triton.Config({"BLOCK_M": 32, "BLOCK_N": 128}, num_warps=4, num_stages=5),
         triton.Config({"BLOCK_M": 64, "BLOCK_N": 128}, num_warps=8, num_stages=4),
         triton.Config({"BLOCK_M": 32, "BLOCK_N": 64}, num_warps=4, num_stages=5),
-    ], hopper_env=POD_HOPPER_CONFIGS_ENV, hopper_default="0")  # opt-in (kernels/_prefill_common.py)
+    ], hopper_opt_in_env=POD_HOPPER_CONFIGS_ENV)  # kernels/_prefill_common.py says why
 
 
 def dq_configs():
@@ -58,7 +58,7 @@ def dq_configs():
         triton.Config({"BLOCK_M": 128, "BLOCK_N": 32}, num_warps=4, num_stages=5),
         triton.Config({"BLOCK_M": 128, "BLOCK_N": 64}, num_warps=8, num_stages=4),
         triton.Config({"BLOCK_M": 64, "BLOCK_N": 64}, num_warps=4, num_stages=5),
-    ], hopper_env=POD_HOPPER_CONFIGS_ENV, hopper_default="0")  # opt-in (kernels/_prefill_common.py)
+    ], hopper_opt_in_env=POD_HOPPER_CONFIGS_ENV)  # kernels/_prefill_common.py says why
 
 
 @triton.jit

@@ -33,7 +33,7 @@ MODE_MIXED = 3
 
 def forward_configs():
     # sm_90 candidates opt-in for the POD kernels (kernels/_prefill_common.py, POD_HOPPER_CONFIGS_ENV)
-    return forward_tile_configs(hopper_env=POD_HOPPER_CONFIGS_ENV, hopper_default="0")
+    return forward_tile_configs(hopper_opt_in_env=POD_HOPPER_CONFIGS_ENV)
 
 
 @triton.jit

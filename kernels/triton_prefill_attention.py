@@ -193,8 +193,16 @@ def prefill_attention_triton(q, k, v, q_offsets, kv_lens, *, scale=None, return_
     lse = torch.empty((batch, num_q_heads, seq_q), device=q.device, dtype=torch.float32)
     if out.numel() == 0:
         return (out, lse.fill_(float("-inf"))) if return_lse else out
-    grid = lambda meta: (batch * num_q_heads, triton.cdiv(seq_q, meta["BLOCK_M"]))  # noqa: E731
-    _prefill_attention_kernel[grid](
+    launch_prefill_kernel(q, k, v, out, lse, q_offsets, kv_lens, group, scale, return_lse)
+    return (out, lse) if return_lse else out
+
+
+def launch_prefill_kernel(q, k, v, out, lse, q_offsets, kv_lens, group, scale, write_lse, tile=None):
+    """Launch the kernel on checked inputs (shapes as :func:`prefill_attention_triton`; ``q_offsets`` / ``kv_lens``
+    int32, ``out`` / ``lse`` allocated). ``tile=None`` autotunes; ``tile=(BLOCK_M, BLOCK_N, num_warps, num_stages)``
+    launches that one candidate (the GPU tests run every candidate the autotuner may pick)."""
+    batch, num_q_heads, seq_q, head_dim = q.shape
+    args = (
         q, k, v, out, lse, q_offsets, kv_lens, max(seq_q - 1, 0).bit_length(),
         q.stride(0), q.stride(1), q.stride(2),
         k.stride(0), k.stride(1), k.stride(2),
@@ -202,10 +210,16 @@ def prefill_attention_triton(q, k, v, q_offsets, kv_lens, *, scale=None, return_
         out.stride(0), out.stride(1), out.stride(2),
         lse.stride(0), lse.stride(1),
         num_q_heads, seq_q, scale * LOG2_E,
-        GROUP=group, HEAD_DIM=head_dim, BLOCK_D=head_dim_block(head_dim),
-        WRITE_LSE=return_lse, DOT_PRECISION=dot_precision(q.dtype), EVEN_D=head_dim == head_dim_block(head_dim),
     )
-    return (out, lse) if return_lse else out
+    meta = dict(GROUP=group, HEAD_DIM=head_dim, BLOCK_D=head_dim_block(head_dim), WRITE_LSE=write_lse,
+                DOT_PRECISION=dot_precision(q.dtype), EVEN_D=head_dim == head_dim_block(head_dim))
+    if tile is None:
+        grid = lambda meta: (batch * num_q_heads, triton.cdiv(seq_q, meta["BLOCK_M"]))  # noqa: E731
+        _prefill_attention_kernel[grid](*args, **meta)
+    else:
+        block_m, block_n, num_warps, num_stages = tile
+        _prefill_attention_kernel.fn[(batch * num_q_heads, triton.cdiv(seq_q, block_m))](
+            *args, **meta, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps, num_stages=num_stages)
 
 
 def dense_causal_attention_sdpa(q, k, v, kv_lens, scale):

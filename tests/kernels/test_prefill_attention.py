@@ -7,7 +7,6 @@ reference's error (plus a tiny floor for fp32, where both are ~1e-7).
 
 import pytest
 import torch
-import triton
 from kernel_checks import DEVICE, error_check
 
 from kernels import reference
@@ -155,21 +154,29 @@ def test_value_range_checks_follow_the_skip_switch(monkeypatch):
         check_int_vector("kv_lens", lens, 3, lens.device, low=0, high=12)
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("group", [1, 3, 4, 8])
-def test_bf16_gpu(group, poisoned_outputs):
-    gen = torch.Generator().manual_seed(group)
+def _ragged_gqa_case(group, seed):
+    """bf16 inputs of a ragged batch: 700 queries over 1000 keys, offsets [300, 100], kv_lens [1000, 513]."""
+    gen = torch.Generator().manual_seed(seed)
     batch, hkv, s, n, d = 2, 2, 700, 1000, 128
     q, k, v = make_inputs(batch, hkv * group, hkv, s, n, d, torch.bfloat16, gen)
-    q_offsets = torch.tensor([n - s, 100], device=DEVICE)
-    kv_lens = torch.tensor([n, 513], device=DEVICE)
-    out, lse = prefill_attention_triton(q, k, v, q_offsets, kv_lens, return_lse=True)
+    return q, k, v, torch.tensor([n - s, 100], device=DEVICE), torch.tensor([n, 513], device=DEVICE)
+
+
+def _assert_matches_exact(out, lse, q, k, v, q_offsets, kv_lens):
     exact_out, exact_lse = reference.prefill_attention(q.double(), k.double(), v.double(), q_offsets, kv_lens,
                                                        return_lse=True)
     ref_out = reference.prefill_attention(q, k, v, q_offsets, kv_lens)
     assert_error_within("out", out, ref_out, exact_out, factor=3.0)
     finite = torch.isfinite(exact_lse)
     assert (lse[finite].double() - exact_lse[finite]).abs().max().item() < 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("group", [1, 3, 4, 8])
+def test_bf16_gpu(group, poisoned_outputs):
+    q, k, v, q_offsets, kv_lens = _ragged_gqa_case(group, seed=group)
+    out, lse = prefill_attention_triton(q, k, v, q_offsets, kv_lens, return_lse=True)
+    _assert_matches_exact(out, lse, q, k, v, q_offsets, kv_lens)
 
 
 def _forward_tile_ids():
@@ -187,32 +194,18 @@ def test_every_tile_candidate_gpu(tile, poisoned_outputs):
     memory is skipped, as the autotuner skips it."""
     from triton.runtime.errors import OutOfResources
 
-    from kernels.triton_prefill_attention import _prefill_attention_kernel
+    from kernels.triton_prefill_attention import launch_prefill_kernel
 
-    block_m, block_n, warps, stages = tile
-    gen = torch.Generator().manual_seed(block_m + block_n + warps + stages)
-    batch, hkv, group, s, n, d = 2, 2, 4, 700, 1000, 128
-    q, k, v = make_inputs(batch, hkv * group, hkv, s, n, d, torch.bfloat16, gen)
-    q_offsets = torch.tensor([n - s, 100], dtype=torch.int32, device=DEVICE)
-    kv_lens = torch.tensor([n, 513], dtype=torch.int32, device=DEVICE)
+    group = 4
+    q, k, v, q_offsets, kv_lens = _ragged_gqa_case(group, seed=sum(tile))
     out = torch.full_like(q, float("nan"))
-    lse = torch.full((batch, hkv * group, s), float("nan"), device=DEVICE)
-    grid = (batch * hkv * group, triton.cdiv(s, block_m))
+    lse = torch.full(q.shape[:3], float("nan"), device=DEVICE)
     try:
-        _prefill_attention_kernel.fn[grid](
-            q, k, v, out, lse, q_offsets, kv_lens, 10,
-            *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3], *lse.stride()[:2],
-            hkv * group, s, d ** -0.5 * 1.4426950408889634,
-            GROUP=group, HEAD_DIM=d, BLOCK_D=d, BLOCK_M=block_m, BLOCK_N=block_n, WRITE_LSE=True,
-            DOT_PRECISION="tf32", EVEN_D=True, num_warps=warps, num_stages=stages)
+        launch_prefill_kernel(q, k, v, out, lse, q_offsets.to(torch.int32), kv_lens.to(torch.int32), group,
+                              q.shape[-1] ** -0.5, True, tile=tile)
     except OutOfResources as exc:
         pytest.skip(f"tile does not fit this GPU: {exc}")
-    exact_out, exact_lse = reference.prefill_attention(q.double(), k.double(), v.double(), q_offsets, kv_lens,
-                                                       return_lse=True)
-    ref_out = reference.prefill_attention(q, k, v, q_offsets, kv_lens)
-    assert_error_within("out", out, ref_out, exact_out, factor=3.0)
-    finite = torch.isfinite(exact_lse)
-    assert (lse[finite].double() - exact_lse[finite]).abs().max().item() < 1e-2
+    _assert_matches_exact(out, lse, q, k, v, q_offsets, kv_lens)
 
 
 @pytest.mark.gpu
