@@ -10,6 +10,9 @@ Layout (ARCHITECTURE.md, "slot = position"):
     ``j <= q_offsets[b] + i`` with ``j < kv_lens[b]``. Rows at positions ``>= kv_lens[b]``
     (padding) output 0 and get ``lse = -inf``.
 
+On a Hopper GPU, the fresh-prefill layout (bf16/fp16, D 64 or 128, contiguous, ``N == S``) runs the Gluon kernel
+of ``kernels/gluon_prefill_attention_sm90.py`` instead (same contract; ``PODKIT_PREFILL_KERNEL`` picks).
+
 Gradients. The Triton kernel is forward only. When autograd needs gradients (training: grad mode on
 and q, k or v requiring grad) a fresh prefill (every ``q_offsets`` 0, ``N == S``) runs
 :func:`dense_causal_attention_sdpa`: PyTorch's fused causal attention (FlashAttention-2 on CUDA in
@@ -38,6 +41,7 @@ from ._prefill_common import (
     head_dim_block,
     resolve_scale,
 )
+from .gluon_prefill_attention_sm90 import launch_prefill_kernel_sm90, use_gluon_kernel
 
 
 def _configs():
@@ -193,7 +197,10 @@ def prefill_attention_triton(q, k, v, q_offsets, kv_lens, *, scale=None, return_
     lse = torch.empty((batch, num_q_heads, seq_q), device=q.device, dtype=torch.float32)
     if out.numel() == 0:
         return (out, lse.fill_(float("-inf"))) if return_lse else out
-    launch_prefill_kernel(q, k, v, out, lse, q_offsets, kv_lens, group, scale, return_lse)
+    # on Hopper the Gluon kernel (TMA producer warp, async wgmma; kernels/gluon_prefill_attention_sm90.py) runs
+    # the fresh-prefill layout at SDPA's speed; everything else runs the tl.dot kernel below
+    launch = launch_prefill_kernel_sm90 if use_gluon_kernel(q, k, v) else launch_prefill_kernel
+    launch(q, k, v, out, lse, q_offsets, kv_lens, group, scale, return_lse)
     return (out, lse) if return_lse else out
 
 

@@ -12,6 +12,12 @@ query offset 0, kv_len = S; GQA native) with one change to the inner loop:
 - ``pair``: ``fma`` with two query sub-blocks per program sharing each K/V tile (two independent softmax chains
             the scheduler can interleave: one's exp2s under the other's wgmma, the ping-pong of FA3 §3.1 inside
             one program).
+- ``ws``:   ``tma`` with Triton's automatic warp specialisation on the unmasked key loop
+            (``tl.range(..., warp_specialize=True)``: the compiler splits the loop into a TMA-load partition and
+            MMA / softmax partitions, FA3 §3.1's producer-consumer split). Added in the session after the first four
+            were measured; the Triton tutorial enables it on Blackwell only, so whether Triton 3.6 partitions this
+            loop on sm_90 at all is part of the question.
+- ``wsm``:  ``ws`` with the masked diagonal blocks in a warp-specialised loop too.
 
 Not part of the package: the winner, if any, moves into kernels/triton_prefill_attention.py with its tests.
 """
@@ -156,7 +162,7 @@ def _fwd_pair(Q, K, V, OUT, S, H, GROUP: tl.constexpr, qk_scale, D: tl.constexpr
 
 @triton.jit
 def _fwd_tma(desc_q, desc_k, desc_v, desc_o, S, H, GROUP: tl.constexpr, qk_scale, D: tl.constexpr,
-             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WS: tl.constexpr = False, WS_MASKED: tl.constexpr = False):
     # descriptors over the 2-D views q/out [B*H*S, D], k/v [B*Hkv*S, D]; S a multiple of BLOCK_M and BLOCK_N
     pid_bh = tl.program_id(0)
     pid_m = tl.num_programs(1) - 1 - tl.program_id(1)
@@ -174,12 +180,12 @@ def _fwd_tma(desc_q, desc_k, desc_v, desc_o, S, H, GROUP: tl.constexpr, qk_scale
     acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
     full_end = (pid_m * BLOCK_M + 1) // BLOCK_N * BLOCK_N
     last = (pid_m + 1) * BLOCK_M
-    for start_n in range(0, full_end, BLOCK_N):
+    for start_n in tl.range(0, full_end, BLOCK_N, warp_specialize=WS):
         k = desc_k.load([kv_row + start_n, 0])
         qk = tl.dot(q, tl.trans(k))
         v = desc_v.load([kv_row + start_n, 0])
         acc, m_i, l_i = _softmax_step(acc, m_i, l_i, qk, v, offs_m, offs_n, qk_scale, False)
-    for start_n in range(full_end, last, BLOCK_N):
+    for start_n in tl.range(full_end, last, BLOCK_N, warp_specialize=WS_MASKED):
         k = desc_k.load([kv_row + start_n, 0])
         qk = tl.dot(q, tl.trans(k))
         v = desc_v.load([kv_row + start_n, 0])
@@ -203,7 +209,7 @@ def dense_prefill_variant(name, q, k, v, *, block_m, block_n, num_warps, num_sta
         grid = (batch * heads, triton.cdiv(seq, 2 * block_m))
         _fwd_pair[grid](q, k, v, out, seq, heads, group, scale, dim, block_m, block_n,
                         num_warps=num_warps, num_stages=num_stages)
-    elif name == "tma":
+    elif name in ("tma", "ws", "wsm"):
         from triton.tools.tensor_descriptor import TensorDescriptor
 
         if seq % block_m or seq % block_n:
@@ -216,7 +222,7 @@ def dense_prefill_variant(name, q, k, v, *, block_m, block_n, num_warps, num_sta
         desc_v = TensorDescriptor.from_tensor(v2, [block_n, dim])
         grid = (batch * heads, seq // block_m)
         _fwd_tma[grid](desc_q, desc_k, desc_v, desc_o, seq, heads, group, scale, dim, block_m, block_n,
-                       num_warps=num_warps, num_stages=num_stages)
+                       name in ("ws", "wsm"), name == "wsm", num_warps=num_warps, num_stages=num_stages)
     else:
-        raise ValueError(f"variant {name!r}; allowed: fma, pipe, pair, tma")
+        raise ValueError(f"variant {name!r}; allowed: fma, pipe, pair, tma, ws, wsm")
     return out
