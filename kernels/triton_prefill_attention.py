@@ -10,8 +10,9 @@ Layout (ARCHITECTURE.md, "slot = position"):
     ``j <= q_offsets[b] + i`` with ``j < kv_lens[b]``. Rows at positions ``>= kv_lens[b]``
     (padding) output 0 and get ``lse = -inf``.
 
-On a Hopper GPU, the fresh-prefill layout (bf16/fp16, D 64 or 128, contiguous, ``N == S``) runs the Gluon kernel
-of ``kernels/gluon_prefill_attention_sm90.py`` instead (same contract; ``PODKIT_PREFILL_KERNEL`` picks).
+On a Hopper GPU, the fresh-prefill layout (bf16/fp16, D 64 or 128, ``N == S``) runs the Gluon kernel of
+``kernels/gluon_prefill_attention_sm90.py`` instead (same contract; non-contiguous q/k/v are copied for its TMA
+descriptors; ``PODKIT_PREFILL_KERNEL`` picks).
 
 Gradients. The Triton kernel is forward only. When autograd needs gradients (training: grad mode on
 and q, k or v requiring grad) a fresh prefill (every ``q_offsets`` 0, ``N == S``) runs
@@ -41,7 +42,7 @@ from ._prefill_common import (
     head_dim_block,
     resolve_scale,
 )
-from .gluon_prefill_attention_sm90 import launch_prefill_kernel_sm90, use_gluon_kernel
+from .gluon_prefill_attention_sm90 import gluon_inputs, launch_prefill_kernel_sm90
 
 
 def _configs():
@@ -199,8 +200,11 @@ def prefill_attention_triton(q, k, v, q_offsets, kv_lens, *, scale=None, return_
         return (out, lse.fill_(float("-inf"))) if return_lse else out
     # on Hopper the Gluon kernel (TMA producer warp, async wgmma; kernels/gluon_prefill_attention_sm90.py) runs
     # the fresh-prefill layout at SDPA's speed; everything else runs the tl.dot kernel below
-    launch = launch_prefill_kernel_sm90 if use_gluon_kernel(q, k, v) else launch_prefill_kernel
-    launch(q, k, v, out, lse, q_offsets, kv_lens, group, scale, return_lse)
+    contiguous = gluon_inputs(q, k, v)
+    if contiguous is not None:
+        launch_prefill_kernel_sm90(*contiguous, out, lse, q_offsets, kv_lens, group, scale, return_lse)
+    else:
+        launch_prefill_kernel(q, k, v, out, lse, q_offsets, kv_lens, group, scale, return_lse)
     return (out, lse) if return_lse else out
 
 

@@ -91,7 +91,7 @@ def naive_sparse_attention(q, k, v, indices):
 def bench_dense(seq, args, rate, rows, checks):
     from unittest import mock
 
-    from kernels.gluon_prefill_attention_sm90 import KERNEL_ENV, use_gluon_kernel
+    from kernels.gluon_prefill_attention_sm90 import KERNEL_ENV, gluon_inputs
     from kernels.triton_prefill_attention import prefill_attention_triton
 
     q = torch.randn(1, args.q_heads, seq, args.head_dim, device="cuda", dtype=args.dtype)
@@ -103,7 +103,7 @@ def bench_dense(seq, args, rate, rows, checks):
     checks[f"dense_{seq}_max_abs_vs_sdpa"] = (ours.float() - sdpa_causal(q, k, v).float()).abs().max().item()
     t_sdpa = _bench(lambda: sdpa_causal(q, k, v))
     t_ours = _bench(lambda: prefill_attention_triton(q, k, v, zero, lens))
-    kernel = "gluon_sm90" if use_gluon_kernel(q, k, v) else "triton"
+    kernel = "gluon_sm90" if gluon_inputs(q, k, v) is not None else "triton"
     floor = causal_flops(args.q_heads, seq, args.head_dim) / rate / 1e9
     rows += [
         dict(op="dense causal prefill", S=seq, impl="torch SDPA", ms=t_sdpa, ratio_vs_sdpa=1.0),

@@ -81,6 +81,26 @@ def test_unsupported_calls_take_the_triton_kernel(monkeypatch):
     assert not gluon_prefill.use_gluon_kernel(q, k, k)
 
 
+def test_gluon_inputs_copies_only_what_is_not_contiguous(monkeypatch):
+    """The dispatch on a (pretended) Hopper device: the engine's [B, S, H, D]-viewed q/k/v are made contiguous for
+    the descriptors, contiguous ones pass as they are, ineligible calls get None (the tl.dot kernel)."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(gluon_prefill, "_is_hopper", lambda device: True)
+    q = torch.randn(2, 40, 8, 64, dtype=torch.bfloat16).transpose(1, 2)  # [B, H, S, D] view of [B, S, H, D]
+    k = torch.randn(2, 40, 2, 64, dtype=torch.bfloat16).transpose(1, 2)
+    v = torch.randn(2, 2, 40, 64, dtype=torch.bfloat16)
+    got = gluon_prefill.gluon_inputs(q, k, v)
+    assert got is not None and all(t.is_contiguous() for t in got)
+    assert torch.equal(got[0], q) and torch.equal(got[1], k) and got[2] is v
+    assert gluon_prefill.gluon_inputs(q.float(), k.float(), v.float()) is None
+    assert gluon_prefill.gluon_inputs(q, torch.cat([k, k], 2), torch.cat([v, v], 2)) is None  # N != S
+    monkeypatch.setenv(gluon_prefill.KERNEL_ENV, "triton")
+    assert gluon_prefill.gluon_inputs(q, k, v) is None
+    monkeypatch.setenv(gluon_prefill.KERNEL_ENV, "gluon")
+    with pytest.raises(ValueError, match="dtype torch.float32; allowed: torch.bfloat16, torch.float16"):
+        gluon_prefill.gluon_inputs(q.float(), k.float(), v.float())
+
+
 @needs_hopper
 @pytest.mark.gpu
 def test_reasons_on_hopper():
