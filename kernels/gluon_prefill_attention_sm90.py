@@ -35,6 +35,9 @@ import os
 import torch
 import triton
 
+from ._interpreter import interpreting
+from ._prefill_common import LOG2_E
+
 try:  # Gluon ships with Triton >= 3.5; its Hopper module is what this kernel needs
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
@@ -51,7 +54,6 @@ try:  # Gluon ships with Triton >= 3.5; its Hopper module is what this kernel ne
 except ImportError:  # pragma: no cover - older Triton
     HAS_GLUON = False
 
-LOG2_E = 1.4426950408889634
 SUPPORTED_HEAD_DIMS = (64, 128)
 # (BLOCK_M, BLOCK_N, STAGES, warps per consumer partition, consumer partitions). 128 query rows = two consumer warp
 # groups sharing each K/V tile. As two 4-warp partitions (each releases a K/V slot on its own) the kernel ran at
@@ -288,7 +290,7 @@ def unsupported_reason(q, k, v, require_contiguous=True):
     read 2-D views)."""
     if not HAS_GLUON:
         return "triton.experimental.gluon is not available (Triton >= 3.5 has it)"
-    if os.environ.get("TRITON_INTERPRET") == "1":
+    if interpreting():
         return "TRITON_INTERPRET=1 (Gluon kernels have no interpreter mode)"
     if not _is_hopper(q.device):
         return f"device {q.device} is not a Hopper (sm_90) GPU"
@@ -365,7 +367,7 @@ def compile_for_sm90(head_dim=128, dtype=torch.bfloat16, group=4, tile=None, wri
     from triton.experimental.gluon._runtime import GluonASTSource
     from triton.runtime.jit import mangle_type
 
-    if os.environ.get("TRITON_INTERPRET") == "1":
+    if interpreting():
         raise RuntimeError("compile_for_sm90 needs TRITON_INTERPRET unset: under it Triton's JIT wraps the kernel for "
                            "the interpreter, which Gluon does not have")
 
