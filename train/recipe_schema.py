@@ -91,9 +91,12 @@ class DataSection:
 
 @dataclass
 class TrainSection:
-    """transformers Trainer settings. ``method``: "full" (paper) or "lora" (peft)."""
+    """transformers Trainer settings. ``method``: "full" (paper) or "lora" (peft). ``attention``: "pod" (the
+    adaptation) or "dense": the fair control, the same model, data, steps, optimizer and objective with dense
+    attention and no exploration, so POD's own cost is separated from what the fine-tuning costs."""
 
     output_dir: str = ""
+    attention: str = "pod"
     method: str = "full"
     lora_r: int = 16
     lora_alpha: int = 32
@@ -158,6 +161,35 @@ class EvalSection:
     report_note: str | None = None            # printed after the results (e.g. where a bigger run stands)
     context_length: int | None = None         # default: data.context_length
     batch_size: int = 1
+    # The export of a dense fine-tune control (a run of this recipe with train.attention=dense): scored as a row
+    # beside the original dense model, POD and POD's weights run densely, in perplexity and RULER
+    control_export: str | None = None
+
+
+@dataclass
+class LongContextSection:
+    """RULER (arXiv 2404.06654, offline: train/long_context_eval/ruler.py) inside the pipeline.
+
+    Two splits that never share a sample (train/long_context_eval/protocol.py): the *test* split (``seed``,
+    ``tasks``, ``samples``) is what the eval stage reports in results.json and the model card; the *dev* split
+    (``dev_seed``, ``dev_tasks``, ``dev_samples``) is what the learning curve scores and what settings, units and
+    checkpoints are chosen on. Lengths: ``lengths``, or ``length_factors`` x data.context_length, capped at the
+    model's context."""
+
+    ruler: bool = False
+    length_factors: list[float] = field(default_factory=lambda: [1.0, 2.0, 4.0])
+    lengths: list[int] | None = None
+    tasks: list[str] | None = None            # null: all 13
+    samples: int = 20                         # per task and length
+    seed: int = 7919
+    dev_tasks: list[str] = field(default_factory=lambda: ["niah_single_2", "niah_multikey_1", "niah_multivalue", "vt",
+                                                          "cwe", "qa_1"])
+    dev_samples: int = 5
+    dev_seed: int = 104729
+    curve: bool = True                        # score the dev split at every learning-curve point
+    chat: bool = True                         # prompts in the model's chat template (RULER on an Instruct model)
+    batch_size: int = 32                      # prompts per engine batch
+    samples_dir: str | None = None            # generated samples cached here (default <output_dir>/ruler_samples)
 
 
 SECTIONS: dict[str, type] = {
@@ -168,6 +200,7 @@ SECTIONS: dict[str, type] = {
     "deepspeed": DeepSpeedSection,
     "hub": HubSection,
     "eval": EvalSection,
+    "long_context": LongContextSection,
 }
 
 
@@ -180,6 +213,7 @@ class Recipe:
     deepspeed: DeepSpeedSection = field(default_factory=DeepSpeedSection)
     hub: HubSection = field(default_factory=HubSection)
     eval: EvalSection = field(default_factory=EvalSection)
+    long_context: LongContextSection = field(default_factory=LongContextSection)
     source_path: str | None = None            # the YAML file it came from (not part of the schema)
 
     def to_dict(self) -> dict[str, Any]:

@@ -107,7 +107,7 @@ def token_perplexity(items: list[tuple[float, int]]) -> float:
 
 
 # ---------------------------------------------------------------------------------------------- RULER
-# podkit_ruler_<task> (eval/tasks/podkit_ruler_*.yaml, tag podkit_ruler): samples from eval.tasks.ruler at
+# podkit_ruler_<task> (eval/tasks/podkit_ruler_*.yaml, tag podkit_ruler): samples from train.long_context_eval.ruler at
 # ``lengths`` (default [4096]; the budget counts prompt + answer tokens), ``num_samples`` per length [20],
 # ``seed`` [0]. ``lengths`` and ``num_samples`` can be given as RULER's ``max_seq_lengths`` / ``num_samples``.
 
@@ -117,7 +117,7 @@ RULER_DEFAULT_LENGTHS = [4096]
 def ruler_dataset(task: str, **kwargs: Any):
     """One RULER task's samples over ``lengths``; each row has ``input``, ``gen_prefix``, ``outputs``,
     ``max_length`` (the budget it was sized to) and ``task``."""
-    from eval.tasks.ruler import generate
+    from train.long_context_eval.ruler import generate
 
     lengths = kwargs.get("lengths", kwargs.get("max_seq_lengths", RULER_DEFAULT_LENGTHS))
     lengths = _grid_args({"lengths": lengths})["lengths"]
@@ -130,8 +130,8 @@ def ruler_dataset(task: str, **kwargs: Any):
 
 
 def process_ruler(doc: dict[str, Any], results: list[str]) -> dict[str, float]:
-    """RULER's score of the generation (eval.tasks.ruler.score): ``string_match_all``, or ``part`` for QA."""
-    from eval.tasks.ruler import score
+    """RULER's score of the generation (train.long_context_eval.ruler.score): ``string_match_all``, or ``part`` for QA."""
+    from train.long_context_eval.ruler import score
 
     return {"score": score(doc["task"], results[0], doc["outputs"])}
 
@@ -146,7 +146,7 @@ def _ruler_builder(task: str):
 
 
 def _register_ruler_builders() -> None:
-    from eval.tasks.ruler import TASKS
+    from train.long_context_eval.ruler import TASKS
 
     for task in TASKS:
         globals()[f"ruler_{task}"] = _ruler_builder(task)

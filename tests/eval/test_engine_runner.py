@@ -1,4 +1,4 @@
-"""eval/engine_runner.py: batched engine answers equal the one-prompt loop (eval.runner.retrieval_generate,
+"""sparse_models/engine/answers.py: batched engine answers equal the one-prompt loop (eval.runner.retrieval_generate,
 question through the decode path) row by row, for dense and the budgeted decode schemes (CPU, eager)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from eval.engine_runner import engine_answers
+from sparse_models.engine.answers import engine_answers
 from eval.runner import apply_overrides, retrieval_generate
 
 CONTEXTS = ["The grass is green. " * 5 + "The pass key is 0123. " + "Here we go. " * 6,
@@ -75,7 +75,7 @@ def test_bad_batches_are_refused(deep_model):
     with pytest.raises(ValueError, match="needing 70 slots"):
         engine_answers(engine, [[1] * 60], [[3] * 5], [5], None)
     # rows advance together: the longest context plus the longest question + answer
-    from eval.engine_runner import slots_needed
+    from sparse_models.engine.answers import slots_needed
 
     assert slots_needed([[1] * 50, [1] * 10], [[2] * 3, [2] * 9], [4, 20]) == 50 + 29
 
@@ -85,7 +85,7 @@ def test_leaderboard_engine_and_loop_write_the_same_records(deep_model_dir, tmp_
     import json
 
     from eval import leaderboard
-    from eval.tasks.ruler import RulerSample
+    from train.long_context_eval.ruler import RulerSample
 
     samples = [RulerSample(task="vt", index=i, seed=0, max_length=2048, input=c + "\nQuestion: Find all variables" + q,
                            question_start=len(c), gen_prefix="Answer:", outputs=["grass"], tokens_to_generate=2,

@@ -9,7 +9,7 @@ BLOCKED = ("lm_eval", "datasets", "deepspeed", "pydantic")
 MODULES = ("eval.fidelity", "eval.quality", "eval.runner", "eval.calibrate", "eval.models", "eval.schemes",
            "eval.plots", "eval.tasks.passkey", "eval.tasks.needle", "eval.tasks.perplexity", "eval.data.texts",
            "sparse_models.calibration.token_sparse_drift", "sparse_models.calibration.tidal_reselection",
-           "eval.leaderboard", "eval.leaderboard_records", "eval.tasks.ruler")
+           "eval.leaderboard", "eval.leaderboard_records", "train.long_context_eval.ruler")
 
 SCRIPT = f"""
 import importlib, sys
@@ -23,7 +23,7 @@ for command in (eval.fidelity.main, eval.leaderboard.main):
         command(['--help'])
     except SystemExit as e:
         assert e.code == 0
-from eval.tasks.ruler import score
+from train.long_context_eval.ruler import score
 assert score('qa_1', 'It is Paris.', ['paris', 'Lyon']) == 1.0  # the scorer's fallback without lm-eval
 print('OK')
 """

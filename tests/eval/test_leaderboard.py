@@ -10,7 +10,7 @@ import pytest
 
 from eval import leaderboard, peers_kvpress
 from eval import leaderboard_records as lr
-from eval.tasks.ruler import RulerSample
+from train.long_context_eval.ruler import RulerSample
 
 TASKS = {"niah_single_1": "retrieval", "vt": "multi-hop tracing", "cwe": "aggregation", "qa_1": "question answering"}
 

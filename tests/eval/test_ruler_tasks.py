@@ -1,4 +1,4 @@
-"""RULER offline (eval/tasks/ruler.py): every task generates at a small length with SmolLM2's tokenizer,
+"""RULER offline (train/long_context_eval/ruler.py): every task generates at a small length with SmolLM2's tokenizer,
 fits its budget (plain and chat-rendered), is deterministic per seed, and scores known answers."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("long_context_eval", reason="nvidia-long-context-eval is installed by the eval extra")
 pytest.importorskip("lm_eval")
 
-from eval.tasks import ruler  # noqa: E402
+from train.long_context_eval import ruler  # noqa: E402
 
 ISSUE_TASKS = ["niah_single_1", "niah_single_2", "niah_single_3", "niah_multikey_1", "niah_multikey_2",
                "niah_multikey_3", "niah_multivalue", "niah_multiquery", "vt", "cwe", "fwe", "qa_1", "qa_2"]
@@ -32,7 +32,7 @@ def samples(tokenizer):
 
 def test_every_issue_task_is_defined_with_a_yaml():
     assert list(ruler.TASKS) == ISSUE_TASKS
-    folder = Path(ruler.__file__).parent
+    folder = Path(__file__).resolve().parents[2] / "eval" / "tasks"
     for task in ISSUE_TASKS:
         text = (folder / f"podkit_ruler_{task}.yaml").read_text()
         assert f"task: podkit_ruler_{task}\n" in text and f"lm_eval_tasks.ruler_{task}\n" in text
@@ -105,7 +105,7 @@ def test_scoring_on_known_answers():
 
 def test_fallback_scoring_matches_lm_eval():
     """The GPU image has no lm-eval: the written-out functions must score exactly like lm-eval's."""
-    from lm_eval.tasks.ruler.common_utils import postprocess_pred, string_match_all
+    from lm_train.long_context_eval.ruler.common_utils import postprocess_pred, string_match_all
 
     cases = [(" 1234567\x01 and 7654321 ", ["1234567", "7654321"]), ("Apple pear", ["apple", "plum", "PEAR"]),
              ("", ["x"]), ("\tVAR QWERT = 5\n", ["qwert"])]
