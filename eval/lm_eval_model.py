@@ -45,12 +45,49 @@ def split_model_args(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, 
     return overrides, rest
 
 
+PODKIT_ARGS = ("pretrained", "dtype", "device", "budget")
+
+
+def hflm_arguments() -> list[str]:
+    """The keyword arguments HFLM's constructor names (its ``**kwargs`` only reach ``from_pretrained`` of a model
+    HFLM loads itself, which a podkit model never is)."""
+    import inspect
+
+    params = inspect.signature(HFLM.__init__).parameters.values()
+    return [p.name for p in params if p.name != "self" and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]
+
+
+def check_model_args(kwargs: dict[str, Any]) -> None:
+    """Refuse a model argument that is neither podkit's, a sparse-attention override nor an HFLM argument
+    (``tidal_budgt=128`` would otherwise be dropped and the default settings scored), and bad override values,
+    before any model is loaded. The error (sparse_models.config.unknown_option_error) names the close matches."""
+    from sparse_models.config import SparseAttentionConfig, is_override_key, unknown_option_error
+
+    known = set(PODKIT_ARGS) | set(hflm_arguments())
+    for key, value in kwargs.items():
+        if key not in known and not is_override_key(key):
+            raise unknown_option_error(key, value, also_known=sorted(known), what="a podkit model argument",
+                                       expected="expected pretrained, dtype, budget, a sparse-attention override "
+                                                "(prefill_scheme, decode_scheme, <method>_<field> such as "
+                                                "tidal_budget) or an HFLM argument (batch_size, max_length, ...)")
+    overrides, _ = split_model_args(kwargs)
+    if overrides:
+        from eval.models import parse_override_value
+
+        SparseAttentionConfig().with_overrides(**{k: parse_override_value(v) for k, v in overrides.items()})
+
+
+# HFLM's warnings about a model object in ``pretrained``: podkit builds the model itself (the scheme overrides apply
+# at load time, eval.models.load_model) and hands HFLM the object, by design, in one process.
+_PREBUILT_NOTICES = ("model kwarg is not of type `str`", "Passed an already-initialized model through `pretrained`")
+
+
 class _PrebuiltModelNotice(logging.Filter):
-    """Drops HFLM's warning that ``pretrained`` is not a string: podkit builds the model itself (the scheme
-    overrides apply at load time, eval.models.load_model) and hands HFLM the object, by design."""
+    """Drops HFLM's two warnings about a prebuilt model (``_PREBUILT_NOTICES``) while PodkitLM builds HFLM."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return "model kwarg is not of type `str`" not in record.getMessage()
+        message = record.getMessage()
+        return not any(notice in message for notice in _PREBUILT_NOTICES)
 
 
 @register_model("podkit")
@@ -63,6 +100,7 @@ class PodkitLM(HFLM):
 
         if device is None or (str(device).startswith("cuda") and not torch.cuda.is_available()):
             device = "cuda" if torch.cuda.is_available() else "cpu"  # lm-eval's default is cuda:0
+        check_model_args(kwargs)
         overrides, rest = split_model_args(kwargs)
         rest.pop("tokenizer", None)  # the tokenizer always comes with the checkpoint
         rest.pop("trust_remote_code", None)

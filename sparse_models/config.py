@@ -16,6 +16,7 @@ Defaults are the papers' (see each sub-config's docstring).
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 from dataclasses import field
 from pathlib import Path
@@ -70,9 +71,7 @@ class _SparseAttentionConfigBase:
         for key, value in overrides.items():
             target = _override_target(key)
             if target is None:
-                raise ConfigError(f"{key}={value!r} is not a sparse-attention option: expected prefill_scheme, "
-                                  f"decode_scheme or <method>_<field> with method in "
-                                  f"{', '.join(_SECTIONS)} (e.g. tidal_budget, pod_recent_window)")
+                raise unknown_option_error(key, value)
             section, name = target
             if section is None:
                 data[name] = value
@@ -99,6 +98,35 @@ SparseAttentionConfig.__module__ = __name__
 def is_override_key(key: str) -> bool:
     """Whether ``key`` is a flat override understood by :meth:`SparseAttentionConfig.with_overrides`."""
     return _override_target(key) is not None
+
+
+def override_keys() -> list[str]:
+    """Every flat override :meth:`SparseAttentionConfig.with_overrides` understands, sorted."""
+    keys = ["prefill_scheme", "decode_scheme"]
+    for section, cls in _SECTIONS.items():
+        keys += [f"{section}_{f.name}" for f in dataclasses.fields(cls)]
+    return sorted(keys)
+
+
+def looks_like_override(key: str) -> bool:
+    """Whether ``key`` is meant as a flat override (``<method>_...``, ``prefill_...``, ``decode_...``), valid or
+    not: ``from_pretrained`` sends such keys to validation instead of transformers' keyword arguments."""
+    prefixes = ("prefill_", "decode_") + tuple(f"{section}_" for section in _SECTIONS)
+    return key.startswith(prefixes)
+
+
+def unknown_option_error(key: str, value: Any, *, also_known=(), what: str = "a sparse-attention option",
+                         expected: str | None = None) -> ConfigError:
+    """The one error for a misspelled or unknown option: it names the key, the value and the close matches
+    (difflib) among the flat overrides and ``also_known`` (e.g. a caller's own arguments). Raised by
+    :meth:`SparseAttentionConfig.with_overrides`, the model classes' ``from_pretrained`` and the lm-eval model's
+    argument check (eval/lm_eval_model.py)."""
+    close = difflib.get_close_matches(key, override_keys() + list(also_known), n=3, cutoff=0.75)
+    hint = f" (did you mean {' or '.join(close)}?)" if close else ""
+    if expected is None:
+        expected = (f"expected prefill_scheme, decode_scheme or <method>_<field> with method in "
+                    f"{', '.join(_SECTIONS)} (e.g. tidal_budget, pod_recent_window)")
+    return ConfigError(f"{key}={value!r} is not {what}{hint}: {expected}")
 
 
 def parse_override_value(text: str) -> Any:

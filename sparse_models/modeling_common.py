@@ -26,7 +26,7 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from .attention import ForwardState, layer_attention
 from .cache import SparseKVCache
-from .config import ConfigError, SparseAttentionConfig, is_override_key
+from .config import ConfigError, SparseAttentionConfig, is_override_key, looks_like_override
 from .plan import build_plan, model_family
 from .ragged import pack_new_tokens
 from .schemes.pod import assemble_anchor_keys, assemble_anchor_queries, validate_anchor_layers
@@ -330,7 +330,9 @@ class PodkitCausalLMMixin:
         ``sparse_attention``: a SparseAttentionConfig or dict replacing the saved one; flat overrides
         such as ``decode_scheme="tidal", tidal_budget=256`` are applied on top.
         """
-        overrides = {k: kwargs.pop(k) for k in list(kwargs) if is_override_key(k)}
+        # Keys shaped like an override but unknown (``tidal_budgt``) go to validation too, which names the close
+        # matches, instead of reaching transformers (which would fail with a TypeError from __init__).
+        overrides = {k: kwargs.pop(k) for k in list(kwargs) if is_override_key(k) or looks_like_override(k)}
         if overrides:
             SparseAttentionConfig().with_overrides(**overrides)  # fail on bad values before loading weights
         loaded = super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)

@@ -65,7 +65,7 @@ def test_default_pretrained_is_rewritten_to_the_folder(monkeypatch):
 
 def test_wrapper_builds_without_spurious_warnings(tiny_model_dir):
     """issue 16: no "`pretrained` model kwarg is not of type `str`" (the model object is by design) and no
-    "neither marked as CausalLM" (the backend is causal)."""
+    "neither marked as CausalLM" (the backend is causal); issue 33: no "Passed an already-initialized model"."""
     pytest.importorskip("lm_eval")
     import logging
 
@@ -85,5 +85,51 @@ def test_wrapper_builds_without_spurious_warnings(tiny_model_dir):
     finally:
         logger.removeHandler(handler)
     assert lm.backend == "causal"
-    assert not [m for m in messages if "not of type `str`" in m or "neither marked" in m], messages
+    assert not [m for m in messages if "not of type `str`" in m or "neither marked" in m
+                or "already-initialized" in m], messages
     assert not logging.getLogger("lm_eval.models.huggingface").filters  # the filter is scoped to the build
+
+
+# issue 33: a bad eval.lm_eval input is one line on stderr and exit 2, before any model work.
+BAD_RUNS = {
+    "misspelled override": ("decode_scheme=tidal,tidal_budgt=128", {}, None, "did you mean tidal_budget?"),
+    "misspelled podkit argument": ("budgt=64", {}, None, "did you mean budget?"),
+    "unknown scheme": ("decode_scheme=tidl", {}, None, "decode_scheme='tidl' is invalid"),
+    "bad budget": ("decode_scheme=tidal,tidal_budget=-1", {}, None, "tidal.budget="),
+    "bad pretrained": (None, {}, None, "neither 'default' nor a folder"),
+    "unknown task": ("", {}, "podkit_pasky", "Tasks not found: podkit_pasky"),
+    "length beyond the context": ("", {"lengths": [99999]}, None, "exceed the model's context"),
+    "RULER length beyond max_length": ("max_length=512", {"max_seq_lengths": [1024]}, None, "max_length=512"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_RUNS))
+def test_bad_input_is_one_line_and_exit_2(case, tiny_model_dir, monkeypatch, capsys):
+    pytest.importorskip("lm_eval")
+    import eval.lm_eval as wrapper
+    import eval.lm_eval_model
+
+    extra, metadata, task, message = BAD_RUNS[case]
+    built = []
+    monkeypatch.setattr(eval.lm_eval_model, "load_model", lambda *a, **k: built.append(a) or 1 / 0)
+    pretrained = "/nonexistent/model" if extra is None else str(tiny_model_dir)
+    model_args = ",".join(x for x in (f"pretrained={pretrained}", extra) if x)
+    argv = ["run", "--model", "podkit", "--model_args", model_args, "--tasks", task or "podkit_passkey",
+            "--metadata", json.dumps({"lengths": [160], "num_depths": 1} | metadata), "--device", "cpu",
+            "--limit", "1"]
+    monkeypatch.setattr(sys, "argv", ["eval.lm_eval"])
+    assert wrapper.main(argv) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("eval.lm_eval: error:")]
+    assert len(err) == 1 and message in err[0], err
+    assert not built
+
+
+def test_python_api_refuses_a_misspelled_argument(tiny_model_dir):
+    """PodkitLM (lm-eval's Python API: simple_evaluate(model="podkit", model_args=...)) checks its arguments
+    with the same validation as from_pretrained: the close match, before any model is loaded."""
+    pytest.importorskip("lm_eval")
+    from eval.lm_eval_model import PodkitLM
+    from sparse_models.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"tidal_budgt=128 is not .*did you mean tidal_budget\?"):
+        PodkitLM(pretrained=str(tiny_model_dir), decode_scheme="tidal", tidal_budgt=128)

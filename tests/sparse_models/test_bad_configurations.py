@@ -58,6 +58,13 @@ def test_unknown_override_is_rejected(tmp_path):
     model.save_pretrained(tmp_path)
     with pytest.raises(ConfigError, match=r"tidal\.budget=1"):
         PodkitLlamaForCausalLM.from_pretrained(tmp_path, tidal_budget=1)
+    # issue 33: a misspelled flat override at load time names the close match (it used to reach the model's
+    # __init__ as a TypeError); the same error eval.lm_eval prints for its model_args
+    with pytest.raises(ConfigError, match=r"tidal_budgt=128 is not a sparse-attention option \(did you mean "
+                                          r"tidal_budget\?\)"):
+        PodkitLlamaForCausalLM.from_pretrained(tmp_path, decode_scheme="tidal", tidal_budgt=128)
+    with pytest.raises(ConfigError, match=r"did you mean decode_scheme\?"):
+        PodkitLlamaForCausalLM.from_pretrained(tmp_path, decode_schme="tidal")
 
 
 def test_bad_inputs_are_rejected():
