@@ -173,8 +173,10 @@ def write_model_card(export_dir: Path, recipe: Recipe, anchor_layers: list[list[
     lines += ["## Block map (per KV head: [first layer, last layer] of each block)", "", "```"]
     lines += [f"kv head {h}: {b}" for h, b in enumerate(blocks)]
     lines += ["```", "", "## Loading", "", "With podkit installed:", "", "```python",
-              "from sparse_models import PodkitLlamaForCausalLM",
+              "from transformers import AutoTokenizer",
+              "from sparse_models import PodkitLlamaForCausalLM  # registers podkit's config classes: no remote code",
               "model = PodkitLlamaForCausalLM.from_pretrained(REPO)  # POD prefill + POD KV cache",
+              "tokenizer = AutoTokenizer.from_pretrained(REPO)",
               "```", ""]
     if (export_dir / "modeling_podkit.py").is_file():
         lines += ["Without podkit (the self-contained `modeling_podkit.py`: torch + transformers only, POD attention "
@@ -182,7 +184,9 @@ def write_model_card(export_dir: Path, recipe: Recipe, anchor_layers: list[list[
                   "DynamicCache, so the KV memory saving needs podkit's cache):", "", "```python",
                   "from transformers import AutoModelForCausalLM, AutoTokenizer",
                   "model = AutoModelForCausalLM.from_pretrained(REPO, trust_remote_code=True)",
-                  "tokenizer = AutoTokenizer.from_pretrained(REPO)", "```", ""]
+                  # AutoTokenizer reads config.json first, whose class is in modeling_podkit.py (auto_map): without
+                  # trust_remote_code transformers asks "run the custom code? [y/N]" (tests/train/test_model_card.py)
+                  "tokenizer = AutoTokenizer.from_pretrained(REPO, trust_remote_code=True)", "```", ""]
     lines += ["## Recipe", "", "```yaml", yaml.safe_dump(sanitized_recipe(recipe), sort_keys=False).strip(), "```", ""]
     path = export_dir / "README.md"
     path.write_text("\n".join(lines))
