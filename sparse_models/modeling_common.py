@@ -27,8 +27,9 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 from .attention import ForwardState, layer_attention
 from .cache import SparseKVCache
 from .config import ConfigError, SparseAttentionConfig, is_override_key, looks_like_override
+from .model_files import check_model_folder
 from .plan import build_plan, model_family
-from .ragged import pack_new_tokens
+from .ragged import left_align, pack_new_tokens
 from .schemes.pod import assemble_anchor_keys, assemble_anchor_queries, validate_anchor_layers
 from .schemes.registry import get_scheme
 from .schemes.token_sparse import TokenSparseStats
@@ -307,6 +308,28 @@ class PodkitCausalLMMixin:
         return CausalLMOutputWithPast(loss=loss, logits=logits, hidden_states=out.hidden_states,
                                       **{CACHE_FIELD: getattr(out, CACHE_FIELD)})
 
+    def generate(self, inputs=None, *args, **kwargs):
+        """transformers' ``generate()``; a right-padded prompt batch (a tokenizer with ``padding_side="right"``)
+        is left-aligned first, since generation continues every row from the last column (which holds padding
+        in a right-padded row). The returned sequences then show those prompts left-padded (same width)."""
+        mask = kwargs.get("attention_mask")
+        past = kwargs.get(CACHE_FIELD, kwargs.get("past_key_values"))
+        if isinstance(mask, torch.Tensor) and mask.dim() == 2 and past is None:
+            ids = kwargs.get("input_ids", inputs)
+            if ids is not None and not (isinstance(ids, torch.Tensor) and ids.dim() == 2 and ids.shape == mask.shape):
+                ids = None  # not token ids of the mask's shape (an encoder input, or already handled): leave as is
+            embeds = kwargs.get("inputs_embeds")
+            mask, ids, embeds = left_align(mask, ids, embeds)
+            kwargs["attention_mask"] = mask
+            if embeds is not None:
+                kwargs["inputs_embeds"] = embeds
+            if ids is not None:
+                if "input_ids" in kwargs:
+                    kwargs["input_ids"] = ids
+                else:
+                    inputs = ids
+        return super().generate(inputs, *args, **kwargs)
+
     def _prepare_cache_for_generation(self, generation_config, model_kwargs, *args, **kwargs):
         """Give generate() a SparseKVCache (transformers would build a DynamicCache)."""
         existing = model_kwargs.get(CACHE_FIELD)
@@ -335,6 +358,8 @@ class PodkitCausalLMMixin:
         overrides = {k: kwargs.pop(k) for k in list(kwargs) if is_override_key(k) or looks_like_override(k)}
         if overrides:
             SparseAttentionConfig().with_overrides(**overrides)  # fail on bad values before loading weights
+        if Path(str(pretrained_model_name_or_path)).is_dir():  # an incomplete export or truncated weights: named
+            check_model_folder(pretrained_model_name_or_path)
         loaded = super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
         model = loaded[0] if isinstance(loaded, tuple) else loaded
         base = model.model.sparse_config

@@ -119,3 +119,31 @@ def pack_new_tokens(attention_mask: torch.Tensor | None, batch: int, num_new_col
                              f"{past_lens.tolist()}: pass the mask of the whole sequence so far")
     identity = bool(num_new.eq(s).all())
     return PackedBatch(start.long(), num_new.long(), max(int(num_new.max()), 1), s, identity)
+
+
+def left_align(attention_mask: torch.Tensor, *tensors: torch.Tensor | None):
+    """A right-padded batch moved to left padding: each row rolled right by its trailing padding columns.
+
+    ``attention_mask`` [B, S] 0/1; ``tensors`` [B, S, ...] (input ids, input embeddings; None passes through).
+    Returns ``(mask, *tensors)`` in the same shapes, unchanged objects when no row ends in padding. ``generate()``
+    takes the next token from the last column, which a right-padded row holds padding in (PodkitCausalLMMixin
+    .generate). Rows with holes keep them (the forward rejects them).
+    """
+    if attention_mask.dim() != 2 or attention_mask.shape[1] == 0:
+        return (attention_mask, *tensors)
+    real = attention_mask != 0
+    width = attention_mask.shape[1]
+    cols = torch.arange(width, device=attention_mask.device)
+    last = torch.where(real, cols[None, :], torch.full_like(cols[None, :], -1)).amax(-1)  # [B]; -1: empty row
+    shift = torch.where(last >= 0, width - 1 - last, torch.zeros_like(last))
+    if not bool(shift.any()):
+        return (attention_mask, *tensors)
+    source = (cols[None, :] - shift[:, None]) % width  # new column c holds old column c - shift
+
+    def roll(x):
+        if x is None:
+            return None
+        idx = source.to(x.device).view(*source.shape, *([1] * (x.dim() - 2))).expand(-1, -1, *x.shape[2:])
+        return torch.gather(x, 1, idx)
+
+    return (roll(attention_mask), *(roll(t) for t in tensors))

@@ -51,6 +51,7 @@ def default_model_path() -> Path:
         target = legacy
     if (target / "config.json").is_file() and (target / "model.safetensors").is_file():
         _drop_stale_quantization_config(target / "config.json")
+        _pad_on_the_left(target / "tokenizer_config.json")
         return target
     _convert(target)
     return target
@@ -65,6 +66,19 @@ def _drop_stale_quantization_config(config_path: Path) -> None:
         os.replace(tmp, config_path)
 
 
+def _pad_on_the_left(tokenizer_config: Path) -> None:
+    """A generation model's tokenizer pads on the left: ``generate()`` continues each row from the last column.
+    Folders converted by earlier versions lack ``padding_side``; it is set in place."""
+    if not tokenizer_config.is_file():
+        return
+    data = json.loads(tokenizer_config.read_text())
+    if data.get("padding_side") != "left":
+        data["padding_side"] = "left"
+        tmp = tokenizer_config.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(data, indent=2) + "\n")
+        os.replace(tmp, tokenizer_config)
+
+
 def _convert(target: Path) -> None:
     from transformers import AutoTokenizer, LlamaForCausalLM
 
@@ -75,7 +89,8 @@ def _convert(target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=FOLDER_NAME + ".tmp-", dir=target.parent))
     try:
-        tokenizer = AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
+        # padding_side as a load argument is what save_pretrained writes into tokenizer_config.json
+        tokenizer = AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name, padding_side="left")
         gguf_model = LlamaForCausalLM.from_pretrained(source.parent, gguf_file=source.name, dtype=torch.float32)
         config_dict = gguf_model.config.to_dict()
         # quantization_config describes the GGUF file, not these dequantised fp32 weights; kept, it
@@ -104,7 +119,7 @@ def load_default_tokenizer():
     """SmolLM2's tokenizer (from the converted folder)."""
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(default_model_path())
+    return AutoTokenizer.from_pretrained(default_model_path(), padding_side="left")
 
 
 def load_default_model(dtype: torch.dtype = torch.float32, device: str | torch.device | None = None, **overrides):

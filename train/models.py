@@ -39,7 +39,9 @@ def public_model_name(recipe: Recipe) -> str:
 def load_tokenizer(recipe: Recipe, source: str):
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(source, revision=recipe.model.revision,
+    # padding_side as a load argument, so that save_pretrained (the export) writes it into tokenizer_config.json:
+    # a padded batch for generate() must pad on the left (it continues each row from the last column)
+    tokenizer = AutoTokenizer.from_pretrained(source, revision=recipe.model.revision, padding_side="left",
                                               trust_remote_code=recipe.model.trust_remote_code)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token

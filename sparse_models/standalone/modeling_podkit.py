@@ -214,6 +214,35 @@ class PodkitStandaloneMixin:
             layer.self_attn._podkit_state = self._podkit_state
         self.config._attn_implementation = ATTENTION_NAME
 
+    def generate(self, inputs=None, *args, **kwargs):
+        """transformers' ``generate()``; a right-padded prompt batch is left-aligned first (generation continues
+        each row from the last column, padding in a right-padded row), as podkit's classes do
+        (sparse_models/ragged.py left_align). The returned prompts are then left-padded (same width)."""
+        mask = kwargs.get("attention_mask")
+        if isinstance(mask, torch.Tensor) and mask.dim() == 2 and mask.shape[1] > 0 \
+                and kwargs.get("cache", kwargs.get("past_key_values")) is None:
+            width = mask.shape[1]
+            cols = torch.arange(width, device=mask.device)
+            last = torch.where(mask != 0, cols[None, :], torch.full_like(cols[None, :], -1)).amax(-1)
+            shift = torch.where(last >= 0, width - 1 - last, torch.zeros_like(last))
+            if bool(shift.any()):
+                source = (cols[None, :] - shift[:, None]) % width
+
+                def roll(x):
+                    idx = source.to(x.device).view(*source.shape, *([1] * (x.dim() - 2))).expand(-1, -1, *x.shape[2:])
+                    return torch.gather(x, 1, idx)
+
+                ids = kwargs.get("input_ids", inputs)
+                if isinstance(ids, torch.Tensor) and ids.shape == mask.shape:
+                    if "input_ids" in kwargs:
+                        kwargs["input_ids"] = roll(ids)
+                    else:
+                        inputs = roll(ids)
+                if isinstance(kwargs.get("inputs_embeds"), torch.Tensor):
+                    kwargs["inputs_embeds"] = roll(kwargs["inputs_embeds"])
+                kwargs["attention_mask"] = roll(mask)
+        return super().generate(inputs, *args, **kwargs)
+
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, inputs_embeds=None, **kwargs):
         if self.config._attn_implementation != ATTENTION_NAME:
             logger.warning("attn_implementation=%r replaced by %r: POD needs its own attention",

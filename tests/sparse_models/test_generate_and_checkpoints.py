@@ -43,6 +43,30 @@ def test_generate_matches_oracle_greedy(scheme):
     assert got == want, f"{scheme}: generate {got} vs oracle {want}"
 
 
+@pytest.mark.parametrize("scheme", ["dense", "tidal", "pod", "quest"])
+def test_right_padded_batch_generates_what_each_prompt_alone_does(scheme):
+    """issue 33: README's ``model.generate(**tokenizer(prompts, padding=True))`` with a right-padding tokenizer: the
+    short row used to continue from a padding column (zero logits -> token 0, then garbage)."""
+    sparse = SparseAttentionConfig.from_dict(SCHEMES[scheme](2))
+    model = tiny_model(4, 4, sparse, seed=11)
+    prompts = random_prompts([12, 5, 8], seed=3)
+    alone = [model.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
+                            max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0)[0, len(p):].tolist()
+             for p in prompts]
+    width = max(map(len, prompts))
+    ids = torch.zeros(len(prompts), width, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for b, p in enumerate(prompts):
+        ids[b, :len(p)], mask[b, :len(p)] = torch.tensor(p), 1
+    for kwargs in ({"input_ids": ids}, {"inputs": ids}):  # keyword (the README's **tokenizer(...)) and positional
+        out = model.generate(**kwargs, attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False,
+                             pad_token_id=0)
+        assert out.shape == (len(prompts), width + NEW_TOKENS)
+        assert out[:, width:].tolist() == alone, scheme
+    left_ids, left_mask = left_padded(prompts)
+    assert torch.equal(out[:, :width], left_ids)  # the prompts come back left-aligned, same width
+
+
 def test_generate_with_beams_and_user_cache():
     model = tiny_model(3, 3, {"decode_scheme": "tidal", "tidal": {"budget": 4, "full_layers": [0]}}, seed=2)
     prompts = random_prompts([9, 6])

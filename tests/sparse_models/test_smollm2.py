@@ -29,6 +29,27 @@ def test_dense_greedy_continuation(smollm2):
 
 
 @torch.no_grad()
+def test_readme_serve_snippet_answers_the_short_prompt(smollm2):
+    """issue 33: README's ``model.generate(**tokenizer(prompts, return_tensors="pt", padding=True))`` with the default
+    model's own tokenizer (its folder, as a user loads it): the short prompt continued "France is\n\nThe 1990s"
+    with right padding."""
+    from transformers import AutoTokenizer
+
+    from sparse_models.smollm2 import default_model_path
+
+    model, _ = smollm2
+    tok = AutoTokenizer.from_pretrained(default_model_path())
+    assert tok.padding_side == "left"
+    prompts = [PROMPT, "Once upon a time, in a small village by the sea, there lived an old fisherman who"]
+    out = model.generate(**tok(prompts, return_tensors="pt", padding=True), max_new_tokens=2, do_sample=False)
+    width = out.shape[1] - 2
+    assert tok.decode(out[0, width:]).startswith(" Paris")
+    tok.padding_side = "right"  # a right-padding tokenizer: generate() left-aligns the batch itself
+    out = model.generate(**tok(prompts, return_tensors="pt", padding=True), max_new_tokens=2, do_sample=False)
+    assert tok.decode(out[0, width:]).startswith(" Paris")
+
+
+@torch.no_grad()
 def test_tidal_full_budget_reproduces_dense_logits(smollm2):
     model, tok = smollm2
     texts = [PROMPT, "Once upon a time, in a small village by the sea, there"]

@@ -66,11 +66,18 @@ CHILD = textwrap.dedent('''
             gen = model.generate(input_ids=data["ids"], attention_mask=data["mask"], max_new_tokens=%d,
                                  do_sample=False, output_logits=True, return_dict_in_generate=True,
                                  pad_token_id=0)
+            # the same prompts right-padded (a tokenizer with padding_side="right"): generate() left-aligns them
+            keep = data["mask"].bool()
+            order = torch.sort((~keep).int(), dim=1, stable=True).indices
+            right = model.generate(input_ids=torch.gather(data["ids"], 1, order),
+                                   attention_mask=torch.gather(data["mask"], 1, order), max_new_tokens=%d,
+                                   do_sample=False, pad_token_id=0)
         torch.save({"logits": logits, "sequences": gen.sequences, "steps": torch.stack(gen.logits, 1),
+                    "right_padded_sequences": right,
                     "class": type(model).__module__ + "." + type(model).__name__}, folder + "/standalone_out.pt")
     result["loaded_podkit"] = sorted({n.split(".")[0] for n in sys.modules} & BLOCKED)
     json.dump(result, open(sys.argv[2], "w"))
-''' % NEW_TOKENS)
+''' % (NEW_TOKENS, NEW_TOKENS))
 
 
 def _config(family: str, heads: int, kv_heads: int, layers: int, anchors):
@@ -175,6 +182,8 @@ def test_standalone_generate_equals_podkit_decode(exports):
             gen = podkit.generate(input_ids=ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False,
                                   output_logits=True, return_dict_in_generate=True, pad_token_id=0)
         assert torch.equal(out["sequences"], gen.sequences)
+        # issue 33: right-padded prompts generate what the left-padded ones do (the short row included)
+        assert torch.equal(out["right_padded_sequences"][:, ids.shape[1]:], gen.sequences[:, ids.shape[1]:])
         torch.testing.assert_close(out["steps"], torch.stack(gen.logits, 1), atol=2e-4, rtol=1e-4)
 
 
