@@ -29,6 +29,7 @@ import warnings
 from pathlib import Path
 
 from .config import ConfigError, parse_override_value
+from .model_files import check_model_folder
 from .schemes.registry import SCHEMES, budget_overrides, budgeted_schemes, scheme_names
 
 
@@ -115,21 +116,32 @@ def read_prompts(args) -> list[str]:
     if args.prompt:
         return list(args.prompt)
     path = args.prompt_file
+    if path.is_dir():
+        raise ValueError(f"--prompt-file {str(path)!r} is a folder, not a file: pass a text file (one prompt) or a "
+                         f".jsonl file")
     if not path.is_file():
         raise FileNotFoundError(f"--prompt-file {str(path)!r} does not exist")
+    try:
+        content = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ValueError(f"--prompt-file {str(path)!r} is not a text file (not UTF-8: byte "
+                         f"{error.object[error.start]:#04x} at offset {error.start})") from None
     if path.suffix == ".jsonl":
         prompts = []
-        for i, line in enumerate(path.read_text().splitlines()):
+        for i, line in enumerate(content.splitlines()):
             if not line.strip():
                 continue
-            row = json.loads(line)
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise ValueError(f"--prompt-file {str(path)!r} line {i + 1} is not JSON ({error})") from None
             if not isinstance(row, dict) or not isinstance(row.get("prompt"), str):
                 raise ValueError(f"--prompt-file line {i + 1}: expected an object with a string 'prompt'")
             prompts.append(row["prompt"])
         if not prompts:
             raise ValueError(f"--prompt-file {str(path)!r} holds no prompts")
         return prompts
-    text = path.read_text()
+    text = content
     if not text.strip():
         raise ValueError(f"--prompt-file {str(path)!r} is empty")
     return [text]
@@ -146,6 +158,7 @@ def load_model_and_tokenizer(name: str, device: str, dtype):
     else:
         if not Path(name).exists():
             raise FileNotFoundError(f"--model {name!r}: no such checkpoint folder (or use --model default)")
+        check_model_folder(name, f"--model {name!r}")  # what transformers would misreport (a file, no config.json)
         model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype)
         tokenizer = AutoTokenizer.from_pretrained(name)
     model = model.to(device=device, dtype=dtype).eval()
