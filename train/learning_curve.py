@@ -9,7 +9,9 @@ so each point gives
   * ``dense_gap`` = adapted-weights-run-densely ppl / original dense ppl - 1 (what adaptation costs
     the model's general ability),
 
-against the training tokens seen so far. Written to ``<output_dir>/learning_curve.json`` (rewritten
+against the training tokens seen so far. With ``long_context`` (the pipeline's RULER probe on the *dev* split,
+train/long_context_eval/protocol.py), each point also holds RULER averages per length for POD and for the same
+weights run densely (``point["ruler"]``), plotted in a panel of their own. Written to ``<output_dir>/learning_curve.json`` (rewritten
 atomically after every point) and ``learning_curve.png``. Under ZeRO-3 every rank runs the forwards
 (they gather parameters collectively); rank 0 writes.
 """
@@ -40,8 +42,9 @@ def _learning_curve_callback_class():
         """Scores ``windows`` ({source: [W, S] int64}) every ``every_steps`` steps; see the module docstring."""
 
         def __init__(self, windows: dict[str, torch.Tensor], every_steps: int, out_dir: Path, *, objective: str,
-                     tokens_per_step: int, batch_size: int = 1, log=print):
+                     tokens_per_step: int, batch_size: int = 1, log=print, long_context=None):
             self.windows, self.every = windows, every_steps
+            self.long_context = long_context  # model -> {length: {"average", ...}} on the dev split, or None
             self.out_dir, self.objective = Path(out_dir), objective
             self.tokens_per_step, self.batch_size, self.log = tokens_per_step, batch_size, log
             self.points: list[dict] = []
@@ -68,6 +71,12 @@ def _learning_curve_callback_class():
                 base = self.original_dense.setdefault(source, dense)  # the first point is the original model
                 point["sources"][source] = {"pod_ppl": pod, "dense_ppl": dense, "original_dense_ppl": base,
                                             "pod_gap": pod / base - 1, "dense_gap": dense / base - 1}
+            if self.long_context is not None:
+                pod_ruler = self.long_context(model)
+                with dense_attention(model):
+                    dense_ruler = self.long_context(model)
+                point["ruler"] = {length: {"pod": pod_ruler[length]["average"],
+                                           "dense": dense_ruler[length]["average"]} for length in pod_ruler}
             point["seconds"] = time.perf_counter() - started
             if was_training:
                 model.train()
@@ -76,6 +85,9 @@ def _learning_curve_callback_class():
                 parts = ", ".join(f"{s}: POD {v['pod_ppl']:.2f} ({100 * v['pod_gap']:+.1f}%), dense "
                                   f"{v['dense_ppl']:.2f} ({100 * v['dense_gap']:+.1f}%)"
                                   for s, v in point["sources"].items())
+                if "ruler" in point:
+                    parts += "; RULER dev " + ", ".join(f"{n}: POD {v['pod']:.1f}, dense {v['dense']:.1f}"
+                                                        for n, v in point["ruler"].items())
                 self.log(f"[curve] step {state.global_step} ({point['tokens']:,} tokens): {parts}")
                 self.write()
 
@@ -107,9 +119,11 @@ def plot_learning_curves(curves: dict[str, dict], path: Path, title: str | None 
     except ImportError:  # matplotlib is in the train/eval extras; the JSON is the result
         return None
     sources = sorted({s for data in curves.values() for p in data["points"] for s in p["sources"]})
+    lengths = sorted({n for data in curves.values() for p in data["points"] for n in p.get("ruler", {})}, key=int)
     if not sources:
         return None
-    fig, axes = plt.subplots(1, len(sources), figsize=(5.5 * len(sources), 4), squeeze=False)
+    panels = len(sources) + bool(lengths)
+    fig, axes = plt.subplots(1, panels, figsize=(5.5 * panels, 4), squeeze=False)
     for ax, source in zip(axes[0], sources):
         for label, data in curves.items():
             points = [p for p in data["points"] if source in p["sources"]]
@@ -123,6 +137,21 @@ def plot_learning_curves(curves: dict[str, dict], path: Path, title: str | None 
         ax.set_ylabel("perplexity gap to the original dense model (%)")
         ax.set_title(source)
         ax.set_yscale("symlog", linthresh=10)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    if lengths:
+        ax = axes[0][-1]
+        for label, data in curves.items():
+            for length in lengths:
+                points = [p for p in data["points"] if length in p.get("ruler", {})]
+                tokens = [p["tokens"] / 1e6 for p in points]
+                line, = ax.plot(tokens, [p["ruler"][length]["pod"] for p in points], marker="o", ms=3,
+                                label=f"{label}: POD at {length}")
+                ax.plot(tokens, [p["ruler"][length]["dense"] for p in points], ls=":", color=line.get_color(),
+                        label=f"{label}: run densely at {length}")
+        ax.set_xlabel("training tokens (M)")
+        ax.set_ylabel("RULER average, dev split")
+        ax.set_title("long context (RULER dev split)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     if title:

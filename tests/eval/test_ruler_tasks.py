@@ -105,7 +105,7 @@ def test_scoring_on_known_answers():
 
 def test_fallback_scoring_matches_lm_eval():
     """The GPU image has no lm-eval: the written-out functions must score exactly like lm-eval's."""
-    from lm_train.long_context_eval.ruler.common_utils import postprocess_pred, string_match_all
+    from lm_eval.tasks.ruler.common_utils import postprocess_pred, string_match_all
 
     cases = [(" 1234567\x01 and 7654321 ", ["1234567", "7654321"]), ("Apple pear", ["apple", "plum", "PEAR"]),
              ("", ["x"]), ("\tVAR QWERT = 5\n", ["qwert"])]

