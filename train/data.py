@@ -50,12 +50,17 @@ def _uses_shards(source: str) -> bool:
                                  or name.startswith(HELDOUT_PREFIX))
 
 
-def training_rows(recipe, tokenizer, *, context_length: int | None = None, num_rows: int | None = None, log=print):
+def training_rows(recipe, tokenizer, *, context_length: int | None = None, num_rows: int | None = None, log=print,
+                  rows_per_step: int | None = None, describe: bool = True):
     """The training dataset of ``recipe``: a ``train.corpus.mixture.MixedRows`` over the shards of every
     ``data.train`` source (built now if missing: tokenisation never happens during training).
 
     Rows: ``num_rows`` if given, else ``data.max_train_tokens // context_length``, else every available
-    row once (in expectation). Order and content depend only on ``train.seed``."""
+    row once (in expectation). Order and content depend only on ``train.seed``.
+
+    ``describe``: log one ``[data]`` line per source and a total (:func:`describe_rows`; the rows a run
+    of ``rows_per_step`` rows per optimizer step reads, when given). The exploration's calibration rows
+    pass ``describe=False`` and say what they are themselves, so the ``[data]`` lines appear once."""
     from train.corpus.mixture import MixedRows, parse_mix
     from train.corpus.shards import ensure_shards
 
@@ -67,10 +72,39 @@ def training_rows(recipe, tokenizer, *, context_length: int | None = None, num_r
     if num_rows is None and d.max_train_tokens is not None:
         num_rows = max(1, d.max_train_tokens // length)
     rows = MixedRows(shards, [e.weight for e in mix], length, num_rows=num_rows, seed=recipe.train.seed)
-    for item in rows.summary():
-        log(f"[data] {item['source']}: {item['share']:.1%} of rows, {item['rows']} rows of {length} "
-            f"({item['passes']:.2f} passes over {item['available_rows']} available)")
+    if describe:
+        for line in describe_rows(rows, rows_read(recipe, len(rows), rows_per_step)):
+            log(line)
     return rows
+
+
+def rows_read(recipe, dataset_rows: int, rows_per_step: int | None) -> int | None:
+    """Rows a training run reads: ``train.max_steps`` x rows per optimizer step, else the epochs over the
+    dataset (None without ``rows_per_step``)."""
+    if rows_per_step is None:
+        return None
+    t = recipe.train
+    if t.max_steps > 0:
+        return t.max_steps * rows_per_step
+    return int(dataset_rows * t.num_train_epochs)
+
+
+def describe_rows(rows, read: int | None = None) -> list[str]:
+    """The ``[data]`` lines: per source its share, the rows the run reads from it and the passes over its
+    available rows; then the total. ``read`` None: the dataset's own rows (read once). The Trainer samples
+    a run's rows from the dataset at random, so a run that reads fewer rows than the dataset holds reads
+    about ``share`` of them from each source (``~``)."""
+    length, total = rows.context_length, len(rows)
+    read = total if read is None else read
+    approx = "~" if read < total else ""
+    lines = []
+    for item in rows.summary():
+        from_source = item["rows"] * read / total
+        lines.append(f"[data] {item['source']}: {item['share']:.1%} of rows, {approx}{from_source:,.0f} rows of {length} "
+                     f"({from_source / item['available_rows']:.3g} passes over {item['available_rows']:,} available)")
+    lines.append(f"[data] the run reads {read:,} rows ({read * length:,} tokens) of a {total:,}-row mixture"
+                 + (f" ({read / total:.3g} passes)" if read != total else ""))
+    return lines
 
 
 def default_eval_source(recipe) -> str:

@@ -50,6 +50,15 @@ def sanitized_recipe(recipe: Recipe) -> dict:
     return clean(recipe.to_dict())
 
 
+def card_recipe(recipe: Recipe) -> dict:
+    """The recipe the card shows: :func:`sanitized_recipe` without ``eval.report_note``, console text about the
+    run (the demo's says how many steps ran, on which device) that the card's own sections replace.
+    ``recipe.yaml`` keeps the whole recipe."""
+    data = sanitized_recipe(recipe)
+    data.get("eval", {}).pop("report_note", None)
+    return data
+
+
 def export_model(model, tokenizer, recipe: Recipe, anchor_layers: list[list[int]], export_dir: str | Path, *,
                  base_model: str, blocks_file: str | Path | None = None, results: dict | None = None) -> Path:
     """Write the export folder (see module docstring); returns its path."""
@@ -187,7 +196,7 @@ def write_model_card(export_dir: Path, recipe: Recipe, anchor_layers: list[list[
                   # AutoTokenizer reads config.json first, whose class is in modeling_podkit.py (auto_map): without
                   # trust_remote_code transformers asks "run the custom code? [y/N]" (tests/train/test_model_card.py)
                   "tokenizer = AutoTokenizer.from_pretrained(REPO, trust_remote_code=True)", "```", ""]
-    lines += ["## Recipe", "", "```yaml", yaml.safe_dump(sanitized_recipe(recipe), sort_keys=False).strip(), "```", ""]
+    lines += ["## Recipe", "", "```yaml", yaml.safe_dump(card_recipe(recipe), sort_keys=False).strip(), "```", ""]
     path = export_dir / "README.md"
     path.write_text("\n".join(lines))
     return path

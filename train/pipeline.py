@@ -111,7 +111,7 @@ def run_pipeline(recipe: Recipe, stages: list[str], local_rank: int | None = Non
         source = model_source(recipe)
     tokenizer = load_tokenizer(recipe, source)
     base_name = public_model_name(recipe)
-    log(f"[podkit] {recipe.source_path}: base {base_name}, stages {','.join(s for s in ORDER if s in stages)}, "
+    log(f"[podkit] {recipe.source_path}: base {base_name}, stages {','.join(stages_to_run(recipe, stages))}, "
         f"{world} process(es) on {device.type}")
 
     # -- explore ----------------------------------------------------------------------------
@@ -122,12 +122,13 @@ def run_pipeline(recipe: Recipe, stages: list[str], local_rank: int | None = Non
     trained = out / "trained"
     if "train" in stages:
         from train.data import training_rows
+        from train.learning_curve import tokens_per_step
         from train.trainer import train_model, training_arguments
 
         args = training_arguments(recipe)  # before the model: ZeRO-3 builds it inside zero.Init
         with args.main_process_first(desc="tokenise into shards"):  # the shards are built once, then memory-mapped
-            packed = training_rows(recipe, tokenizer, log=log)
-        log(f"[train] {len(packed)} sequences of {recipe.data.context_length} tokens from {recipe.data.train}")
+            packed = training_rows(recipe, tokenizer, log=log, rows_per_step=tokens_per_step(
+                args, recipe.data.context_length, recipe.train.sequence_parallel_size) // recipe.data.context_length)
         dtype = _training_dtype(recipe)
         model = load_model(recipe, source, anchor_layers=anchors, dtype=dtype)
         sequence_parallel = None
@@ -192,6 +193,22 @@ def run_pipeline(recipe: Recipe, stages: list[str], local_rank: int | None = Non
     log(f"[podkit] done in {time.perf_counter() - started_wall:.0f}s wall, "
         f"{time.process_time() - started_cpu:.0f}s CPU (this process)")
     return 0
+
+
+def stages_to_run(recipe: Recipe, stages: list[str]) -> list[str]:
+    """The requested stages in pipeline order, without ``push`` when ``hub.repo_id`` is null (nothing to push
+    to: the stage is skipped, so the banner does not list it)."""
+    return [s for s in ORDER if s in stages and (s != "push" or recipe.hub.repo_id)]
+
+
+def render_report_note(note: str, *, max_steps: int, device) -> str:
+    """``eval.report_note`` with ``{max_steps}`` and ``{device}`` filled in from the run (other braces are left as
+    they are), so a note written for the demo does not claim a 40-step CPU run for a longer one or a GPU run."""
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+    else:
+        name = device.type.upper()
+    return note.replace("{max_steps}", str(max_steps)).replace("{device}", name)
 
 
 def held_out_sources(recipe: Recipe) -> list[str]:
@@ -330,7 +347,8 @@ def _exploration(recipe, stages, source, tokenizer, rank, device, log):
 
         # N rows of the training mixture (seeded, by weight) at the calibration length: [N, calibration_length]
         rows = training_rows(recipe, tokenizer, context_length=recipe.calibration_length,
-                             num_rows=recipe.pod.calibration_samples, log=log)
+                             num_rows=recipe.pod.calibration_samples, log=log, describe=False)
+        log(f"[explore] {len(rows)} calibration rows of {recipe.calibration_length} tokens from {recipe.data.train}")
         samples = torch.stack([rows[i]["input_ids"] for i in range(len(rows))])
         dense = load_dense_reference(recipe, source).to(device)
         result = run_exploration(dense, samples, last_queries=recipe.pod.last_queries, delta=recipe.pod.delta,
@@ -418,6 +436,7 @@ def _evaluate(recipe, source, tokenizer, anchors, export_dir: Path, device, log)
                  f"dense -> {kv['dense_kv_bytes'] - kv['kv_bytes']:,} bytes saved ({100 * kv['saving']:.1f}%; "
                  f"closed form {100 * kv['closed_form_saving']:.1f}%)")
     if recipe.eval.report_note:
-        lines += [line.strip() for line in recipe.eval.report_note.strip().splitlines()]
+        note = render_report_note(recipe.eval.report_note, max_steps=recipe.train.max_steps, device=device)
+        lines += [line.strip() for line in note.strip().splitlines()]
     print("\n".join("[result] " + line for line in lines))
     return results

@@ -158,7 +158,8 @@ class EvalSection:
     out_of_domain: list[str] = field(default_factory=list)  # more held-out sources, scored beside data.eval
     every_steps: int | None = None            # learning curve: held-out ppl every N optimizer steps
     curve_max_tokens: int = 8192              # held-out tokens per source at each learning-curve point
-    report_note: str | None = None            # printed after the results (e.g. where a bigger run stands)
+    report_note: str | None = None            # printed after the results (e.g. where a bigger run stands);
+                                              # {max_steps} and {device} are filled in (pipeline.render_report_note)
     context_length: int | None = None         # default: data.context_length
     batch_size: int = 1
     # The export of a dense fine-tune control (a run of this recipe with train.attention=dense): scored as a row
@@ -309,10 +310,22 @@ def _describe(hint: Any) -> str:
     origin = typing.get_origin(hint)
     if origin in (typing.Union, getattr(types, "UnionType", None)):
         parts = [_describe(a) for a in typing.get_args(hint) if a is not type(None)]
-        return " or ".join(parts) + " or null"
+        return " or ".join(parts) + (" or null" if type(None) in typing.get_args(hint) else "")
     if origin is list:
-        return f"a list of {_describe(typing.get_args(hint)[0])}s"
+        return f"a list of {_plural(typing.get_args(hint)[0])}"
     return {bool: "true/false", int: "an integer", float: "a number", str: "a string", dict: "a mapping"}.get(hint, str(hint))
+
+
+def _plural(hint: Any) -> str:
+    """The elements of a list, as a noun phrase: ``strings``, ``integers``, ``lists of integers``."""
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, getattr(types, "UnionType", None)):
+        return " or ".join(_plural(a) for a in typing.get_args(hint) if a is not type(None)) + (
+            " or nulls" if type(None) in typing.get_args(hint) else "")
+    if origin is list:
+        return f"lists of {_plural(typing.get_args(hint)[0])}"
+    return {bool: "true/false values", int: "integers", float: "numbers", str: "strings", dict: "mappings"}.get(
+        hint, f"{hint} values")
 
 
 def suggest(key: str, known) -> str:
