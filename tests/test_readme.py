@@ -50,7 +50,8 @@ def test_every_script_in_the_readme_exists():
 
 
 def test_every_eval_bench_command_in_the_readme_exists():
-    from eval.bench.__main__ import COMMANDS as BENCH, MODULES
+    from eval.bench.__main__ import COMMANDS as BENCH
+    from eval.bench.__main__ import MODULES
 
     named = set(re.findall(r"\bpython3? -m eval\.bench ([\w-]+)", COMMANDS))
     assert named, "no eval.bench command found"

@@ -8,6 +8,7 @@
 * ``memory-plot LABEL=REPORT.json ... --out PNG`` -> ``eval.bench.memory_plot`` (peak memory against context).
 * ``distill-memory ARGS`` -> ``eval.bench.distill_memory`` (what the distillation teacher costs in memory).
 * ``decode-profile ARGS`` -> ``eval.bench.decode_profile`` (where the time of one decode step goes, by kernel kind).
+* ``generate-vs-engine ARGS`` -> ``eval.bench.generate_vs_engine`` (``generate()`` vs the engine over prompt lengths).
 
 Modules are imported only when their command runs, so a missing one fails alone, by name.
 """
@@ -22,7 +23,7 @@ from pathlib import Path
 MODULES = {"kernels-decode": "eval.bench.kernels_decode", "kernels-prefill": "eval.bench.kernels_prefill",
            "train": "eval.bench.train", "e2e": "eval.bench.e2e", "train-multi-gpu": "eval.bench.train_multi_gpu",
            "memory-plot": "eval.bench.memory_plot", "distill-memory": "eval.bench.distill_memory",
-           "decode-profile": "eval.bench.decode_profile"}
+           "decode-profile": "eval.bench.decode_profile", "generate-vs-engine": "eval.bench.generate_vs_engine"}
 COMMANDS = ("kernels",) + tuple(MODULES)
 
 

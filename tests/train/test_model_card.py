@@ -17,7 +17,6 @@ import sys
 import textwrap
 
 import pytest
-
 from tiny_setup import REPO, make_texts, make_tiny_model, tiny_recipe
 
 HIDE_PODKIT = textwrap.dedent('''
