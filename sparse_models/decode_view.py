@@ -49,6 +49,11 @@ class CacheDecodeView:
     def values(self) -> torch.Tensor:
         return self.cache.layer_values(self.layer)
 
+    @property
+    def capacity(self) -> int:
+        """Cache slots this step reads (the view's width: the longest sequence rounded up to 64)."""
+        return int(self.values.shape[2])
+
     def full(self, q: torch.Tensor) -> torch.Tensor:
         return kernels.decode_attention(q, self.keys, self.values, self.lens)
 

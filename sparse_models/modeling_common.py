@@ -31,7 +31,7 @@ from .model_files import check_model_folder
 from .plan import build_plan, model_family
 from .ragged import left_align, pack_new_tokens
 from .schemes.pod import assemble_anchor_keys, assemble_anchor_queries, validate_anchor_layers
-from .schemes.registry import get_scheme
+from .schemes.registry import get_scheme, warn_config_notices
 from .schemes.token_sparse import TokenSparseStats
 
 # transformers 5.24 renamed the outputs' / generate's `past_key_values` to `cache`
@@ -69,6 +69,7 @@ class PodkitModelMixin:
         self.sparse_config = sparse_config
         self.plan = plan
         cfg.sparse_attention = sparse_config.to_dict()
+        warn_config_notices(sparse_config, getattr(cfg, "max_position_embeddings", None))  # huge budget, no POD map
 
     def new_cache(self, capacity: int = 0) -> SparseKVCache:
         """An empty cache shaped for the current plan (``capacity`` slots preallocated)."""

@@ -147,6 +147,7 @@ class StaticDecodeView:
         self.scale = scale
         self.config = config
         self.num_kv_heads = cache.num_kv_heads
+        self.capacity = cache.capacity  # static: a budget that covers it is exact attention in every replay
 
     def full(self, q):
         pod = self.config.pod

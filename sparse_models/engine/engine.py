@@ -26,7 +26,8 @@ import kernels
 
 from ..config import ConfigError, SparseAttentionConfig
 from ..plan import build_plan, model_family
-from ..schemes.registry import get_scheme, scheme_names
+from ..modeling_common import resolve_calibration_files
+from ..schemes.registry import get_scheme, scheme_names, warn_config_notices
 from .cuda_graph import GraphedStep
 from .decode_step import DecodeStep
 from .errors import EngineError
@@ -72,7 +73,9 @@ def _resolve_config(model, sparse_config, overrides) -> SparseAttentionConfig:
         if key in overrides and overrides[key] not in allowed:
             raise EngineError(f"{key}={overrides[key]!r} is not a known scheme: expected one of {', '.join(allowed)}")
     try:
-        return sparse_config.with_overrides(**overrides) if overrides else sparse_config
+        config = sparse_config.with_overrides(**overrides) if overrides else sparse_config
+        # a pod_blocks_file given here (generate --set) is read as the model's from_pretrained reads one
+        return resolve_calibration_files(config, getattr(model, "name_or_path", None) or None)
     except ConfigError as err:
         raise EngineError(str(err)) from err
 
@@ -185,6 +188,9 @@ class GenerationEngine:
                           f"running the decode step eagerly", RuntimeWarning, stacklevel=2)
             use_cuda_graphs = False
         self.use_cuda_graphs = use_cuda_graphs
+        # a budget beyond the context (the decode functions then read every slot exactly: covers_cache), POD without a
+        # block map (the identity map: dense): each said once, as the model says them
+        warn_config_notices(self.config, getattr(model.config, "max_position_embeddings", None))
         parts = self.parts
         try:
             self.plan = build_plan(self.config, parts.num_layers, parts.num_kv_heads, model_family(model.config))

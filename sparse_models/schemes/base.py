@@ -33,13 +33,15 @@ class DecodeView(Protocol):
 
     Attributes:
         layer: layer index; ``lens`` [B] sequence lengths (the query sits at ``lens - 1``);
-        num_kv_heads: Hkv; ``config``: the SparseAttentionConfig.
+        num_kv_heads: Hkv; ``config``: the SparseAttentionConfig; ``capacity``: the cache slots the view
+        reads (a host int, no sync: the dynamic cache's view width, the engine's ``max_seq_len``).
     """
 
     layer: int
     lens: torch.Tensor
     num_kv_heads: int
     config: Any
+    capacity: int
 
     def full(self, q: torch.Tensor) -> torch.Tensor:
         """Exact attention over every cached position -> [B, Hq, D] (POD-aware on a shared-key cache)."""
@@ -95,18 +97,27 @@ def exact_decode(view: DecodeView, q: torch.Tensor, row, step: DecodeStepState) 
     return view.full(q)
 
 
+def covers_cache(view: DecodeView, budget: int) -> bool:
+    """Whether a decode budget reaches every slot the view's cache holds. A sparse scheme then runs exact
+    attention (``view.full``: every position, at dense cost; what its selection would read anyway) instead of
+    building position lists sized by the budget, which could be far larger than the cache. Static per
+    capture (host ints), so graph-safe."""
+    return budget >= view.capacity
+
+
 @dataclass(frozen=True)
 class Budget:
     """A scheme's budget: the number of cached positions one decode query reads, current token included.
 
     ``to_overrides(budget, given)`` returns the flat overrides that set it (``given``: the overrides
-    already chosen, e.g. ``streaming_sink_tokens``). ``meaning`` is the one-line documentation shown
-    by ``--help`` and ARCHITECTURE.md.
+    already chosen, e.g. ``streaming_sink_tokens``); ``reads(config)`` the budget a config gives (its
+    inverse). ``meaning`` is the one-line documentation shown by ``--help`` and ARCHITECTURE.md.
     """
 
     meaning: str
     to_overrides: Callable[[int, Mapping[str, Any]], dict[str, Any]]
     minimum: int = 2
+    reads: Callable[[Any], int] | None = None
 
     def overrides(self, scheme: str, budget: Any, given: Mapping[str, Any] | None = None) -> dict[str, Any]:
         from ..validation import ConfigError

@@ -15,7 +15,7 @@ import torch
 import kernels
 
 from ..validation import check_int, check_layer_list, check_layers_exist, fail
-from .base import Budget, CacheNeeds, Scheme, exact_decode
+from .base import Budget, CacheNeeds, Scheme, covers_cache, exact_decode
 
 
 @dataclass
@@ -48,6 +48,8 @@ def quest_indices(q: torch.Tensor, page_max: torch.Tensor, page_min: torch.Tenso
 
 def quest_decode(view, q: torch.Tensor, row, step) -> torch.Tensor:
     """q [B, Hq, D] -> [B, Hq, D]: exact attention over the tokens of the selected pages."""
+    if covers_cache(view, view.config.quest.budget):  # every page would be selected: exact attention
+        return view.full(q)
     page_max, page_min, page_size = view.key_pages()
     return view.sparse(q, quest_indices(q, page_max, page_min, view.lens, page_size, view.config.quest.budget))
 
@@ -66,5 +68,5 @@ SCHEME = Scheme(
     decode={"dense": exact_decode, "quest": quest_decode},
     cache=CacheNeeds(page_roles=("quest",), page_size=lambda config: config.quest.page_size),
     budget=Budget("tokens of the selected pages = quest.budget (page size 16), the current page included",
-                  lambda budget, given: {"quest_budget": budget}),
+                  lambda budget, given: {"quest_budget": budget}, reads=lambda config: config.quest.budget),
 )

@@ -85,6 +85,46 @@ def budget_overrides(decode_scheme: str, budget, given=None) -> dict:
     return scheme.budget.overrides(decode_scheme, budget, given)
 
 
+def budget_beyond_context(config, max_positions: int | None) -> str | None:
+    """The one-line notice for a decode budget (:attr:`Budget.reads`) at or beyond the model's context, or None:
+    every decode step then reads every position, at dense cost (``schemes/base.covers_cache``: the scheme runs
+    exact attention instead of building position lists sized by the budget)."""
+    budget = get_scheme(config.decode_scheme).budget
+    if budget is None or budget.reads is None or not max_positions:
+        return None
+    reads = budget.reads(config)
+    if reads < max_positions:
+        return None
+    return (f"decode_scheme={config.decode_scheme!r} budget {reads} covers the model's whole context "
+            f"(max_position_embeddings={max_positions}): every decode step reads every cached position, "
+            f"as dense attention does, at dense cost")
+
+
+def no_block_map_notice(config) -> str | None:
+    """The notice for a scheme that uses POD's anchor map (``Scheme.uses_anchors``) run without one, or None.
+    A model that was never POD-adapted has no ``pod.anchor_layers`` / ``pod.blocks_file`` in its config; POD then
+    uses the identity map (every layer its own anchor), which is exactly dense attention: ``--decode-scheme pod``
+    on it would otherwise look like POD."""
+    phases = [f"{phase}_scheme={name!r}" for phase, name in (("prefill", config.prefill_scheme),
+                                                             ("decode", config.decode_scheme))
+              if get_scheme(name).uses_anchors]
+    if not phases or config.pod.anchor_layers is not None:
+        return None
+    return (f"{' and '.join(phases)} on a model that is not POD-adapted (no pod.anchor_layers or pod.blocks_file in "
+            f"its config): POD uses the identity map, every layer its own anchor, which is exactly dense attention; "
+            f"for zero-shot POD give a map (pod_blocks_file=<blocks.json>; python -m eval.calibrate pod writes one)")
+
+
+def warn_config_notices(config, max_positions: int | None) -> None:
+    """Say :func:`budget_beyond_context` and :func:`no_block_map_notice` as RuntimeWarnings, from this one line for
+    the model (``set_sparse_attention``) and the engine alike, so warnings' default filter prints each once."""
+    import warnings
+
+    for notice in (budget_beyond_context(config, max_positions), no_block_map_notice(config)):
+        if notice:
+            warnings.warn(notice, RuntimeWarning, stacklevel=1)
+
+
 def config_sections() -> dict[str, type]:
     """Config section name -> its dataclass, for every registered scheme that owns one."""
     return {s.config_key: s.config_cls for s in SCHEMES.values() if s.config_key is not None}

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from ..validation import check_int
-from .base import Budget, Scheme
+from .base import Budget, Scheme, covers_cache
 
 
 @dataclass
@@ -47,6 +47,9 @@ def streaming_indices(seq_lens: torch.Tensor, num_kv_heads: int, cfg: StreamingC
 
 def streaming_decode(view, q: torch.Tensor, row, step) -> torch.Tensor:
     """q [B, Hq, D] -> [B, Hq, D], attending to sinks + recent window."""
+    cfg = view.config.streaming
+    if covers_cache(view, cfg.sink_tokens + cfg.recent_window):  # sinks + window reach every slot: exact attention
+        return view.full(q)
     return view.sparse(q, streaming_indices(view.lens, view.num_kv_heads, view.config.streaming))
 
 
@@ -68,5 +71,6 @@ SCHEME = Scheme(
     decode_roles=lambda config, num_layers, anchors, family: [("streaming", None)] * num_layers,
     decode={"streaming": streaming_decode},
     budget=Budget("positions read per step = streaming.sink_tokens (default 4) + streaming.recent_window",
-                  _budget_overrides),
+                  _budget_overrides,
+                  reads=lambda config: config.streaming.sink_tokens + config.streaming.recent_window),
 )

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..validation import ConfigError, check_int, check_layer_list, check_layers_exist, fail
-from .base import Budget, CacheNeeds, Scheme, exact_decode
+from .base import Budget, CacheNeeds, Scheme, covers_cache, exact_decode
 
 
 @dataclass
@@ -111,18 +111,22 @@ def tidal_decode_roles(config, num_layers: int, anchors, family: str | None = No
 def select_decode(view, q: torch.Tensor, row, step) -> torch.Tensor:
     """Selection layer: exact attention; the chosen positions [B, Hs, budget] go to ``step.selected``."""
     tidal = view.config.tidal
+    if covers_cache(view, tidal.budget):  # every slot would be selected: exact attention, no budget-sized list
+        return view.full(q)
     out, step.selected[row.layer] = view.select(q, tidal.budget, tidal.selection == "kv_group")
     return out
 
 
 def sparse_decode(view, q: torch.Tensor, row, step) -> torch.Tensor:
     """Sparse layer: attention over the positions its selection layer chose -> [B, Hq, D]."""
+    if covers_cache(view, view.config.tidal.budget):  # the selection layer selected nothing (see select_decode)
+        return view.full(q)
     return view.sparse(q, step.selected[row.selection_source])
 
 
 DECODE = {"full": exact_decode, "full+select": select_decode, "sparse-over-selected": sparse_decode}
 BUDGET = Budget("positions read per sparse layer = tidal.budget, the current token included",
-                lambda budget, given: {"tidal_budget": budget})
+                lambda budget, given: {"tidal_budget": budget}, reads=lambda config: config.tidal.budget)
 
 SCHEME = Scheme(
     name="tidal",

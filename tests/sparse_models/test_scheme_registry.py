@@ -21,6 +21,7 @@ class SpyView:
 
     def __init__(self, config, lens):
         self.layer, self.config, self.lens, self.num_kv_heads = 0, config, lens, NUM_KV
+        self.capacity = int(lens.max())  # the cache holds the 96-token past (budgets below it stay sparse)
         self.read: list[int] = []
 
     def _out(self, q):
