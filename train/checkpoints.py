@@ -13,6 +13,15 @@
   into place once complete, so a crash mid-save leaves the previous checkpoints usable. The Trainer of
   transformers 5.17 and 5.24 builds the folder as ``os.path.join(self._get_output_dir(trial),
   "checkpoint-N")``; ``PodTrainer._get_output_dir`` returns the staging folder during a save.
+* The same crash-safe pieces for other folders and files: :func:`replace_folder` (the rename above),
+  :func:`staged_folder` (the export, train/export.py, is written into ``.<name>-staging`` next to it and renamed
+  into place once whole), :func:`write_text_atomically` / :func:`copy_file_atomically` (tmp file + os.replace:
+  the eval stage's writes into a finished export).
+* A full disk: :func:`checkpoint_size_estimate` (weights + optimizer state from the parameters) and
+  :func:`free_space_check` stop a run before training when ``train.output_dir`` cannot hold one checkpoint;
+  a save that fails on a full disk anyway raises :class:`StorageError` (one line naming the path; the staged
+  half is removed, the previous checkpoint kept). :func:`make_folder` turns an output folder that cannot be
+  created into the same one-line error. train/pod.py prints these and exits 2.
 * :func:`drop_tied_missing_keys`: a checkpoint of a model with tied embeddings stores ``lm_head.weight``
   once (as the embedding); the Trainer's "missing keys" warning about it is noise.
 * :func:`follow_current_schedule`: a resumed run with a larger ``train.max_steps`` continues on the
@@ -22,13 +31,16 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
 import re
 import shutil
-import struct
 import zipfile
 from pathlib import Path
+
+from sparse_models.model_files import safetensors_problem
 
 CHECKPOINT_NAME = re.compile(r"^checkpoint-(\d+)$")
 STAGING_DIR = ".checkpoint-staging"
@@ -43,28 +55,6 @@ class CheckpointError(ValueError):
 
 # ---------------------------------------------------------------------------------------------
 # Validation
-
-
-def _safetensors_problem(path: Path) -> str | None:
-    """Why ``path`` is not a complete safetensors file (8-byte header length, JSON header, data), or None."""
-    size = path.stat().st_size
-    if size < 8:
-        return f"is truncated ({size} bytes, not even the 8-byte header length)"
-    with path.open("rb") as f:
-        (header_len,) = struct.unpack("<Q", f.read(8))
-        if 8 + header_len > size:
-            return f"is truncated: its header claims {header_len} bytes but the file holds {size}"
-        try:
-            header = json.loads(f.read(header_len))
-        except (UnicodeDecodeError, json.JSONDecodeError) as error:
-            return f"has an unreadable header ({error})"
-    ends = [entry["data_offsets"][1] for key, entry in header.items()
-            if key != "__metadata__" and isinstance(entry, dict) and "data_offsets" in entry]
-    expected = 8 + header_len + max(ends, default=0)
-    if size != expected:
-        return (f"is {'truncated' if size < expected else 'longer than its header says'}: the header describes "
-                f"{expected} bytes, the file holds {size}")
-    return None
 
 
 def _zip_problem(path: Path) -> str | None:
@@ -105,7 +95,7 @@ def checkpoint_problems(folder: str | os.PathLike) -> list[str]:
         problems.append(f"{folder / 'optimizer.pt'} is missing (and no DeepSpeed 'latest' tag): no optimizer state")
     for path in sorted(p for p in folder.rglob("*") if p.is_file()):
         if path.suffix == ".safetensors":
-            problem = _safetensors_problem(path)
+            problem = safetensors_problem(path)
         elif path.suffix == ".json":
             problem = _json_problem(path)
         elif path.suffix in TORCH_PICKLES and path.name != "training_args.bin":
@@ -178,6 +168,119 @@ def select_resume_checkpoint(resume: str | None, output_dir: str | os.PathLike, 
 # Crash-safe saving
 
 
+class StorageError(RuntimeError):
+    """A folder podkit writes to cannot be created or has no room; one line naming the path and the fix
+    (train/pod.py prints it and exits 2)."""
+
+
+ENOSPC_MARKERS = ("no space left on device", "os error 28", "disk quota exceeded", "storagefull")
+
+
+def out_of_space(error: BaseException, folder: str | os.PathLike) -> bool:
+    """Whether ``error``, raised while writing into ``folder``, is a full disk. OSError carries ENOSPC; safetensors
+    raises SafetensorError("... No space left on device (os error 28)"); torch.save only a RuntimeError about a
+    file position, so a nearly full file system (under 1 MiB available) counts too."""
+    seen = error
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if any(marker in str(seen).lower() for marker in ENOSPC_MARKERS):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return free_bytes(folder) < 2 ** 20
+
+
+def _describe(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0][:200]}" if text else type(error).__name__
+
+
+def free_bytes(folder: str | os.PathLike) -> int:
+    """Bytes available to this user on the file system of ``folder`` (or of its nearest existing parent)."""
+    probe = Path(folder).expanduser().absolute()
+    while not probe.exists() and probe.parent != probe:
+        probe = probe.parent
+    return shutil.disk_usage(probe).free
+
+
+def make_folder(path: str | os.PathLike, key: str) -> Path:
+    """``path`` created (with its parents) or :class:`StorageError` naming ``key`` (the recipe field) and why."""
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        where = f" ({error.filename})" if error.filename and str(error.filename) != str(path) else ""
+        raise StorageError(f"{key}={str(path)!r} cannot be created: {error.strerror or error}{where}; choose a "
+                           f"folder you can write to") from None
+    return path
+
+
+def replace_folder(new: Path, final: Path, aside: Path | None = None) -> None:
+    """Rename the complete folder ``new`` to ``final`` (same file system: each rename is atomic). A previous
+    ``final`` is moved to ``aside`` first and removed only once ``new`` is in place."""
+    new, final = Path(new), Path(final)
+    aside = Path(aside) if aside is not None else final.with_name(f".{final.name}-replaced")
+    if final.exists():
+        if aside.exists():
+            shutil.rmtree(aside)
+        os.replace(final, aside)
+    os.replace(new, final)
+    shutil.rmtree(aside, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def staged_folder(final: str | os.PathLike, key: str):
+    """Yield an empty staging folder next to ``final`` (``.<name>-staging``, same file system); when the block
+    ends normally it replaces ``final`` (:func:`replace_folder`), so ``final`` is the previous complete folder
+    until then. An exception removes the staging folder (a full disk becomes :class:`StorageError`); a killed
+    process leaves it, and the next call clears it."""
+    final = Path(final).expanduser()
+    parent = make_folder(final.parent, key)
+    staging = parent / f".{final.name}-staging"
+    if staging.exists():
+        shutil.rmtree(staging)
+    staging.mkdir()
+    try:
+        yield staging
+    except Exception as error:
+        full = out_of_space(error, staging)
+        shutil.rmtree(staging, ignore_errors=True)
+        if full:
+            raise StorageError(f"writing {getattr(error, 'filename', None) or staging} failed: no space left on the "
+                               f"device ({_describe(error)}); {final} was not replaced"
+                               + (" (the previous one is kept)" if final.exists() else "")
+                               + f"; free space there or choose another {key}") from None
+        raise
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    replace_folder(staging, final)
+
+
+def write_text_atomically(path: str | os.PathLike, text: str) -> Path:
+    """Write ``path`` through a temporary file in its folder + os.replace: readers see the old or the new text."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
+def copy_file_atomically(source: str | os.PathLike, target: str | os.PathLike) -> Path:
+    """shutil.copy2 through a temporary file next to ``target`` + os.replace."""
+    target = Path(target)
+    tmp = target.with_name(f".{target.name}.tmp{os.getpid()}")
+    try:
+        shutil.copy2(source, tmp)
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return target
+
+
 def save_checkpoint_atomically(trainer, save, trial=None) -> None:
     """Run the Trainer's ``_save_checkpoint`` (``save()``) into a staging folder, then rename into place.
 
@@ -201,18 +304,23 @@ def save_checkpoint_atomically(trainer, save, trial=None) -> None:
     trainer._checkpoint_staging = str(staging)
     try:
         save()
+    except Exception as error:
+        if not out_of_space(error, staging):
+            raise
+        shutil.rmtree(staging / name, ignore_errors=True)  # the space it took, back for the next try
+        with contextlib.suppress(OSError):
+            staging.rmdir()
+        kept = next((c for c in checkpoints_in(run_dir) if not checkpoint_problems(c)), None)
+        raise StorageError(f"writing {getattr(error, 'filename', None) or staging / name} failed: no space left on "
+                           f"the device ({_describe(error)}); {name} was not saved; "
+                           + (f"the previous checkpoint {kept} is kept" if kept else "no earlier checkpoint exists")
+                           + f"; free space in {run_dir} (or choose another train.output_dir) and resume with "
+                           f"train.resume_from_checkpoint=auto") from None
     finally:
         trainer._checkpoint_staging = None
     trainer.accelerator.wait_for_everyone()
     if owner and (staging / name).exists():
-        final = run_dir / name
-        replaced = run_dir / f"{STAGING_DIR}-replaced-{name}"
-        if final.exists():
-            if replaced.exists():
-                shutil.rmtree(replaced)
-            os.replace(final, replaced)
-        os.replace(staging / name, final)
-        shutil.rmtree(replaced, ignore_errors=True)
+        replace_folder(staging / name, run_dir / name, aside=run_dir / f"{STAGING_DIR}-replaced-{name}")
         try:
             staging.rmdir()
         except OSError:
@@ -221,6 +329,62 @@ def save_checkpoint_atomically(trainer, save, trial=None) -> None:
     if owner:
         rotate_checkpoints(output_dir=str(run_dir), save_total_limit=args.save_total_limit,
                            best_model_checkpoint=trainer.state.best_model_checkpoint, use_mtime=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Free space before training
+
+
+def checkpoint_size_estimate(model, *, deepspeed: bool, lora: bool) -> dict:
+    """Bytes of one ``checkpoint-N`` of ``model`` (after LoRA wrapping), from its parameters.
+
+    ``weights``: what the Trainer saves as the model (the adapter alone for LoRA), in each parameter's dtype.
+    ``optimizer``: AdamW's state, two moments per trainable parameter in its dtype (``optimizer.pt``); under
+    DeepSpeed the ZeRO optimizer states (fp32 master weights + two fp32 moments, 12 bytes per trainable
+    parameter) plus the module states saved beside the weights (another copy of them). ZeRO-3 partitions report
+    their full size (``ds_numel``). Small files (trainer state, scheduler, RNG) are left out.
+    """
+    weights = optimizer = 0
+    for param in model.parameters():
+        numel = int(getattr(param, "ds_numel", 0) or param.numel())
+        size = numel * param.element_size()
+        if param.requires_grad:
+            optimizer += 12 * numel if deepspeed else 2 * size
+        if param.requires_grad or not lora:
+            weights += size
+    total = weights * (2 if deepspeed else 1) + optimizer
+    return {"weights": weights, "optimizer": optimizer, "total": total}
+
+
+def _size(n: float) -> str:
+    for unit in ("bytes", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+def free_space_check(output_dir: str | os.PathLike, estimate: dict, *, saves: int,
+                     keep: int | None) -> tuple[str | None, str | None]:
+    """(problem, warning) about the free space in ``output_dir`` for a run that saves ``saves`` checkpoints,
+    ``keep`` of them at once (``train.save_total_limit``; one more exists while a save is renamed into place),
+    then ``trained/`` (the weights). The problem (training cannot save even once) stops the run before it
+    starts; the warning (the whole run may not fit) is printed."""
+    free = free_bytes(output_dir)
+    first = estimate["total"] if saves else estimate["weights"]
+    at_once = min(saves, keep + 1) if keep else saves
+    peak = estimate["total"] * at_once + estimate["weights"]
+    what = (f"one checkpoint needs about {_size(estimate['total'])} ({_size(estimate['weights'])} of weights + "
+            f"{_size(estimate['optimizer'])} of optimizer state)" if saves else
+            f"the trained weights need about {_size(estimate['weights'])}")
+    if free < first:
+        return (f"train.output_dir={str(output_dir)!r} has {_size(free)} free but {what}: free space there or "
+                f"choose another train.output_dir (nothing was trained)"), None
+    if free < peak:
+        return None, (f"[train] warning: train.output_dir has {_size(free)} free; {at_once} checkpoint(s) at once "
+                      f"and trained/ need about {_size(peak)} ({what}): the run may stop on a full disk (lower "
+                      f"train.save_total_limit or free space)")
+    return None, None
 
 
 # ---------------------------------------------------------------------------------------------

@@ -25,6 +25,8 @@ from pathlib import Path
 import yaml
 
 from sparse_models.calibration.pod_similarity import blocks_per_head, kv_saving_fraction
+from sparse_models.model_files import write_export_manifest
+from train.checkpoints import staged_folder, write_text_atomically
 from train.recipe import Recipe
 
 STANDALONE_MODELING = Path(__file__).resolve().parent.parent / "sparse_models" / "standalone" / "modeling_podkit.py"
@@ -61,19 +63,26 @@ def card_recipe(recipe: Recipe) -> dict:
 
 def export_model(model, tokenizer, recipe: Recipe, anchor_layers: list[list[int]], export_dir: str | Path, *,
                  base_model: str, blocks_file: str | Path | None = None, results: dict | None = None) -> Path:
-    """Write the export folder (see module docstring); returns its path."""
+    """Write the export folder (see module docstring); returns its path.
+
+    Crash-safe: everything is written into a staging folder next to ``export_dir`` (same file system), which
+    replaces ``export_dir`` only once whole (train/checkpoints.py ``staged_folder``, as checkpoints are
+    saved); until then the previous export stays. The manifest (``podkit_export.json``,
+    sparse_models/model_files.py) is written first as incomplete and last with the file list, so a folder
+    that lost a part is refused by the loaders with what is missing.
+    """
     export_dir = Path(export_dir)
-    if export_dir.exists():
-        shutil.rmtree(export_dir)
-    export_dir.mkdir(parents=True)
-    model.save_pretrained(export_dir)
-    tokenizer.save_pretrained(export_dir)
-    if blocks_file is not None:
-        shutil.copyfile(blocks_file, export_dir / "pod_blocks.json")
-    (export_dir / "recipe.yaml").write_text(yaml.safe_dump(sanitized_recipe(recipe), sort_keys=False))
-    shutil.copyfile(STANDALONE_MODELING, export_dir / "modeling_podkit.py")
-    _finish_config(export_dir, recipe)
-    write_model_card(export_dir, recipe, anchor_layers, base_model=base_model, results=results)
+    with staged_folder(export_dir, "train.export_dir") as staging:
+        write_export_manifest(staging, complete=False)
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        if blocks_file is not None:
+            shutil.copyfile(blocks_file, staging / "pod_blocks.json")
+        (staging / "recipe.yaml").write_text(yaml.safe_dump(sanitized_recipe(recipe), sort_keys=False))
+        shutil.copyfile(STANDALONE_MODELING, staging / "modeling_podkit.py")
+        _finish_config(staging, recipe)
+        write_model_card(staging, recipe, anchor_layers, base_model=base_model, results=results)
+        write_export_manifest(staging, complete=True)
     return export_dir
 
 
@@ -197,6 +206,4 @@ def write_model_card(export_dir: Path, recipe: Recipe, anchor_layers: list[list[
                   # trust_remote_code transformers asks "run the custom code? [y/N]" (tests/train/test_model_card.py)
                   "tokenizer = AutoTokenizer.from_pretrained(REPO, trust_remote_code=True)", "```", ""]
     lines += ["## Recipe", "", "```yaml", yaml.safe_dump(card_recipe(recipe), sort_keys=False).strip(), "```", ""]
-    path = export_dir / "README.md"
-    path.write_text("\n".join(lines))
-    return path
+    return write_text_atomically(export_dir / "README.md", "\n".join(lines))  # the eval stage rewrites it in place

@@ -18,12 +18,52 @@ DTYPE = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.
 
 
 def model_source(recipe: Recipe) -> str:
-    """A local folder or Hub id that ``from_pretrained`` accepts."""
-    if recipe.model.name_or_path == EMBEDDED_MODEL:
+    """A local folder or Hub id that ``from_pretrained`` accepts; a Hub id is resolved first (its config.json
+    fetched, or found in the local cache), so that one that cannot be had stops the run before anything is written
+    (:class:`sparse_models.model_files.ModelPathError`, one line)."""
+    from train.inputs import looks_like_local_path
+
+    name = recipe.model.name_or_path
+    if name == EMBEDDED_MODEL:
         from sparse_models import smollm2
 
         return str(smollm2.default_model_path())
-    return recipe.model.name_or_path
+    if not looks_like_local_path(name):
+        resolve_hub_model(name, recipe.model.revision)
+    return name
+
+
+def resolve_hub_model(repo_id: str, revision: str | None) -> str:
+    """The local path of ``repo_id``'s config.json (downloaded, or from the cache offline), or
+    :class:`ModelPathError` saying why the model cannot be had and what to do."""
+    from huggingface_hub import constants, errors, hf_hub_download
+
+    from sparse_models.model_files import ModelPathError
+
+    def kind(name):  # huggingface_hub versions differ in which error classes they have
+        return getattr(errors, name, None) or type(name, (Exception,), {})
+
+    key = f"model.name_or_path={repo_id!r}" + (f" (model.revision={revision!r})" if revision else "")
+    try:
+        return hf_hub_download(repo_id, "config.json", revision=revision)
+    except kind("GatedRepoError"):
+        raise ModelPathError(f"{key}: the model is gated on the Hub: accept its terms there and set HF_TOKEN") from None
+    except kind("RepositoryNotFoundError"):
+        raise ModelPathError(f"{key}: no such model on the Hub (or a private one: set HF_TOKEN); fix the id or use "
+                             f"a local folder") from None
+    except kind("RevisionNotFoundError"):
+        raise ModelPathError(f"{key}: the Hub model has no such revision") from None
+    except kind("LocalEntryNotFoundError"):
+        offline = " (HF_HUB_OFFLINE is set)" if constants.HF_HUB_OFFLINE else ""
+        raise ModelPathError(f"{key}: not in the local Hugging Face cache ({constants.HF_HUB_CACHE}) and the Hub "
+                             f"cannot be reached{offline}: download it where there is network (`hf download "
+                             f"{repo_id}`) and carry the cache (HF_HOME), or set model.name_or_path to a local "
+                             f"folder") from None
+    except kind("EntryNotFoundError"):
+        raise ModelPathError(f"{key}: the Hub repository has no config.json: not a transformers model") from None
+    except (kind("HfHubHTTPError"), kind("HFValidationError"), OSError, ValueError) as error:
+        first = (str(error).strip().splitlines() or [""])[0][:200]
+        raise ModelPathError(f"{key}: cannot be fetched from the Hub ({type(error).__name__}: {first})") from None
 
 
 def public_model_name(recipe: Recipe) -> str:

@@ -85,6 +85,7 @@ def _shutdown_distributed() -> None:
 
 
 def run_pipeline(recipe: Recipe, stages: list[str], local_rank: int | None = None) -> int:
+    from train.checkpoints import copy_file_atomically, make_folder, write_text_atomically
     from train.models import load_model, load_tokenizer, model_source, public_model_name
     from train.trainer import world_info
 
@@ -102,14 +103,13 @@ def run_pipeline(recipe: Recipe, stages: list[str], local_rank: int | None = Non
 
         configure_cpu_threads(int(os.environ.get("LOCAL_WORLD_SIZE", world)), log=log)
     init_distributed(recipe)
-    out = Path(recipe.train.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
     if local == 0:  # each host's first process prepares its cache (e.g. the embedded model's conversion) first
         source = model_source(recipe)
     _barrier()
     if local != 0:
         source = model_source(recipe)
     tokenizer = load_tokenizer(recipe, source)
+    out = make_folder(recipe.train.output_dir, "train.output_dir")  # after the model resolved: nothing written before
     base_name = public_model_name(recipe)
     log(f"[podkit] {recipe.source_path}: base {base_name}, stages {','.join(stages_to_run(recipe, stages))}, "
         f"{world} process(es) on {device.type}")
@@ -166,16 +166,15 @@ def run_pipeline(recipe: Recipe, stages: list[str], local_rank: int | None = Non
     # -- eval -------------------------------------------------------------------------------
     if "eval" in stages and recipe.eval.perplexity:
         results = _evaluate(recipe, source, tokenizer, anchors, export_dir, device, log)
-        (out / "results.json").write_text(json.dumps(results, indent=1))
+        write_text_atomically(out / "results.json", json.dumps(results, indent=1))
         if (export_dir / "config.json").is_file():
-            import shutil
-
             from train.export import update_card_results
 
-            (export_dir / "eval_results.json").write_text(json.dumps(results, indent=1))  # the card's numbers
+            # into the finished export: each file whole or not at all (tmp file + os.replace)
+            write_text_atomically(export_dir / "eval_results.json", json.dumps(results, indent=1))  # the card's numbers
             for name in ("learning_curve.json", "learning_curve.png"):  # the card shows the curve
                 if (out / name).is_file():
-                    shutil.copy2(out / name, export_dir / name)
+                    copy_file_atomically(out / name, export_dir / name)
 
             update_card_results(export_dir, recipe, anchors, base_model=base_name, results=results)
 

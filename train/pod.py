@@ -2,7 +2,9 @@
 """POD adaptation: ``deepspeed train/pod.py RECIPE.yaml [section.field=value ...]``.
 
 Also runs as ``python train/pod.py ...`` (one process). The recipe is validated first; any problem
-is printed as one ``recipe error: ...`` line each, the exit status is 2, and nothing is written.
+is printed as one ``recipe error: ...`` line each, the exit status is 2, and nothing is written. A model that
+cannot be had (a Hub id neither cached nor reachable), an output folder that cannot be created or holds no room
+for a checkpoint, and a full disk mid-run are one ``error: ...`` line and exit status 2 as well.
 Then the stages run in order (``--stages`` picks a subset):
 
   explore  exploration on N calibration samples -> blocks JSON + heatmap (or reuse pod.blocks_file)
@@ -59,7 +61,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{len(error.problems)} problem(s) in {args.recipe}; nothing was run or written.", file=sys.stderr)
         return 2
 
-    from train.checkpoints import CheckpointError
+    from sparse_models.model_files import ModelPathError
+    from train.checkpoints import CheckpointError, StorageError
     from train.pipeline import run_pipeline
 
     try:
@@ -67,6 +70,9 @@ def main(argv: list[str] | None = None) -> int:
     except CheckpointError as error:
         print(f"checkpoint error: {error}", file=sys.stderr)
         print("nothing was run or written.", file=sys.stderr)
+        return 2
+    except (ModelPathError, StorageError) as error:  # a model that cannot be loaded, a folder that cannot be written
+        print(f"error: {error}", file=sys.stderr)
         return 2
 
 

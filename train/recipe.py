@@ -68,7 +68,14 @@ def load_recipe(path: str | os.PathLike, overrides: list[str] | None = None, *, 
     if not path.is_file():
         raise RecipeError([f"recipe file {str(path)!r} does not exist: pass the path of a YAML recipe (see recipes/)"])
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise RecipeError([f"recipe file {str(path)!r} is not a text file (not UTF-8: byte "
+                           f"{error.object[error.start]:#04x} at offset {error.start}): pass a YAML recipe"]) from None
+    except OSError as error:
+        raise RecipeError([f"recipe file {str(path)!r} cannot be read ({error.strerror or error})"]) from None
+    try:
+        data = yaml.safe_load(text) or {}
     except yaml.YAMLError as error:
         raise RecipeError([f"recipe file {str(path)!r} is not valid YAML: {error}"]) from None
     return recipe_from_dict(data, overrides, source_path=str(path), check_environment=check_environment)

@@ -314,14 +314,21 @@ def check_environment(r: Recipe, problems: list[str]) -> None:
     elif name.startswith(EMBEDDED_DATA_PREFIX):
         add(f"model.name_or_path={name!r}: the only embedded model is {EMBEDDED_MODEL!r}")
     elif looks_like_local_path(name):
+        from sparse_models.model_files import model_folder_problems  # the loaders' own checks
+
         folder = resolve_input_path(name)
-        if not (folder / "config.json").is_file():
+        found = model_folder_problems(folder)
+        if not folder.exists():
             add(f"model.name_or_path={name!r}: no model folder with a config.json there; fix the path or use a Hub id")
         else:
-            try:
-                model_config = json.loads((folder / "config.json").read_text())
-            except (OSError, json.JSONDecodeError) as error:
-                add(f"model.name_or_path={name!r}: config.json is unreadable ({error})")
+            if found:
+                add(f"model.name_or_path={name!r}: {'; '.join(found)}; fix the path or use a Hub id")
+            try:  # a config that parses still feeds the shape rules below
+                model_config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                model_config = None
+            if not isinstance(model_config, dict):
+                model_config = None
     else:
         model_config = _cached_hub_config(name, r.model.revision)
 
@@ -408,7 +415,10 @@ def _check_writable(key: str, path: Path, problems: list[str]) -> None:
         problems.append(f"{key}={str(path)!r} exists and is not a folder: choose another path")
         return
     reason = None
-    if not probe.is_dir():
+    dangling = next((p for p in (path, *path.parents) if p.is_symlink() and not p.exists()), None)
+    if dangling is not None:
+        reason = f"{str(dangling)!r} is a symbolic link to {os.readlink(dangling)!r}, which does not exist"
+    elif not probe.is_dir():
         reason = f"{str(probe)!r} is a file, not a folder"
     elif not os.access(probe, os.W_OK | os.X_OK):
         reason = f"{str(probe)!r} does not accept new files"

@@ -274,6 +274,7 @@ def train_model(model, train_dataset, recipe: Recipe, args, *, tokenizer=None, l
         if trainer.objective_loss is not None:
             trainer.model_accepts_loss_kwargs = False  # a per-micro-batch mean: the Trainer divides by GA
     resume = resolve_resume(recipe)
+    _check_free_space(model, recipe, args, log)  # before any step: a checkpoint that cannot fit stops the run here
     if resume and args.process_index == 0:
         log(f"[train] resuming from {resume}")
     result = trainer.train(resume_from_checkpoint=resume)
@@ -287,11 +288,41 @@ def train_model(model, train_dataset, recipe: Recipe, args, *, tokenizer=None, l
         disable_tiled_mlp(model)
         attach_checkpoint_offload(model, None)
     trained = out / "trained"
-    trainer.save_model(str(trained))  # collective under ZeRO-3; rank 0 writes
+    try:
+        trainer.save_model(str(trained))  # collective under ZeRO-3; rank 0 writes
+    except Exception as error:
+        from train.checkpoints import StorageError, out_of_space
+
+        if not out_of_space(error, out):
+            raise
+        raise StorageError(f"writing {trained} failed: no space left on the device ({type(error).__name__}); the "
+                           f"checkpoints in {out} are kept: free space and run again with "
+                           f"train.resume_from_checkpoint=auto") from None
     if args.process_index == 0:
         (trained / "train_metrics.json").write_text(json.dumps(result.metrics, indent=1))
         log(f"[train] {result.global_step} steps, final train loss {result.training_loss:.4f} -> {trained}")
     return trained
+
+
+def _check_free_space(model, recipe: Recipe, args, log) -> None:
+    """Stop before training when ``train.output_dir`` cannot hold one checkpoint (train/checkpoints.py
+    ``free_space_check``), warn when the run's checkpoints may not all fit. Rank 0 decides for every rank."""
+    import math
+
+    from train.checkpoints import StorageError, checkpoint_size_estimate, free_space_check
+
+    t = recipe.train
+    estimate = checkpoint_size_estimate(model, deepspeed=bool(args.deepspeed), lora=t.method == "lora")
+    saves = math.ceil(t.max_steps / t.save_steps) if t.max_steps > 0 and t.save_steps else 1
+    verdict = list(free_space_check(t.output_dir, estimate, saves=saves, keep=t.save_total_limit))
+    if torch.distributed.is_available() and torch.distributed.is_initialized() \
+            and torch.distributed.get_world_size() > 1:
+        torch.distributed.broadcast_object_list(verdict, src=0)  # ranks measuring a few bytes apart must agree
+    problem, warning = verdict
+    if problem:
+        raise StorageError(problem)
+    if warning and args.process_index == 0:
+        log(warning)
 
 
 def _enable_long_context(model, recipe: Recipe, args, log):

@@ -25,6 +25,7 @@ def _local_model(tmp_path, heads: int, kv_heads: int) -> str:
     (folder / "config.json").write_text(json.dumps({"model_type": "llama", "num_attention_heads": heads,
                                                     "num_key_value_heads": kv_heads,
                                                     "max_position_embeddings": 131072}))
+    (folder / "model.safetensors").write_bytes(b"\x02\0\0\0\0\0\0\0{}")  # no tensors: a complete, empty file
     return str(folder)
 
 
