@@ -27,6 +27,7 @@ import yaml
 from sparse_models.calibration.pod_similarity import blocks_per_head, kv_saving_fraction
 from sparse_models.model_files import write_export_manifest
 from train.checkpoints import staged_folder, write_text_atomically
+from train.long_context_eval.report import card_lines
 from train.recipe import Recipe
 
 STANDALONE_MODELING = Path(__file__).resolve().parent.parent / "sparse_models" / "standalone" / "modeling_podkit.py"
@@ -117,8 +118,12 @@ def _trained_delta(export_dir: Path, pod) -> str:
     return f"{delta:g}"
 
 
-def write_model_card(export_dir: Path, recipe: Recipe, anchor_layers: list[list[int]], *, base_model: str,
+def write_model_card(export_dir: Path, recipe: Recipe, anchor_layers: list[list[int]] | None, *, base_model: str,
                      results: dict | None = None) -> Path:
+    """The card of a POD export, or of the dense fine-tune control (``anchor_layers`` None,
+    ``train.attention: dense``)."""
+    if anchor_layers is None:
+        return _write_control_card(export_dir, recipe, base_model=base_model, results=results)
     p = recipe.pod
     length = recipe.eval_context_length
     saving = kv_saving_fraction(anchor_layers, length, p.sink_tokens, p.recent_window)
@@ -154,7 +159,7 @@ def write_model_card(export_dir: Path, recipe: Recipe, anchor_layers: list[list[
                      + ")")
     if results:
         lines += ["## Evaluation", ""]
-        labels = (("dense", "dense base"), ("pod_before", "POD before adaptation"),
+        labels = (("dense", "dense base"), ("control", "dense fine-tune control"), ("pod_before", "POD before adaptation"),
                   ("pod_after", "POD after adaptation (this model)"), ("dense_after", "this model run densely"))
         sources = results.get("sources") or {results.get("data", "held-out text"): results.get("perplexity", {})}
         names = list(sources)
@@ -178,6 +183,8 @@ def write_model_card(export_dir: Path, recipe: Recipe, anchor_layers: list[list[
         if results.get("data"):
             lines += ["", f"Held-out text: {results['data']}."]
         lines.append("")
+    if results and "long_context" in results:
+        lines += card_lines(results["long_context"])
     if (export_dir / "learning_curve.png").is_file():
         lines += ["## Learning curve", "", "Held-out perplexity gap to the dense base during adaptation (POD solid, the "
                   "same weights run densely dotted); the numbers are in `learning_curve.json`.", "",
@@ -207,3 +214,30 @@ def write_model_card(export_dir: Path, recipe: Recipe, anchor_layers: list[list[
                   "tokenizer = AutoTokenizer.from_pretrained(REPO, trust_remote_code=True)", "```", ""]
     lines += ["## Recipe", "", "```yaml", yaml.safe_dump(card_recipe(recipe), sort_keys=False).strip(), "```", ""]
     return write_text_atomically(export_dir / "README.md", "\n".join(lines))  # the eval stage rewrites it in place
+
+
+def _write_control_card(export_dir: Path, recipe: Recipe, *, base_model: str, results: dict | None) -> Path:
+    """The card of the dense fine-tune control: what it is for, its perplexity and long-context rows."""
+    lines = ["---", yaml.safe_dump({"library_name": "transformers", "tags": ["podkit", "pod-control"],
+                                    "pipeline_tag": "text-generation"}, sort_keys=False).strip(), "---", "",
+             f"# Dense fine-tune control of {base_model}", "",
+             "The control of a POD adaptation (podkit, `train.attention: dense`): the same model, data, steps, "
+             "optimizer and objective as the POD run of this recipe, with dense attention. Comparing the POD export "
+             "with this model separates what POD costs from what the fine-tuning costs.", "",
+             f"- **Base model:** {base_model}",
+             f"- **Training:** {recipe.train.method} fine-tuning, objective {recipe.train.objective}, context "
+             f"{recipe.data.context_length}, lr {recipe.train.learning_rate:g} ({recipe.train.lr_scheduler}), "
+             f"{recipe.train.max_steps} steps", ""]
+    if results:
+        sources = results.get("sources", {})
+        names = list(sources)
+        lines += ["## Evaluation", "", "Held-out perplexity (text never trained on):", "",
+                  "| model | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+        for key, label in (("dense", "original dense model"), ("control", "this model")):
+            cells = [f"{sources[n][key]['ppl']:.3f}" if key in sources[n] else "-" for n in names]
+            lines.append(f"| {label} | " + " | ".join(cells) + " |")
+        lines.append("")
+        if "long_context" in results:
+            lines += card_lines(results["long_context"])
+    lines += ["## Recipe", "", "```yaml", yaml.safe_dump(card_recipe(recipe), sort_keys=False).strip(), "```", ""]
+    return write_text_atomically(export_dir / "README.md", "\n".join(lines))

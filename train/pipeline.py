@@ -115,8 +115,12 @@ def run_pipeline(recipe: Recipe, stages: list[str], local_rank: int | None = Non
         f"{world} process(es) on {device.type}")
 
     # -- explore ----------------------------------------------------------------------------
-    anchors, blocks_path = _exploration(recipe, stages, source, tokenizer, rank, device, log)
-    anchors, blocks_path = _final_map(recipe, anchors, blocks_path, rank, log)
+    if recipe.train.attention == "dense":
+        anchors, blocks_path = None, None
+        log("[explore] train.attention=dense: the dense fine-tune control (no exploration, no block map)")
+    else:
+        anchors, blocks_path = _exploration(recipe, stages, source, tokenizer, rank, device, log)
+        anchors, blocks_path = _final_map(recipe, anchors, blocks_path, rank, log)
 
     # -- train ------------------------------------------------------------------------------
     trained = out / "trained"
@@ -141,7 +145,7 @@ def run_pipeline(recipe: Recipe, stages: list[str], local_rank: int | None = Non
                 f"{world // sequence_parallel.size} data-parallel replica(s)")
         callbacks = []
         if recipe.eval.every_steps:
-            callbacks.append(_learning_curve(recipe, tokenizer, args, log))
+            callbacks.append(_learning_curve(recipe, tokenizer, args, source, log))
         train_model(model, packed, recipe, args, tokenizer=tokenizer, log=log, sequence_parallel=sequence_parallel,
                     teacher_factory=lambda: load_model(recipe, source, dtype=dtype), callbacks=callbacks)
         del model
@@ -229,17 +233,52 @@ def _held_out_windows(recipe: Recipe, tokenizer, source: str, max_tokens: int) -
                          token_cache=recipe.data.token_cache)
 
 
-def _learning_curve(recipe: Recipe, tokenizer, args, log):
+def _learning_curve(recipe: Recipe, tokenizer, args, model_source: str, log):
     from train.learning_curve import learning_curve_callback, tokens_per_step
 
     windows = {source: _held_out_windows(recipe, tokenizer, source, recipe.eval.curve_max_tokens)
                for source in held_out_sources(recipe)}
     log(f"[curve] held-out ppl every {recipe.eval.every_steps} steps on "
         + ", ".join(f"{s} ({w.shape[0]} x {w.shape[1]})" for s, w in windows.items()))
+    long_context = None
+    if recipe.long_context.ruler and recipe.long_context.curve:
+        if recipe.train.method == "lora":  # the engine reads the base projections, not peft's adapters
+            log("[curve] long_context.curve: not scored during LoRA training (the eval stage scores the merged export)")
+        else:
+            long_context = _dev_ruler_probe(recipe, tokenizer, model_source, log)
     return learning_curve_callback(windows, recipe.eval.every_steps, Path(recipe.train.output_dir),
                                    objective=recipe.train.objective, batch_size=recipe.eval.batch_size,
                                    tokens_per_step=tokens_per_step(args, recipe.data.context_length,
-                                                                   recipe.train.sequence_parallel_size), log=log)
+                                                                   recipe.train.sequence_parallel_size), log=log,
+                                   long_context=long_context)
+
+
+def _ruler_setup(recipe: Recipe, source: str):
+    """(samples folder, model name for the sample files, the model's context) of the long-context evaluation."""
+    from train.models import load_config, public_model_name
+
+    folder = Path(recipe.long_context.samples_dir or Path(recipe.train.output_dir) / "ruler_samples")
+    return folder, public_model_name(recipe), getattr(load_config(recipe, source), "max_position_embeddings", None)
+
+
+def _dev_ruler_probe(recipe: Recipe, tokenizer, source: str, log):
+    """``model -> RULER summary`` on the dev split (never the test split: the curve is what checkpoints and
+    settings are chosen on)."""
+    from train.long_context_eval import protocol, scoring
+
+    folder, name, max_positions = _ruler_setup(recipe, source)
+    dev, _ = protocol.splits(recipe, max_positions, log)
+    samples = protocol.split_samples(dev, tokenizer, folder, name)
+    log(f"[curve] RULER {dev.describe()}")
+    lc = recipe.long_context
+
+    def probe(model) -> dict:
+        from train.teacher import podkit_model_of
+
+        podkit = podkit_model_of(model)
+        return scoring.summarise(scoring.score_samples(podkit, tokenizer, samples, chat=lc.chat,
+                                                       batch_size=lc.batch_size, label="dev", log=lambda *a: None))
+    return probe
 
 
 def _checked_resume(recipe: Recipe, stages: list[str], log) -> tuple[Recipe, list[str]]:
@@ -375,13 +414,39 @@ def _load_adapted(recipe, source, trained: Path, anchors):
     return load_model(recipe, str(trained), anchor_layers=anchors, apply_recipe_config=False)
 
 
+def _comparison_rows(recipe, source, anchors, export_dir: Path) -> list[tuple[str, object]]:
+    """(row, build) of every model the eval stage compares (train/long_context_eval/report.py names them): the
+    original dense model; the dense fine-tune control (this run's export when it is the control, else
+    ``eval.control_export``); POD before adaptation; the POD export and its weights run densely."""
+    from train.models import load_dense_reference, load_model
+
+    rows = [("dense", lambda: load_dense_reference(recipe, source))]
+    exported = (export_dir / "config.json").is_file()
+
+    def export_of(path, dense: bool = False):
+        model = load_model(recipe, str(path), anchor_layers=anchors if path == export_dir else None,
+                           apply_recipe_config=False)
+        if dense:
+            model.set_sparse_attention(prefill_scheme="dense", decode_scheme="dense")
+        return model
+
+    if recipe.train.attention == "dense":
+        return rows + ([("control", lambda: export_of(export_dir))] if exported else [])
+    if recipe.eval.control_export:
+        control = resolve_input_path(recipe.eval.control_export)
+        rows.append(("control", lambda: export_of(control)))
+    rows.append(("pod_before", lambda: load_model(recipe, source, anchor_layers=anchors)))
+    if exported:
+        rows += [("pod_after", lambda: export_of(export_dir)), ("dense_after", lambda: export_of(export_dir, True))]
+    return rows
+
+
 def _evaluate(recipe, source, tokenizer, anchors, export_dir: Path, device, log) -> dict:
-    """Held-out perplexity of dense / POD before / POD after / adapted-run-densely on every held-out
-    source, and the KV bytes POD saves. ``perplexity`` holds the first source's (data.eval) scores;
-    ``sources`` all of them."""
+    """Held-out perplexity of every row of :func:`_comparison_rows` on every held-out source, the KV bytes POD
+    saves, and (``long_context.ruler``) RULER's test split for the same rows (``long_context``; per-sample records
+    in ``ruler_records.json``). ``perplexity`` holds the first source's (data.eval) scores; ``sources`` all."""
     from sparse_models.calibration.pod_similarity import kv_saving_fraction
     from train.evaluate import measured_kv_bytes, perplexity
-    from train.models import load_dense_reference, load_model
 
     length = recipe.eval_context_length
     windows = {name: _held_out_windows(recipe, tokenizer, name, recipe.eval.max_tokens)
@@ -390,16 +455,7 @@ def _evaluate(recipe, source, tokenizer, anchors, export_dir: Path, device, log)
         log(f"[eval] held-out perplexity on {name}: {w.shape[0]} windows x {length} tokens")
     primary = next(iter(windows))
     results = {"data": f"{primary}, {windows[primary].shape[0]} x {length} tokens", "sources": {}}
-    candidates = [("dense", lambda: load_dense_reference(recipe, source)),
-                  ("pod_before", lambda: load_model(recipe, source, anchor_layers=anchors))]
-    if (export_dir / "config.json").is_file():
-        def adapted(dense: bool):
-            model = load_model(recipe, str(export_dir), anchor_layers=anchors, apply_recipe_config=False)
-            if dense:
-                model.set_sparse_attention(prefill_scheme="dense", decode_scheme="dense")
-            return model
-
-        candidates += [("pod_after", lambda: adapted(False)), ("dense_after", lambda: adapted(True))]
+    candidates = _comparison_rows(recipe, source, anchors, export_dir)
     for name, build in candidates:
         model = build().to(device)
         for held_out, w in windows.items():
@@ -411,15 +467,20 @@ def _evaluate(recipe, source, tokenizer, anchors, export_dir: Path, device, log)
         del model
     results["perplexity"] = {k: v for k, v in results["sources"][primary].items() if isinstance(v, dict)}
     p = recipe.pod
-    results["kv"]["closed_form_saving"] = kv_saving_fraction(anchors, length, p.sink_tokens, p.recent_window)
+    if "kv" in results:
+        results["kv"]["closed_form_saving"] = kv_saving_fraction(anchors, length, p.sink_tokens, p.recent_window)
     lines = []
     for held_out, scores in results["sources"].items():
         dense = scores["dense"]["ppl"]
         lines += [f"held-out perplexity ({held_out}, {scores['windows']} x {length} tokens):",
-                  f"  dense                  {dense:.3f}",
-                  f"  POD before adaptation  {scores['pod_before']['ppl']:.3f}  "
-                  f"({100 * (scores['pod_before']['ppl'] / dense - 1):+.1f}% vs dense)"]
-        if "pod_after" in scores:
+                  f"  dense                  {dense:.3f}"]
+        if "control" in scores:
+            lines.append(f"  dense fine-tune control {scores['control']['ppl']:.3f}  "
+                         f"({100 * (scores['control']['ppl'] / dense - 1):+.1f}% vs dense)")
+        if "pod_before" in scores:
+            lines.append(f"  POD before adaptation  {scores['pod_before']['ppl']:.3f}  "
+                         f"({100 * (scores['pod_before']['ppl'] / dense - 1):+.1f}% vs dense)")
+        if "pod_after" in scores and "pod_before" in scores:
             gap = scores["pod_before"]["ppl"] - dense
             closed = (scores["pod_before"]["ppl"] - scores["pod_after"]["ppl"]) / gap if gap > 0 else float("nan")
             lines.append(f"  POD after adaptation   {scores['pod_after']['ppl']:.3f}  "
@@ -430,10 +491,23 @@ def _evaluate(recipe, source, tokenizer, anchors, export_dir: Path, device, log)
             scores["gap_closed"] = closed
     if "gap_closed" in results["sources"][primary]:
         results["gap_closed"] = results["sources"][primary]["gap_closed"]
-    kv = results["kv"]
-    lines.append(f"KV cache at {kv['tokens']} tokens: {kv['kv_bytes']:,} bytes with POD vs {kv['dense_kv_bytes']:,} "
+    kv = results.get("kv")
+    if kv:
+        lines.append(f"KV cache at {kv['tokens']} tokens: {kv['kv_bytes']:,} bytes with POD vs {kv['dense_kv_bytes']:,} "
                  f"dense -> {kv['dense_kv_bytes'] - kv['kv_bytes']:,} bytes saved ({100 * kv['saving']:.1f}%; "
-                 f"closed form {100 * kv['closed_form_saving']:.1f}%)")
+                     f"closed form {100 * kv['closed_form_saving']:.1f}%)")
+    if recipe.long_context.ruler:
+        from train.long_context_eval.report import result_lines, ruler_report
+
+        folder, name, max_positions = _ruler_setup(recipe, source)
+        rows = [(row, lambda build=build: build().to(device)) for row, build in candidates if row != "pod_before"]
+        report = ruler_report(rows, tokenizer, recipe, folder=folder, model_name=name, max_positions=max_positions,
+                              log=log)
+        results["long_context"] = report["summary"]
+        from sparse_models.calibration.outputs import write_json
+
+        write_json(Path(recipe.train.output_dir) / "ruler_records.json", report["records"])
+        lines += result_lines(report["summary"])
     if recipe.eval.report_note:
         note = render_report_note(recipe.eval.report_note, max_steps=recipe.train.max_steps, device=device)
         lines += [line.strip() for line in note.strip().splitlines()]
