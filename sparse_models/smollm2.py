@@ -52,6 +52,7 @@ def default_model_path() -> Path:
     if (target / "config.json").is_file() and (target / "model.safetensors").is_file():
         _drop_stale_quantization_config(target / "config.json")
         _pad_on_the_left(target / "tokenizer_config.json")
+        _repair_special_tokens(target)
         return target
     _convert(target)
     return target
@@ -79,6 +80,48 @@ def _pad_on_the_left(tokenizer_config: Path) -> None:
         os.replace(tmp, tokenizer_config)
 
 
+SPECIAL_TOKENS = ("bos", "eos", "pad", "unk")
+
+
+def align_special_tokens(tokenizer, config) -> None:
+    """Give ``tokenizer`` the special tokens the GGUF declares (``config``'s ``<name>_token_id``). transformers
+    5.17's GGUF converter names the BOS token as EOS (``<|im_start|>``, id 1, where SmolLM2 ends a turn with
+    ``<|im_end|>``, id 2) and sets no pad token; 5.24 follows the file. Aligned, both versions build one
+    tokenizer: the same token shards (``train.corpus.shards``) and the same end of generation."""
+    for name in SPECIAL_TOKENS:
+        token_id = getattr(config, f"{name}_token_id", None)
+        if isinstance(token_id, int) and getattr(tokenizer, f"{name}_token_id") != token_id:
+            setattr(tokenizer, f"{name}_token", tokenizer.convert_ids_to_tokens(token_id))
+
+
+def _repair_special_tokens(folder: Path) -> None:
+    """A folder converted by transformers 5.17 before :func:`align_special_tokens`: its ``tokenizer_config.json``
+    gets the special tokens ``config.json`` declares, in place (otherwise three JSON reads)."""
+    path = folder / "tokenizer_config.json"
+    if not path.is_file() or not (folder / "tokenizer.json").is_file():
+        return
+    config = json.loads((folder / "config.json").read_text())
+    settings = json.loads(path.read_text())
+    added = {t["id"]: t["content"] for t in json.loads((folder / "tokenizer.json").read_text()).get("added_tokens", [])}
+    changed = False
+    for name in SPECIAL_TOKENS:
+        token_id = config.get(f"{name}_token_id")
+        if not isinstance(token_id, int) or token_id not in added:
+            continue
+        current = settings.get(f"{name}_token")
+        current = current.get("content") if isinstance(current, dict) else current
+        if current != added[token_id]:
+            settings[f"{name}_token"] = added[token_id]
+            changed = True
+        if f"{name}_token_id" in settings and settings[f"{name}_token_id"] != token_id:
+            settings[f"{name}_token_id"] = token_id
+            changed = True
+    if changed:
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(settings, indent=2, ensure_ascii=False) + "\n")
+        os.replace(tmp, path)
+
+
 def _convert(target: Path) -> None:
     from transformers import AutoTokenizer, LlamaForCausalLM
 
@@ -103,6 +146,7 @@ def _convert(target: Path) -> None:
         missing = [m for m in missing if m != "lm_head.weight" or not config.tie_word_embeddings]
         if missing or unexpected:
             raise RuntimeError(f"GGUF -> podkit weight copy mismatch: missing {missing}, unexpected {unexpected}")
+        align_special_tokens(tokenizer, gguf_model.config)
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         try:

@@ -9,12 +9,20 @@ Layout under the token cache (``sparse_models.paths.cache_dir("tokens")``: ``$PO
                                   /doc_starts.npy        int64 [documents]: first token of each document
 
 Documents are tokenised without special tokens and each is followed by EOS, so the shards are one
-token stream with EOS separators. The manifest records the tokenizer identity (class, name, vocab,
-EOS, a hash of its full definition), the source (string, fingerprint) and counts. A folder is built
-in a temporary sibling and renamed into place, the manifest written last, under a file lock, so
-concurrent ranks build it once and a crash never leaves a half-written folder that looks valid. A
-changed tokenizer lands in another ``<tokenizer hash>`` folder; a changed source (fingerprint) is
-rebuilt in place.
+token stream with EOS separators. The manifest records the tokenizer identity (:func:`tokenizer_identity`:
+class, name, vocab, EOS and the hash of what decides the token ids), the source (string, fingerprint) and
+counts. A folder is built in a temporary sibling and renamed into place, the manifest written last, under a
+file lock, so concurrent ranks build it once and a crash never leaves a half-written folder that looks valid.
+A changed tokenizer lands in another ``<tokenizer hash>`` folder; a changed source (fingerprint) is rebuilt in
+place. Folders written under the first identity (:func:`legacy_tokenizer_hash`: vocabulary, added tokens, one
+probe text, EOS) are still read where that hash matches (:func:`find_shards`).
+
+Travelling between machines: the hash covers only what decides the ids -- never the serialised
+``tokenizer.json`` (transformers 5.17 and 5.24 write the same SmolLM2 tokenizer with another normalizer
+entry, other BPE flags, another decoder). The ids did differ in one place: transformers 5.17's GGUF converter
+gives SmolLM2 the BOS token as EOS (``<|im_start|>``, 1, not ``<|im_end|>``, 2), so its shards would carry
+another separator; ``sparse_models.smollm2`` sets the special tokens from the model config, so both versions
+build the same tokenizer and the same hash (``tests/train/test_token_identity.py``).
 """
 
 from __future__ import annotations
@@ -43,18 +51,58 @@ def token_cache_dir(override: str | os.PathLike | None = None) -> Path:
 
 
 PROBE_TEXT = "Podkit probe:  Hello, WORLD!\n\tIt's 1,234.5 -- naïve café, 東京, 🙂 </s><|endoftext|>  end"
+# Texts whose ids show what a normalizer, a pre-tokenizer or the added tokens do, whatever their serialisation:
+# leading / repeated spaces, line ends, digits, code, compatibility and decomposed characters, scripts, emoji,
+# special-token strings.
+PROBE_TEXTS = (
+    PROBE_TEXT,
+    " leading space", "  two leading spaces", "trailing space ", "\n\nnewlines\r\nand CRLF\r\n", "a\u3000b\u00a0c",
+    "Hello world hello World HELLO WORLD", "digits 0 12 345 6789 12345678 3.14159 1e-9 2026-12-02",
+    "def f(x):\n    return x ** 2  # comment\n\tif x != 0: pass\n", "https://example.com/a?b=c&d=e#f user@example.com",
+    "\ufb01ne \u00bd \u216b \u2460 \u212b \u00c5 A\u030a \u00e9 e\u0301 \u00df \u0130 \u1e9e",
+    "Ünïcödé façade — “quotes” ‘single’ … ¿qué? ¡sí!", "中文 日本語 한국어 العربية עברית русский ελληνικά हिन्दी",
+    "emoji 🙂👍🏽 👨‍👩‍👧 zero\u200bwidth", "<|endoftext|><|im_start|>user\nhi<|im_end|>\n<s></s><unk><pad>[CLS][SEP]",
+    "a" * 40,
+)
+IDENTITY_VERSION = 2
+
+
+def _merges(tokenizer) -> list[list[str]] | None:
+    """A BPE backend's merges as ``[left, right]`` pairs in rank order (``tokenizer.json`` writes them as
+    ``"left right"`` strings or as pairs, by the version of ``tokenizers``), None without a BPE backend."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return None
+    merges = json.loads(backend.to_str()).get("model", {}).get("merges")
+    if merges is None:
+        return None
+    return [m.split(" ", 1) if isinstance(m, str) else list(m) for m in merges]
 
 
 def tokenizer_identity(tokenizer) -> dict:
-    """What identifies a tokenizer's output: its vocabulary, special tokens and how it encodes a probe
-    text, hashed (plus readable fields). Not the serialised definition: transformers versions write the
-    same tokenizer differently (the H200 image's 5.17 vs 5.24 here), and shards must travel between them."""
+    """What decides a tokenizer's ids, hashed (plus readable fields): the vocabulary (token -> id), the added
+    tokens (content -> id), the BPE merges in order, the ids of ``PROBE_TEXTS`` (what the normalizer,
+    pre-tokenizer and added-token matching do) and the EOS id (the shards' document separator). Not the
+    serialised definition, which transformers versions write differently for the same tokenizer (key order,
+    ``"a b"`` or ``["a", "b"]`` merges, an empty normalizer written or left out, BPE flags that a byte-level
+    vocabulary never exercises, the decoder): shards must travel between them (module docstring)."""
+    encode = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    decisive = {"version": IDENTITY_VERSION, "vocab": sorted(tokenizer.get_vocab().items()),
+                "added": sorted(tokenizer.get_added_vocab().items()), "merges": _merges(tokenizer),
+                "probe": [encode(text) for text in PROBE_TEXTS], "eos": tokenizer.eos_token_id}
+    digest = hashlib.sha256(json.dumps(decisive, sort_keys=True).encode()).hexdigest()
+    return {"class": type(tokenizer).__name__, "name_or_path": str(getattr(tokenizer, "name_or_path", "")),
+            "vocab_size": len(tokenizer), "eos_token_id": tokenizer.eos_token_id,
+            "identity_version": IDENTITY_VERSION, "hash": digest}
+
+
+def legacy_tokenizer_hash(tokenizer) -> str:
+    """The hash of the first identity (podkit before ``IDENTITY_VERSION`` 2): vocabulary, one probe, EOS,
+    added tokens. Folders written under it are still read (:func:`find_shards`)."""
     definition = json.dumps({"vocab": sorted(tokenizer.get_vocab().items()),
                              "probe": tokenizer(PROBE_TEXT, add_special_tokens=False)["input_ids"]})
     special = json.dumps({"eos": tokenizer.eos_token_id, "added": sorted(tokenizer.get_added_vocab().items())})
-    digest = hashlib.sha256((definition + special).encode()).hexdigest()
-    return {"class": type(tokenizer).__name__, "name_or_path": str(getattr(tokenizer, "name_or_path", "")),
-            "vocab_size": len(tokenizer), "eos_token_id": tokenizer.eos_token_id, "hash": digest}
+    return hashlib.sha256((definition + special).encode()).hexdigest()
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -129,6 +177,65 @@ def shard_folder(source: str, tokenizer_hash: str, *, cache: Path, config: str |
     return cache / tokenizer_hash[:16] / source_slug(source, config=config, split=split)
 
 
+def find_shards(source: str, tokenizer, *, cache: str | os.PathLike | None = None, config: str | None = None,
+                split: str = "train", text_field: str = "text", identity: dict | None = None,
+                fingerprint: str | None | bool = False) -> tuple[Path | None, str]:
+    """``(folder, "")`` when ``source`` has usable shards for ``tokenizer`` under the token cache (its own
+    identity's folder, else a folder written under the legacy hash), else ``(None, why)``. Reads only."""
+    from train.corpus.documents import source_fingerprint
+
+    identity = identity or tokenizer_identity(tokenizer)
+    cache = token_cache_dir(cache)
+    if fingerprint is False:
+        fingerprint = source_fingerprint(source, config=config, split=split, text_field=text_field)
+    folder = shard_folder(source, identity["hash"], cache=cache, config=config, split=split)
+    problem = _stale(folder, identity["hash"], fingerprint)
+    if problem is None:
+        return folder, ""
+    legacy = legacy_tokenizer_hash(tokenizer)
+    old = shard_folder(source, legacy, cache=cache, config=config, split=split)
+    if _stale(old, legacy, fingerprint) is None:
+        return old, ""
+    return None, problem
+
+
+def hash_folders(cache: Path) -> dict[str, dict]:
+    """The tokenizer-hash folders of a token cache: name -> {"sources": count, "tokenizer": one manifest's
+    tokenizer fields (or {})}."""
+    found: dict[str, dict] = {}
+    if not cache.is_dir():
+        return found
+    for folder in sorted(p for p in cache.iterdir() if p.is_dir()):
+        manifests = sorted(folder.glob("*/manifest.json"))
+        if not manifests:
+            continue
+        try:
+            tokenizer = json.loads(manifests[0].read_text()).get("tokenizer", {})
+        except (OSError, json.JSONDecodeError):
+            tokenizer = {}
+        found[folder.name] = {"sources": len(manifests), "tokenizer": tokenizer}
+    return found
+
+
+def cache_label(override: str | os.PathLike | None = None) -> str:
+    """How the user named the token cache, for messages: ``PODKIT_TOKEN_CACHE=...`` or ``token cache ...``."""
+    if override is None and os.environ.get("PODKIT_TOKEN_CACHE"):
+        return f"PODKIT_TOKEN_CACHE={os.environ['PODKIT_TOKEN_CACHE']}"
+    return f"token cache {token_cache_dir(override)}"
+
+
+def hash_folder_problem(cache: Path, label: str) -> str | None:
+    """A message when ``cache`` is one tokenizer-hash folder (``DIR/<hash>``) instead of the cache (``DIR``):
+    it holds source folders with manifests itself."""
+    if not cache.is_dir():
+        return None
+    held = sorted(p.parent.name for p in cache.glob("*/manifest.json"))
+    if not held:
+        return None
+    return (f"{label} is a tokenizer-hash folder (it holds the shard folders {', '.join(held[:3])}"
+            f"{', ...' if len(held) > 3 else ''} itself); set it to its parent {cache.parent}")
+
+
 def ensure_shards(source: str, tokenizer, *, cache: str | os.PathLike | None = None, config: str | None = None,
                   split: str = "train", text_field: str = "text", shard_tokens: int = SHARD_TOKENS,
                   log=print) -> ShardedTokens:
@@ -138,13 +245,20 @@ def ensure_shards(source: str, tokenizer, *, cache: str | os.PathLike | None = N
     if tokenizer.eos_token_id is None:
         raise ValueError("the tokenizer has no eos_token_id: the token stream needs a document separator")
     identity = tokenizer_identity(tokenizer)
+    label = cache_label(cache)
     cache = token_cache_dir(cache)
     folder = shard_folder(source, identity["hash"], cache=cache, config=config, split=split)
     fingerprint = source_fingerprint(source, config=config, split=split, text_field=text_field)
     with _locked(folder.with_name(folder.name + ".lock")):
-        problem = _stale(folder, identity, fingerprint)
-        if problem is None:
-            return ShardedTokens(folder)
+        found, problem = find_shards(source, tokenizer, cache=cache, config=config, split=split, identity=identity,
+                                     fingerprint=fingerprint)
+        if found is not None:
+            if found != folder:
+                log(f"[corpus] {source}: reading {found} (written under the legacy hash of this tokenizer)")
+            return ShardedTokens(found)
+        deep = hash_folder_problem(cache, label)
+        if deep is not None:
+            raise ValueError(deep)
         heldout = None
         if filtered_by_heldout(source):
             heldout = heldout_hashes(tokenizer, heldout_sources(source[len(PREFIX):]), cache=cache, log=log)
@@ -166,7 +280,7 @@ def heldout_hashes(tokenizer, sources: tuple[str, ...], *, cache=None, log=print
     return np.unique(np.concatenate([ngram_hashes(s.read(0, s.total_tokens), FILTER_N) for s in streams]))
 
 
-def _stale(folder: Path, identity: dict, fingerprint: str | None) -> str | None:
+def _stale(folder: Path, tokenizer_hash: str, fingerprint: str | None) -> str | None:
     """Why ``folder`` cannot be reused (None: it can)."""
     path = folder / "manifest.json"
     if not path.is_file():
@@ -177,7 +291,7 @@ def _stale(folder: Path, identity: dict, fingerprint: str | None) -> str | None:
         return f"unreadable manifest: {error}"
     if manifest.get("format_version") != FORMAT_VERSION:
         return f"format {manifest.get('format_version')} != {FORMAT_VERSION}"
-    if manifest["tokenizer"]["hash"] != identity["hash"]:
+    if manifest["tokenizer"]["hash"] != tokenizer_hash:
         return "tokenizer changed"
     if fingerprint is not None and manifest["source"]["fingerprint"] != fingerprint:
         return "source changed"
