@@ -27,6 +27,10 @@
 * :func:`follow_current_schedule`: a resumed run with a larger ``train.max_steps`` continues on the
   learning-rate schedule of the new ``max_steps`` (the restored scheduler state otherwise holds the old
   schedule's last value -- 0 for cosine/linear -- for the first resumed step).
+* Run records: :func:`prepare_loss_log` makes ``losses.jsonl`` hold one run (a fresh run keeps the previous log
+  as ``losses.previous.jsonl``; a resume cuts it back to the checkpoint's step), :func:`with_whole_run_loss`
+  gives the final train loss over all of its steps, and :func:`lock_output_dir` (``fcntl.flock`` on
+  ``<output_dir>/.lock``, taken by the pipeline's rank 0) refuses a second run into the same folder.
 """
 
 from __future__ import annotations
@@ -436,3 +440,118 @@ def follow_current_schedule(scheduler, log=print) -> bool:
     log(f"[train] learning-rate schedule: resumed at step {step} onto this run's schedule "
         f"(train.max_steps / epochs changed): lr {old[0]:.3g} -> {new[0]:.3g}")
     return True
+
+
+# ---------------------------------------------------------------------------------------------
+# Run records: losses.jsonl holds one run, and one run at a time per output_dir
+
+LOSS_LOG = "losses.jsonl"
+PREVIOUS_LOSS_LOG = "losses.previous.jsonl"
+LOCK_FILE = ".lock"
+
+
+class OutputDirInUse(CheckpointError):
+    """Another run holds ``train.output_dir``'s lock (:func:`lock_output_dir`)."""
+
+
+def checkpoint_step(checkpoint: str | os.PathLike) -> int:
+    """The optimizer step a checkpoint was saved at: ``trainer_state.json``'s ``global_step``, else its name."""
+    folder = Path(checkpoint)
+    try:
+        return int(json.loads((folder / "trainer_state.json").read_text())["global_step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        match = CHECKPOINT_NAME.match(folder.name)
+        if match:
+            return int(match.group(1))
+        raise CheckpointError(f"{folder}: cannot tell the step it was saved at (trainer_state.json has no "
+                              f"global_step and the folder is not named checkpoint-N)") from None
+
+
+def read_loss_log(path: str | os.PathLike) -> list[dict]:
+    """The records of a ``losses.jsonl``, one per step (the last record of a step wins; a line cut by a killed run
+    is skipped), in step order."""
+    path = Path(path)
+    by_step: dict[int, dict] = {}
+    for line in path.read_text().splitlines() if path.is_file() else []:
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict) and isinstance(record.get("step"), int) and "loss" in record:
+            by_step[record["step"]] = record
+    return [by_step[step] for step in sorted(by_step)]
+
+
+def prepare_loss_log(path: str | os.PathLike, resume: str | os.PathLike | None, log=print) -> None:
+    """Make ``losses.jsonl`` hold this run's steps only, before its first step (``PodTrainer.train``, rank 0).
+
+    A fresh run (``resume`` None) starts a fresh log: an earlier run's log in the same output_dir is kept as
+    ``losses.previous.jsonl`` (replacing an older one); the run itself starts over, as it always has, its
+    checkpoints replacing the earlier run's. A resumed run keeps the records up to the checkpoint's step and drops
+    the later ones (those steps are trained again), so each step is in the log once.
+    """
+    path = Path(path)
+    if resume is None:
+        if path.is_file():
+            previous = path.with_name(PREVIOUS_LOSS_LOG)
+            os.replace(path, previous)
+            log(f"[train] a fresh run (no resume): the earlier run's {path.name} is kept as {previous.name}")
+        return
+    step = checkpoint_step(resume)
+    records = read_loss_log(path)
+    kept = [record for record in records if record["step"] <= step]
+    if path.is_file():
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text("".join(json.dumps(record) + "\n" for record in kept))
+        os.replace(tmp, path)
+    if len(kept) < len(records):
+        log(f"[train] resuming at step {step}: {path.name} keeps its steps up to {step}, the "
+            f"{len(records) - len(kept)} later ones are trained again")
+
+
+def whole_run_loss(path: str | os.PathLike) -> float | None:
+    """The mean loss over every step of ``losses.jsonl`` (a resumed run's earlier steps included), or None."""
+    records = read_loss_log(path)
+    return sum(float(record["loss"]) for record in records) / len(records) if records else None
+
+
+def with_whole_run_loss(result, path: str | os.PathLike):
+    """The Trainer's ``TrainOutput`` with ``training_loss`` and ``metrics["train_loss"]`` over the whole run's
+    log: after a resume the Trainer's own number averages the resumed steps only (kept as
+    ``metrics["train_loss_this_run"]``)."""
+    loss = whole_run_loss(path)
+    if loss is None:
+        return result
+    metrics = dict(result.metrics or {})
+    if "train_loss" in metrics:
+        metrics["train_loss_this_run"] = metrics["train_loss"]
+    metrics["train_loss"] = loss
+    return result._replace(training_loss=loss, metrics=metrics)
+
+
+def lock_output_dir(output_dir: str | os.PathLike):
+    """Hold ``<output_dir>/.lock`` (``fcntl.flock``, exclusive, non-blocking) for as long as the returned file stays
+    open: the pipeline's rank 0 keeps it for the whole run, and the OS drops it when the process ends (``kill -9``
+    included). A second run into the same folder raises :class:`OutputDirInUse` naming the holder, before it
+    writes anything there."""
+    import fcntl
+    import socket
+    import time
+
+    folder = Path(output_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / LOCK_FILE
+    handle = open(path, "a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.seek(0)
+        holder = handle.read().strip() or "a process that did not say which"
+        handle.close()
+        raise OutputDirInUse(f"train.output_dir={str(folder)!r} is in use by another run ({holder}; lock file "
+                             f"{path}): wait for it to finish or choose another train.output_dir") from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"pid {os.getpid()} on {socket.gethostname()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+    handle.flush()
+    return handle

@@ -110,6 +110,8 @@ def run_pipeline(recipe: Recipe, stages: list[str], local_rank: int | None = Non
         source = model_source(recipe)
     tokenizer = load_tokenizer(recipe, source)
     out = make_folder(recipe.train.output_dir, "train.output_dir")  # after the model resolved: nothing written before
+    from train.checkpoints import lock_output_dir  # one run per output_dir; the lock is held until the process ends
+    run_lock = lock_output_dir(out) if rank == 0 else None  # noqa: F841  (kept open for the whole run)
     base_name = public_model_name(recipe)
     log(f"[podkit] {recipe.source_path}: base {base_name}, stages {','.join(stages_to_run(recipe, stages))}, "
         f"{world} process(es) on {device.type}")

@@ -118,14 +118,29 @@ def _loss_trainer_class():
             self._micro_losses: list[float] = []
             self._micro_terms: list = []
             self.objective_loss = None  # train/objective.py ObjectiveLoss, set by train_model
+            self.loss_log = loss_log
             self.add_callback(LossRecorder(loss_log, self._micro_losses, self._micro_terms))
             self.sequence_parallel = sequence_parallel  # UlyssesAttention or None (train/sequence_parallel.py)
             if sequence_parallel is not None:
                 self.model_accepts_loss_kwargs = False  # the SP loss normalises by the whole rows' token count
 
         def train(self, resume_from_checkpoint=None, **kwargs):
+            """The Trainer's run; ``losses.jsonl`` holds this run only (a fresh run starts it anew, a resume cuts it
+            back to the checkpoint's step) and the returned training loss is over all of its steps
+            (train/checkpoints.py ``prepare_loss_log``, ``with_whole_run_loss``)."""
+            from train.checkpoints import prepare_loss_log, with_whole_run_loss
+
             self._resume_checkpoint = resume_from_checkpoint
-            return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
+            main = self.args.process_index == 0
+            if main:
+                resume = resume_from_checkpoint
+                if resume is True:
+                    from transformers.trainer_utils import get_last_checkpoint
+
+                    resume = get_last_checkpoint(self.args.output_dir)
+                prepare_loss_log(self.loss_log, resume or None)
+            result = super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
+            return with_whole_run_loss(result, self.loss_log) if main else result
 
         def training_step(self, model, inputs, *args, **kwargs):
             """Record what this micro-batch adds to the Trainer's logged loss (scaled for gradient accumulation:
