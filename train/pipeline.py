@@ -109,6 +109,9 @@ def run_pipeline(recipe: Recipe, stages: list[str], local_rank: int | None = Non
     if local != 0:
         source = model_source(recipe)
     tokenizer = load_tokenizer(recipe, source)
+    from train.corpus.preflight import check_run_inputs  # shards a download would have to make: one line, now
+
+    check_run_inputs(recipe, stages_to_run(recipe, stages), tokenizer, held_out_sources(recipe), log=log)
     out = make_folder(recipe.train.output_dir, "train.output_dir")  # after the model resolved: nothing written before
     from train.checkpoints import lock_output_dir  # one run per output_dir; the lock is held until the process ends
     run_lock = lock_output_dir(out) if rank == 0 else None  # noqa: F841  (kept open for the whole run)

