@@ -39,3 +39,13 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+@pytest.fixture(autouse=True)
+def _downloads_back_on():
+    """A run given a token cache turns the corpus downloads off for its process (train.corpus.network); a test that
+    ran one in-process must not leave them off for the next."""
+    yield
+    from train.corpus.network import forbid_downloads
+
+    forbid_downloads(None)

@@ -155,3 +155,10 @@ def test_a_different_tokenizer_gets_another_hash(converted, tmp_path):
               [("swap_ids", swap_ids), ("swap_late_merges", swap_late_merges), ("add_token", add_token),
                ("lowercase", lowercase)]}
     assert identity not in hashes.values() and len(set(hashes.values())) == len(hashes), hashes
+
+    from tokenizers import normalizers
+
+    changed = _load(converted)  # changed in place after its identity was taken (the identity is remembered)
+    assert tokenizer_identity(changed)["hash"] == identity
+    changed.backend_tokenizer.normalizer = normalizers.Lowercase()
+    assert tokenizer_identity(changed)["hash"] == hashes["lowercase"]

@@ -11,7 +11,10 @@
 ``pack`` writes a token cache of its own holding, per source, the tokens a run of ``--max-tokens``
 training tokens draws (by the mixture's weights, plus ``--margin``), and the held-out sets in full
 (at most ``--eval-tokens`` each). Copy that folder to the training machine and point the run at it
-with ``PODKIT_TOKEN_CACHE=DIR`` or the recipe field ``data.token_cache: DIR``.
+with ``PODKIT_TOKEN_CACHE=DIR`` or the recipe field ``data.token_cache: DIR`` (``DIR`` itself, not the
+``DIR/<tokenizer hash>`` folder inside it). The shards are read under another transformers version too
+(``train.corpus.shards``: the hash covers what decides the ids). A run that lacks some of them stops before any
+work and prints the ``pack`` command that makes them (``train.corpus.preflight``).
 """
 
 from __future__ import annotations

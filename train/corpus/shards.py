@@ -33,6 +33,7 @@ import json
 import os
 import shutil
 import tempfile
+import weakref
 from collections.abc import Iterable
 from contextlib import contextmanager
 from pathlib import Path
@@ -79,6 +80,24 @@ def _merges(tokenizer) -> list[list[str]] | None:
     return [m.split(" ", 1) if isinstance(m, str) else list(m) for m in merges]
 
 
+_IDENTITIES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # tokenizer -> (key, identity, legacy hash)
+
+
+def _cached(tokenizer, which: int, compute):
+    """``compute()``, remembered per tokenizer object while its length, EOS and probe encoding stay the same
+    (the identity reads the whole vocabulary and merges: ~1 s for SmolLM2, asked for once per source)."""
+    key = (len(tokenizer), tokenizer.eos_token_id, tuple(tokenizer(PROBE_TEXT, add_special_tokens=False)["input_ids"]))
+    try:
+        entry = _IDENTITIES.get(tokenizer)
+        if entry is None or entry[0] != key:
+            entry = _IDENTITIES[tokenizer] = [key, None, None]
+    except TypeError:  # not hashable or not weakly referenceable: computed every time
+        return compute()
+    if entry[which] is None:
+        entry[which] = compute()
+    return entry[which]
+
+
 def tokenizer_identity(tokenizer) -> dict:
     """What decides a tokenizer's ids, hashed (plus readable fields): the vocabulary (token -> id), the added
     tokens (content -> id), the BPE merges in order, the ids of ``PROBE_TEXTS`` (what the normalizer,
@@ -86,6 +105,10 @@ def tokenizer_identity(tokenizer) -> dict:
     serialised definition, which transformers versions write differently for the same tokenizer (key order,
     ``"a b"`` or ``["a", "b"]`` merges, an empty normalizer written or left out, BPE flags that a byte-level
     vocabulary never exercises, the decoder): shards must travel between them (module docstring)."""
+    return dict(_cached(tokenizer, 1, lambda: _identity(tokenizer)))
+
+
+def _identity(tokenizer) -> dict:
     encode = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
     decisive = {"version": IDENTITY_VERSION, "vocab": sorted(tokenizer.get_vocab().items()),
                 "added": sorted(tokenizer.get_added_vocab().items()), "merges": _merges(tokenizer),
@@ -99,6 +122,10 @@ def tokenizer_identity(tokenizer) -> dict:
 def legacy_tokenizer_hash(tokenizer) -> str:
     """The hash of the first identity (podkit before ``IDENTITY_VERSION`` 2): vocabulary, one probe, EOS,
     added tokens. Folders written under it are still read (:func:`find_shards`)."""
+    return _cached(tokenizer, 2, lambda: _legacy_hash(tokenizer))
+
+
+def _legacy_hash(tokenizer) -> str:
     definition = json.dumps({"vocab": sorted(tokenizer.get_vocab().items()),
                              "probe": tokenizer(PROBE_TEXT, add_special_tokens=False)["input_ids"]})
     special = json.dumps({"eos": tokenizer.eos_token_id, "added": sorted(tokenizer.get_added_vocab().items())})
