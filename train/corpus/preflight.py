@@ -100,7 +100,9 @@ def _found(cache, identity: dict) -> str:
         there = info["tokenizer"]
         differs = [f"{key} {there.get(key)} there, {identity[key]} here" for key in ("vocab_size", "eos_token_id")
                    if key in there and there.get(key) != identity[key]]
-        if not differs and there.get("identity_version") != identity["identity_version"]:
+        if name == identity["hash"][:16]:
+            differs = ["this tokenizer's"]
+        elif not differs and there.get("identity_version") != identity["identity_version"]:
             differs = ["an older identity"]
         described.append(f"{name} ({info['sources']} source(s){': ' + ', '.join(differs) if differs else ''})")
     return ", ".join(described)
