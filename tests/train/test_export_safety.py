@@ -21,15 +21,9 @@ ANCHORS = [[0, 0], [0, 0]]
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
-    from train.models import load_model, load_tokenizer
-    from train.recipe import recipe_from_dict
+    from tiny_setup import tiny_pod_model
 
-    root = tmp_path_factory.mktemp("export_safety")
-    model_dir = make_tiny_model(root / "model", layers=2)
-    train_text, held = make_texts(root / "texts")
-    recipe = recipe_from_dict(tiny_recipe(root, model_dir, train_text, held))
-    model = load_model(recipe, str(model_dir), anchor_layers=ANCHORS)
-    return recipe, model, load_tokenizer(recipe, str(model_dir))
+    return tiny_pod_model(tmp_path_factory.mktemp("export_safety"), ANCHORS)
 
 
 def _export(setup, folder: Path) -> Path:

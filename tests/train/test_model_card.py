@@ -17,7 +17,7 @@ import sys
 import textwrap
 
 import pytest
-from tiny_setup import REPO, make_texts, make_tiny_model, tiny_recipe
+from tiny_setup import REPO
 
 HIDE_PODKIT = textwrap.dedent('''
     import importlib.abc, sys
@@ -37,19 +37,14 @@ PROMPT_MARKS = ("custom code", "[y/N]", "trust_remote_code=True")
 
 @pytest.fixture(scope="module")
 def export(tmp_path_factory):
+    from tiny_setup import tiny_pod_model
+
     from train.export import export_model
-    from train.models import load_model, load_tokenizer
-    from train.recipe import recipe_from_dict
 
     root = tmp_path_factory.mktemp("card")
-    model_dir = make_tiny_model(root / "model", layers=2)
-    train_text, held = make_texts(root / "texts")
-    recipe = recipe_from_dict(tiny_recipe(root, model_dir, train_text, held))
     anchors = [[0, 0], [0, 0]]
-    model = load_model(recipe, str(model_dir), anchor_layers=anchors)
-    folder = export_model(model, load_tokenizer(recipe, str(model_dir)), recipe, anchors, root / "export",
-                          base_model="tiny")
-    return folder
+    recipe, model, tokenizer = tiny_pod_model(root, anchors)
+    return export_model(model, tokenizer, recipe, anchors, root / "export", base_model="tiny")
 
 
 def _loading_blocks(card: str) -> list[str]:

@@ -69,3 +69,15 @@ def tiny_recipe(tmp: Path, model: Path, train_text: Path, held_out: Path, **sect
 def write_recipe(path: Path, recipe: dict) -> Path:
     path.write_text(yaml.safe_dump(recipe, sort_keys=False))
     return path
+
+
+def tiny_pod_model(root: Path, anchors: list[list[int]]):
+    """(recipe, POD model with ``anchors``, tokenizer) on a 2-layer tiny model under ``root``."""
+    from train.models import load_model, load_tokenizer
+    from train.recipe import recipe_from_dict
+
+    model_dir = make_tiny_model(root / "model", layers=2)
+    train_text, held = make_texts(root / "texts")
+    recipe = recipe_from_dict(tiny_recipe(root, model_dir, train_text, held))
+    model = load_model(recipe, str(model_dir), anchor_layers=anchors)
+    return recipe, model, load_tokenizer(recipe, str(model_dir))
