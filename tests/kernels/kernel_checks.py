@@ -1,6 +1,7 @@
 """Helpers shared by the kernel tests: NaN-poisoned launcher buffers and measured tolerances."""
 
 import functools
+import zlib
 
 import pytest
 import torch
@@ -23,6 +24,12 @@ def poisoned_outputs(monkeypatch):
 
     monkeypatch.setattr(torch, "empty", empty)
     monkeypatch.setattr(torch, "empty_like", empty_like)
+
+
+def case_seed(*parts) -> int:
+    """A seed for one parametrised case that is the same in every process (``hash`` of a str is salted per
+    process by PYTHONHASHSEED, so a failing draw would not reproduce)."""
+    return zlib.crc32(repr(parts).encode())
 
 
 def _assert_error_within(name, got, same_dtype_ref, exact, factor=4.0, floor=1e-6):

@@ -8,6 +8,8 @@ import os
 import pytest
 import torch
 
+from kernel_checks import case_seed
+
 from kernels import reference
 from kernels.triton_cache_append import append_kv_triton
 
@@ -49,7 +51,7 @@ def run_both(case, dtype, device, seed, pool_heads=0):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("pool_heads", [0, 2])
 def test_append_matches_reference_cpu(case, dtype, pool_heads):
-    keys, values, ref_keys, ref_values, k, v, positions = run_both(case, dtype, "cpu", seed=hash(case) % 1000,
+    keys, values, ref_keys, ref_values, k, v, positions = run_both(case, dtype, "cpu", seed=case_seed(case),
                                                                     pool_heads=pool_heads)
     assert torch.equal(keys, ref_keys) and torch.equal(values, ref_values)
     rows = torch.arange(k.shape[0])

@@ -7,7 +7,7 @@ occur with 16-wide interpreter tiles; recent = 0 and sink = 0 are edge cases.
 
 import pytest
 import torch
-from kernel_checks import DEVICE, error_check
+from kernel_checks import DEVICE, case_seed, error_check
 
 from kernels import reference
 from kernels.triton_pod_prefill_attention import pod_prefill_attention_triton
@@ -55,7 +55,7 @@ CASES = [  # batch, Hq, Hkv, S, D, sink, recent
 @pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_forward_gate_and_grads(case, dtype, poisoned_outputs):
-    gen = torch.Generator().manual_seed(hash((case, str(dtype))) % 2**31)
+    gen = torch.Generator().manual_seed(case_seed(case, str(dtype)))
     (out, gate, grads), (exact_out, exact_gate, exact_grads), (ref_out, ref_grads), seq_lens = run_both(
         case, dtype, gen)
     assert out.dtype == dtype and gate.dtype == torch.float32
@@ -63,8 +63,12 @@ def test_forward_gate_and_grads(case, dtype, poisoned_outputs):
         assert not torch.isnan(t).any()
     assert_error_within("out", out, ref_out, exact_out)
     assert (gate.double() - exact_gate).abs().max().item() < (1e-5 if dtype == torch.float32 else 2e-3)
+    # In fp16 the kernel rounds dS to fp16 before the dQ / dK matmuls (their tensor-core inputs, as
+    # FlashAttention-2's backward does), a rounding the reference's fp16 autograd does not make there: measured
+    # over 40 seeds per case, dq's error is a median 1.6x and at most 4.3x the reference's, so fp16 gradients get 6x.
+    grad_factor = 6.0 if dtype == torch.float16 else 4.0
     for name, g, r, e in zip(("dq", "dk_own", "dk_anchor", "dv"), grads, ref_grads, exact_grads):
-        assert_error_within(name, g, r, e)
+        assert_error_within(name, g, r, e, factor=grad_factor)
     pos = torch.arange(out.shape[2], device=DEVICE)
     padding = pos[None, :] >= seq_lens[:, None]
     assert (out.transpose(1, 2)[padding] == 0).all()
