@@ -7,7 +7,6 @@ import os
 
 import pytest
 import torch
-
 from kernel_checks import case_seed
 
 from kernels import reference
