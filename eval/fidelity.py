@@ -1,6 +1,7 @@
 """``python -m eval.fidelity``: the fidelity sweep on SmolLM2-135M-Instruct (issue 6, item 4).
 
-What it measures, for dense, TidalDecode / Quest / StreamingLLM at budgets 32/64/128/256, Token
+What it measures, for dense, every budgeted decode scheme of the registry (``eval.schemes.budget_sweep_methods``:
+TidalDecode, Quest, StreamingLLM, ...) at budgets 32/64/128/256, Token
 Sparse at coverage tau 0.005 and 0.01 (with the token sparsity it achieved) and POD zero-shot:
 
 * passkey accuracy (synthetic filler haystack) at 2K / 4K / 8K tokens x 10 needle depths, with the
@@ -39,7 +40,7 @@ import platform
 import sys
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +66,7 @@ class SweepPlan:
     decode_tokens: int
     calibration_samples: int
     calibration_length: int
-    methods: list[str] = field(default_factory=lambda: ["tidal", "quest", "streaming"])
+    methods: list[str] | None = None  # None: every budgeted scheme, eval.schemes.budget_sweep_methods() at build time
 
 
 FULL = SweepPlan(passkey_lengths=[2048, 4096, 8192], ppl_lengths=[2048, 4096, 8192], depths=10,
@@ -87,7 +88,7 @@ def build_settings(plan: SweepPlan, calibration: dict[str, Any], *,
     sparse_extra = {"token_sparse_sparse_layers": calibration["token_sparse_layers"]} \
         if calibration.get("token_sparse_layers") else {}
     both = [schemes.dense()]
-    for method in plan.methods:
+    for method in plan.methods if plan.methods is not None else schemes.budget_sweep_methods():
         for budget in plan.budgets:
             both.append(schemes.budgeted(method, budget, **(tidal_extra if method == "tidal" else {})))
     for coverage in plan.coverages:

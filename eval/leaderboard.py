@@ -1,7 +1,8 @@
 """``python -m eval.leaderboard``: RULER score against the fraction of the KV cache kept / read, for every
 podkit scheme and (``--peers``) kvpress's presses on the same samples, like kvpress's leaderboard.
 
-Rows (podkit, this process): dense; TidalDecode, Quest and StreamingLLM with a budget of 1/2, 1/4, 1/8,
+Rows (podkit, this process): dense; every budgeted decode scheme of the registry (``eval.schemes.budget_sweep_methods``:
+TidalDecode, Quest, StreamingLLM, ...) with a budget of 1/2, 1/4, 1/8,
 1/16 of the context (``--fractions``; the tokens each decode step reads in a sparse layer); Token Sparse
 at coverage 0.005 (prefill only: decode reads everything); POD zero-shot (blocks calibrated on Persuasion
 by eval.fidelity's calibration, reused here); POD adapted when ``--pod-adapted`` names the adaptation's
@@ -56,11 +57,11 @@ from pathlib import Path
 from typing import Any
 
 from eval import leaderboard_records as lr
+from eval.schemes import budget_sweep_methods, method_rank
 from train.long_context_eval import ruler
 
 FRACTIONS = ["1/2", "1/4", "1/8", "1/16"]   # kvpress's 0.5 / 0.75 / 0.875 / 0.9375 compression
 COVERAGES = [0.005]
-DECODE_METHODS = ["tidal", "quest", "streaming"]
 
 
 # ---------------------------------------------------------------------------------------------- samples
@@ -89,7 +90,7 @@ def podkit_settings(length: int, fractions: list[str], coverages: list[float], c
     from eval import fidelity
 
     plan = copy.deepcopy(fidelity.FULL)
-    plan.coverages, plan.ppl_only_tidal_budgets, plan.methods = list(coverages), [], list(DECODE_METHODS)
+    plan.coverages, plan.ppl_only_tidal_budgets, plan.methods = list(coverages), [], list(budget_sweep_methods())
     by_budget = {int(Fraction(f) * length): f for f in fractions}
     plan.budgets = list(by_budget)
     settings, _ = fidelity.build_settings(plan, calibration)
@@ -105,32 +106,14 @@ def podkit_settings(length: int, fractions: list[str], coverages: list[float], c
 
 def kv_fractions(model, num_tokens: int) -> tuple[float, float]:
     """(kept, read): the fraction of a ``num_tokens`` context's KV cache held after prefill and read by one
-    decode step, averaged over layers (and KV heads), from the model's current per-layer plan.
-
-    Read: dense / TidalDecode full and selection layers / POD layers read every position (POD's shared
-    heads read distant keys from their anchor layer); TidalDecode's other layers and Quest read their
-    budget, StreamingLLM its sinks + window. Kept: everything, except POD's shared KV heads, which keep
-    keys for the sinks + ring only (values are kept: half the bytes of those heads' distant positions).
-    """
+    decode step, averaged over layers (and KV heads), from the model's current per-layer plan and what its
+    decode scheme declares (``Scheme.footprint``, ``sparse_models/schemes/footprint.py``)."""
     from sparse_models.plan import build_plan, model_family
+    from sparse_models.schemes.footprint import kv_fractions as scheme_kv_fractions
 
     config, sc = model.config, model.sparse_config
     plan = build_plan(sc, config.num_hidden_layers, config.num_key_value_heads, model_family(config))
-    cap = lambda tokens: min(1.0, tokens / num_tokens)  # noqa: E731
-    read, kept = [], []
-    for layer in plan:
-        role = layer.decode if sc.decode_scheme != "dense" else "dense"
-        if role == "sparse-over-selected":
-            read.append(cap(sc.tidal.budget))
-        elif role == "quest":
-            read.append(cap(sc.quest.budget))
-        elif role == "streaming":
-            read.append(cap(sc.streaming.sink_tokens + sc.streaming.recent_window))
-        else:
-            read.append(1.0)
-        shared = len(layer.shared_heads) / config.num_key_value_heads if layer.pod_keys else 0.0
-        kept.append(1.0 - 0.5 * shared * (1.0 - cap(sc.pod.sink_tokens + sc.pod.recent_window)))
-    return sum(kept) / len(kept), sum(read) / len(read)
+    return scheme_kv_fractions(sc, plan, config.num_key_value_heads, num_tokens)
 
 
 # ---------------------------------------------------------------------------------------------- run
@@ -173,8 +156,8 @@ def run_setting_engine(model, tokenizer, setting, samples: list[ruler.RulerSampl
     ``batch_size`` prompts at a time, CUDA-graph decode steps on a GPU; False if ``deadline`` came first."""
     import torch
 
-    from sparse_models.engine.answers import engine_answers, slots_needed
     from sparse_models.engine import GenerationEngine
+    from sparse_models.engine.answers import engine_answers, slots_needed
 
     todo = [s for s in samples if (setting.label, s.task, s.max_length, s.index, s.seed) not in records.done]
     for start in range(0, len(todo), batch_size):
@@ -526,14 +509,13 @@ def markdown_table(summary: dict) -> str:
 
 def _order_key(setting: str, lengths: dict) -> tuple:
     entry = next(iter(lengths.values()))
-    rank = {"dense": 0, "tidal": 1, "quest": 2, "streaming": 3, "token_sparse": 4, "pod": 5, "pod_adapted": 6}
-    return (entry["source"] != "podkit", rank.get(entry["method"], 9), entry["method"], -entry["kv_read"], setting)
+    return (entry["source"] != "podkit", method_rank(entry["method"]), entry["method"], -entry["kv_read"], setting)
 
 
 def line_name(setting: str, entry: dict) -> str:
     """The plot line a setting belongs to: its method (podkit) or press (kvpress), budgets along the line."""
     if entry["source"] == "podkit":
-        return setting.split("@")[0] if entry["method"] in DECODE_METHODS else setting
+        return setting.split("@")[0] if entry["method"] in budget_sweep_methods() else setting
     return f"kvpress {entry['method']}"
 
 

@@ -13,6 +13,7 @@ import math
 from collections import defaultdict
 from pathlib import Path
 
+from eval.schemes import method_rank
 from sparse_models.calibration.outputs import save_figure
 
 
@@ -30,12 +31,11 @@ def _order(labels) -> list[str]:
     def key(label: str):
         method, _, value = label.partition("@")
         value, _, variant = value.partition("[")   # "128[2,8,16]": a TidalDecode selection-layer ablation
-        rank = {"dense": 0, "tidal": 1, "quest": 2, "streaming": 3, "token_sparse": 4, "pod_zero_shot": 5}
         try:
             number = float(value)
         except ValueError:
             number = 0.0
-        return rank.get(method, 9), method, number, variant
+        return method_rank(method), method, number, variant
     return sorted(set(labels), key=key)
 
 

@@ -16,10 +16,32 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from sparse_models.schemes.registry import SCHEMES, budgeted_schemes
 from sparse_models.schemes.registry import budget_overrides as _scheme_budget_overrides
-from sparse_models.schemes.registry import budgeted_schemes
 
 BUDGETED_DECODE_SCHEMES = budgeted_schemes()
+
+
+def method_rank(method: str) -> tuple[int, int, str]:
+    """Sort key of a method or setting name in tables and plots, by the registry's ``Scheme.order``. A name that is
+    not a scheme but starts with one and ``_`` (``pod_zero_shot``, ``pod_adapted``) sorts right after it; other
+    names (kvpress's presses) after every scheme."""
+    if method in SCHEMES:
+        return SCHEMES[method].order, 0, ""
+    base = max((name for name in SCHEMES if method.startswith(name + "_")), key=len, default=None)
+    return (SCHEMES[base].order, 1, method) if base is not None else (1 << 30, 0, method)
+
+
+def budget_sweep_methods() -> tuple[str, ...]:
+    """The decode schemes a budget sweep covers (the fidelity sweep, the leaderboard), in display order: every
+    budgeted scheme that needs no POD anchor map (a map is a calibration; ``pod+tidal`` would need one per row)."""
+    names = [name for name in budgeted_schemes() if not SCHEMES[name].uses_anchors]
+    return tuple(sorted(names, key=method_rank))
+
+
+def display_name(method: str) -> str:
+    """The scheme's ``display_name`` for a method name (``tidal`` -> TidalDecode); other names unchanged."""
+    return SCHEMES[method].title if method in SCHEMES else method
 
 
 @dataclass(frozen=True)

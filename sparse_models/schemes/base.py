@@ -10,7 +10,10 @@ A scheme bundles, for one method:
 * ``cache``: the cache state it needs beyond K/V (POD's shared keys, key pages per role, the
   TidalDecode KV correction period);
 * ``budget``: the one meaning of a ``--budget B`` for it (``generate --budget``, ``eval.schemes``,
-  the benchmarks all go through :meth:`Budget.overrides`).
+  the benchmarks all go through :meth:`Budget.overrides`);
+* ``footprint``: what its layers keep in memory and read per decode query as a function of that budget
+  (``sparse_models/schemes/footprint.py`` turns it into the KV fractions eval's leaderboard reports);
+* ``display_name`` / ``order``: how reports name it and where tables and plots put it.
 
 Decode functions are written once for both paths: ``fn(view, q, row, step) -> out [B, Hq, D]`` with
 ``view`` a :class:`DecodeView` over the model's dynamic cache (``sparse_models/decode_view.py``) or
@@ -146,6 +149,21 @@ class CacheNeeds:
 
 
 @dataclass(frozen=True)
+class Footprint:
+    """What a scheme's layers keep and read, per layer of the plan (``schemes/footprint.kv_fractions``).
+
+    Attributes:
+        budget_roles: decode roles whose layers read ``Budget.reads(config)`` cached positions per decode query
+            (its sparse layers); every other role reads every position.
+        kept: (config, row, num_kv_heads, num_tokens) -> the fraction of that layer's K/V bytes held for a
+            ``num_tokens`` context (``row`` its :class:`~sparse_models.plan.LayerPlan`); None: all of it.
+    """
+
+    budget_roles: tuple[str, ...] = ()
+    kept: Callable[[Any, Any, int, int], float] | None = None
+
+
+@dataclass(frozen=True)
 class Scheme:
     """One attention method (see the module docstring). Build one per ``schemes/<method>.py`` and add
     it to ``sparse_models/schemes/registry.py``.
@@ -169,6 +187,9 @@ class Scheme:
         check: (config, num_layers) -> None, raising ConfigError for combinations the fields alone
             cannot rule out (run when the plan is built).
         reads: config sections it reads besides its own (``pod+tidal``: pod and tidal).
+        footprint: what its layers keep and read (:class:`Footprint`).
+        display_name: the name reports print ("TidalDecode"); empty: ``name``.
+        order: its place in tables and plots (ascending; ties by name).
     """
 
     name: str
@@ -185,6 +206,14 @@ class Scheme:
     budget: Budget | None = None
     check: Callable[[Any, int], None] | None = None
     reads: tuple[str, ...] = ()
+    footprint: Footprint = Footprint()
+    display_name: str = ""
+    order: int = 100
+
+    @property
+    def title(self) -> str:
+        """The display name, or the registry name where none is given."""
+        return self.display_name or self.name
 
     @property
     def sections(self) -> tuple[str, ...]:

@@ -32,4 +32,6 @@ SCHEME = Scheme(
     decode_roles=lambda config, num_layers, anchors, family: [("dense", None)] * num_layers,
     prefill={"dense": fresh_prefill},
     decode={"dense": exact_decode},
+    display_name="dense",
+    order=0,
 )

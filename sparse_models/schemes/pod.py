@@ -27,7 +27,7 @@ import kernels
 
 from ..validation import check_int, fail
 from . import pod_skip_stats
-from .base import CacheNeeds, Scheme
+from .base import CacheNeeds, Footprint, Scheme
 from .dense import fresh_prefill
 
 if TYPE_CHECKING:
@@ -318,6 +318,15 @@ def pod_layer_decode(view, q: torch.Tensor, row, step) -> torch.Tensor:
     return view.pod(q)
 
 
+def pod_kept(config, row, num_kv_heads: int, num_tokens: int) -> float:
+    """Fraction of a layer's K/V bytes POD's cache holds for ``num_tokens`` tokens: a shared KV head keeps keys for
+    the sinks + ring only (its values are kept: half of that head's bytes at distant positions are dropped)."""
+    if not row.pod_keys:
+        return 1.0
+    shared = len(row.shared_heads) / num_kv_heads
+    return 1.0 - 0.5 * shared * (1.0 - min(1.0, (config.pod.sink_tokens + config.pod.recent_window) / num_tokens))
+
+
 SCHEME = Scheme(
     name="pod",
     summary="POD: proximal keys of the layer, distant keys shared across a block of layers (prefill + decode)",
@@ -330,4 +339,7 @@ SCHEME = Scheme(
     decode={"pod-anchor": pod_layer_decode, "pod-shared": pod_layer_decode},
     uses_anchors=True,
     cache=CacheNeeds(pod_keys=True),
+    footprint=Footprint(kept=pod_kept),  # every layer reads every position (shared heads: the anchor's keys)
+    display_name="POD",
+    order=50,
 )

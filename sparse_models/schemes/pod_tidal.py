@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from ..validation import ConfigError
 from . import tidal
-from .base import CacheNeeds, Scheme
+from .base import CacheNeeds, Footprint, Scheme
+from .pod import pod_kept
 
 
 def check(config, num_layers: int) -> None:
@@ -34,4 +35,7 @@ SCHEME = Scheme(
     budget=tidal.BUDGET,
     check=check,
     reads=("pod", "tidal"),
+    footprint=Footprint(budget_roles=tidal.BUDGET_ROLES, kept=pod_kept),
+    display_name="POD + TidalDecode",
+    order=60,
 )

@@ -15,7 +15,7 @@ import torch
 import kernels
 
 from ..validation import check_int, check_layer_list, check_layers_exist, fail
-from .base import Budget, CacheNeeds, Scheme, covers_cache, exact_decode
+from .base import Budget, CacheNeeds, Footprint, Scheme, covers_cache, exact_decode
 
 
 @dataclass
@@ -69,4 +69,7 @@ SCHEME = Scheme(
     cache=CacheNeeds(page_roles=("quest",), page_size=lambda config: config.quest.page_size),
     budget=Budget("tokens of the selected pages = quest.budget (page size 16), the current page included",
                   lambda budget, given: {"quest_budget": budget}, reads=lambda config: config.quest.budget),
+    footprint=Footprint(budget_roles=("quest",)),  # the full cache is kept: Quest saves reads, not memory
+    display_name="Quest",
+    order=20,
 )

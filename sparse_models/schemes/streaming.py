@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from ..validation import check_int
-from .base import Budget, Scheme, covers_cache
+from .base import Budget, Footprint, Scheme, covers_cache
 
 
 @dataclass
@@ -73,4 +73,7 @@ SCHEME = Scheme(
     budget=Budget("positions read per step = streaming.sink_tokens (default 4) + streaming.recent_window",
                   _budget_overrides,
                   reads=lambda config: config.streaming.sink_tokens + config.streaming.recent_window),
+    footprint=Footprint(budget_roles=("streaming",)),  # the full cache is kept (a quality baseline)
+    display_name="StreamingLLM",
+    order=30,
 )

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..validation import ConfigError, check_int, check_layer_list, check_layers_exist, fail
-from .base import Budget, CacheNeeds, Scheme, covers_cache, exact_decode
+from .base import Budget, CacheNeeds, Footprint, Scheme, covers_cache, exact_decode
 
 
 @dataclass
@@ -125,6 +125,7 @@ def sparse_decode(view, q: torch.Tensor, row, step) -> torch.Tensor:
 
 
 DECODE = {"full": exact_decode, "full+select": select_decode, "sparse-over-selected": sparse_decode}
+BUDGET_ROLES = ("sparse-over-selected",)  # full and selection layers read every position
 BUDGET = Budget("positions read per sparse layer = tidal.budget, the current token included",
                 lambda budget, given: {"tidal_budget": budget}, reads=lambda config: config.tidal.budget)
 
@@ -137,4 +138,7 @@ SCHEME = Scheme(
     decode=DECODE,
     cache=CacheNeeds(correction_period=lambda config: config.tidal.correction_period),
     budget=BUDGET,
+    footprint=Footprint(budget_roles=BUDGET_ROLES),
+    display_name="TidalDecode",
+    order=10,
 )

@@ -189,4 +189,6 @@ SCHEME = Scheme(
     config_cls=TokenSparseConfig,
     prefill_roles=_prefill_roles,
     prefill={"dense": fresh_prefill, "token-sparse": sparse_layer_prefill},
+    display_name="Token Sparse Attention",
+    order=40,
 )

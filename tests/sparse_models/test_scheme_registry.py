@@ -72,6 +72,10 @@ def test_every_role_a_scheme_plans_has_a_function(name):
         assert len(rows) == NUM_LAYERS and {r for r, _ in rows} <= set(scheme.decode), (name, rows)
     for section in scheme.sections:
         assert hasattr(config, section), (name, section)
+    # what it reads per query is its budget in the roles it declares, which must be roles it runs
+    assert set(scheme.footprint.budget_roles) <= set(scheme.decode), (name, scheme.footprint.budget_roles)
+    if scheme.footprint.budget_roles:
+        assert scheme.budget is not None and scheme.budget.reads is not None, name
 
 
 @pytest.mark.parametrize("name", registry.budgeted_schemes())
