@@ -6,9 +6,10 @@ transformers' ``AutoConfig`` / ``AutoModel`` / ``AutoModelForCausalLM``.
 
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
-from .cache import KVBytes, SparseKVCache
+from .cache import SparseKVCache
 from .capture import capture_attention_inputs, capture_residual_stream
 from .config import ConfigError, SparseAttentionConfig
+from .kv_bytes import KVBytes
 from .modeling_llama import PodkitLlamaConfig, PodkitLlamaForCausalLM, PodkitLlamaModel
 from .modeling_mistral import PodkitMistralConfig, PodkitMistralForCausalLM, PodkitMistralModel
 from .modeling_qwen2 import PodkitQwen2Config, PodkitQwen2ForCausalLM, PodkitQwen2Model

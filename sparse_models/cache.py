@@ -23,34 +23,14 @@ It subclasses transformers' ``Cache`` only for what ``generate()`` touches (5.17
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from transformers.cache_utils import Cache
 
 import kernels
 
+from .kv_bytes import KVBytes
 from .plan import LayerPlan
 from .schemes.pod import local_slot_positions
-
-
-@dataclass
-class KVBytes:
-    """KV memory actually allocated, against a dense cache of the same capacity (bytes)."""
-
-    keys: int
-    values: int
-    metadata: int
-    dense: int
-
-    @property
-    def total(self) -> int:
-        return self.keys + self.values + self.metadata
-
-    @property
-    def saving(self) -> float:
-        """1 - total / dense (POD: up to 0.5 as distant keys dominate)."""
-        return 1.0 - self.total / self.dense if self.dense else 0.0
 
 
 class SparseKVCache(Cache):
@@ -344,8 +324,4 @@ class SparseKVCache(Cache):
 
     def kv_bytes(self) -> KVBytes:
         """Bytes allocated for keys, values and page metadata, and a dense cache's bytes (same capacity)."""
-        keys = sum(t.numel() * t.element_size() for t in self.keys + self.local_keys if t is not None)
-        values = sum(t.numel() * t.element_size() for t in self.values if t is not None)
-        metadata = sum(t.numel() * t.element_size() for t in self.page_max + self.page_min if t is not None)
-        dense = 2 * values  # a dense cache stores keys exactly like values
-        return KVBytes(keys, values, metadata, dense)
+        return KVBytes.of(self.keys + self.local_keys, self.values, self.page_max + self.page_min)

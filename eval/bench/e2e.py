@@ -177,7 +177,7 @@ def time_engine_decode(model, context: int, batch: int, overrides: dict, steps: 
         return {"ms_per_token": times[len(times) // 2], "ms_min": times[0], "ms_max": times[-1], "steps": steps,
                 "capture_s": round(capture_s, 3), "graphs": engine.use_cuda_graphs, "compiled": compile_layers,
                 "decode_kernels": engine.decode_kernels,
-                "kv_bytes_allocated": kv["total_bytes"], "kv_ratio_to_dense": kv["ratio_to_dense"]}
+                "kv_bytes_allocated": kv.total, "kv_ratio_to_dense": kv.ratio_to_dense}
     finally:
         del engine
         free_memory()
@@ -257,7 +257,8 @@ def time_prefill(model, context: int, overrides: dict, keep_ratio: float | None,
 # Memory
 # ----------------------------------------------------------------------------------------------
 
-def kv_per_sequence(model, context: int, overrides: dict) -> dict:
+def kv_per_sequence(model, context: int, overrides: dict):
+    """The engine's ``KVBytes`` for one sequence of ``context`` slots (sparse_models/kv_bytes.py)."""
     from sparse_models.engine import GenerationEngine
 
     engine = GenerationEngine(model, max_batch_size=1, max_seq_len=context, use_cuda_graphs=False, **overrides)
@@ -541,9 +542,9 @@ def main(argv=None) -> int:
                                                                                shape["num_key_value_heads"],
                                                                                args.budget, args.tiny))
             budget = args.memory_budget_gb * 1e9 - wbytes
-            row = {"context": args.memory_context, "kv_bytes_per_seq": kv["total_bytes"],
-                   "kv_gib_per_seq": round(kv["total_bytes"] / GIB, 3),
-                   "max_batch": int(budget // kv["total_bytes"]),
+            row = {"context": args.memory_context, "kv_bytes_per_seq": kv.total,
+                   "kv_gib_per_seq": round(kv.total / GIB, 3),
+                   "max_batch": int(budget // kv.total),
                    "budget_note": f"{args.memory_budget_gb} GB minus the weights ({wbytes / 1e9:.2f} GB)"}
             if args.check_fit and device == "cuda":
                 row["max_batch_allocates"] = check_fit(model, args.memory_context, row["max_batch"],

@@ -25,8 +25,9 @@ import torch
 import kernels
 
 from ..config import ConfigError, SparseAttentionConfig
-from ..plan import build_plan, model_family
+from ..kv_bytes import KVBytes
 from ..modeling_common import resolve_calibration_files
+from ..plan import build_plan, model_family
 from ..schemes.registry import get_scheme, scheme_names, warn_config_notices
 from .cuda_graph import GraphedStep
 from .decode_step import DecodeStep
@@ -229,7 +230,8 @@ class GenerationEngine:
     def capacity(self) -> int:
         return self.cache.capacity
 
-    def kv_bytes(self) -> dict:
+    def kv_bytes(self) -> KVBytes:
+        """The static cache's allocated KV bytes against a dense cache (``sparse_models/kv_bytes.py``)."""
         return self.cache.kv_bytes()
 
     @property

@@ -29,6 +29,7 @@ import torch
 
 import kernels
 
+from ..kv_bytes import KVBytes
 from .errors import EngineError
 
 
@@ -226,16 +227,7 @@ class StaticCache:
     # Accounting
     # ------------------------------------------------------------------------------------------
 
-    def kv_bytes(self) -> dict:
+    def kv_bytes(self) -> KVBytes:
         """Bytes really allocated for keys and values (+ Quest metadata) against a dense cache of the same size."""
-        def nbytes(ts):
-            return sum(t.numel() * t.element_size() for t in ts if t is not None)
-
-        keys = nbytes(self.keys) + nbytes([self.key_pool]) + nbytes(self.local_keys)
-        values = nbytes(self.values)
-        metadata = nbytes(self.page_max.values()) + nbytes(self.page_min.values())
-        elt = torch.empty((), dtype=self.dtype).element_size()
-        dense = 2 * self.num_layers * self.max_batch * self.num_kv_heads * self.capacity * self.head_dim * elt
-        return {"key_bytes": keys, "value_bytes": values, "metadata_bytes": metadata,
-                "total_bytes": keys + values + metadata, "dense_bytes": dense,
-                "ratio_to_dense": (keys + values + metadata) / dense}
+        return KVBytes.of([*self.keys, self.key_pool, *self.local_keys], self.values,
+                          [*self.page_max.values(), *self.page_min.values()])

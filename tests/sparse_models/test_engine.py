@@ -189,10 +189,10 @@ def test_pod_cache_bytes_match_block_map():
     expected_keys = (anchor_units * n + layers_with_shared * 2 * (sink + recent)) * batch * d * elt
     expected_values = 4 * 2 * n * batch * d * elt
     report = engine.kv_bytes()
-    assert report["key_bytes"] == expected_keys
-    assert report["value_bytes"] == expected_values
-    assert report["dense_bytes"] == 2 * expected_values
-    assert report["ratio_to_dense"] == pytest.approx((expected_keys + expected_values) / (2 * expected_values))
+    assert report.keys == expected_keys
+    assert report.values == expected_values
+    assert report.dense == 2 * expected_values
+    assert report.ratio_to_dense == pytest.approx((expected_keys + expected_values) / (2 * expected_values))
 
 
 def test_stop_tokens_and_streaming_callback():
