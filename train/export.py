@@ -149,7 +149,10 @@ def write_model_card(export_dir: Path, recipe: Recipe, anchor_layers: list[list[
              f"- **Blocks:** delta={_trained_delta(export_dir, p)} ({p.compare_with}); {num_layers * num_kv - shared} anchor and {shared} "
              f"shared (layer, KV head) units of {num_layers * num_kv}"
              + (f"; kept as anchors for retrieval (`pod.protect_units`): "
-                f"{', '.join(f'({layer}, {head})' for layer, head in p.protect_units)}" if p.protect_units else ""),
+                f"{', '.join(f'({layer}, {head})' for layer, head in p.protect_units)}"
+                if p.protect_units and not isinstance(p.protect_units, str) else "")
+             + ("; the units that keep their own distant keys were chosen by learned gates under the KV budget "
+                "(`pod.protect_units: auto`, exploration/unit_gates.json)" if p.protect_units == "auto" else ""),
              f"- **KV saving** (closed form at {length} tokens): {100 * saving:.1f}% of the dense KV cache", ""]
     if recipe.train.objective != "lm":
         lines.insert(len(lines) - 1,  # after the bullet list, before its blank line

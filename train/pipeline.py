@@ -125,7 +125,11 @@ def run_pipeline(recipe: Recipe, stages: list[str], local_rank: int | None = Non
         log("[explore] train.attention=dense: the dense fine-tune control (no exploration, no block map)")
     else:
         anchors, blocks_path = _exploration(recipe, stages, source, tokenizer, rank, device, log)
-        anchors, blocks_path = _final_map(recipe, anchors, blocks_path, rank, log)
+        if recipe.pod.protect_units == "auto":
+            anchors, blocks_path = _auto_units(recipe, stages, source, tokenizer, anchors, blocks_path, rank, device,
+                                               log)
+        else:
+            anchors, blocks_path = _final_map(recipe, anchors, blocks_path, rank, log)
 
     # -- train ------------------------------------------------------------------------------
     trained = out / "trained"
@@ -367,6 +371,29 @@ def _final_map(recipe, anchors, blocks_path, rank: int, log):
         f"{100 * kv_saving_fraction(anchors, length, *proximal):.1f}% -> "
         f"{100 * kv_saving_fraction(final, length, *proximal):.1f}% -> {path}")
     return final, path
+
+
+def _auto_units(recipe, stages, source, tokenizer, anchors, blocks_path, rank, device, log):
+    """``pod.protect_units: auto``: the units that keep their own distant keys are chosen by learned gates under
+    ``pod.min_kv_saving`` (train/unit_selection/run.py) on rank 0, and the map is broadcast. Without the explore
+    stage (e.g. a resume) the run's earlier ``blocks_trained.json`` is the map."""
+    path = Path(recipe.train.output_dir) / "exploration" / "blocks_trained.json"
+    if "explore" not in stages:
+        from sparse_models.calibration.pod_similarity import read_blocks_json
+
+        if not path.is_file() or "unit_selection" not in read_blocks_json(path):
+            raise SystemExit(f"pod.protect_units=auto: no selected map at {path}: run the explore stage")
+        log(f"[explore] pod.protect_units=auto: reusing {path}")
+        return read_blocks_json(path)["anchor_layers"], path
+    final = None
+    if rank == 0:
+        from train.models import load_dense_reference
+        from train.unit_selection.run import select_protected_units
+
+        dense = load_dense_reference(recipe, source).to(device)
+        final, _ = select_protected_units(recipe, dense, tokenizer, anchors, blocks_path, log)
+        del dense
+    return _broadcast(final, rank), path
 
 
 def _exploration(recipe, stages, source, tokenizer, rank, device, log):

@@ -46,12 +46,18 @@ def check_values(r: Recipe, problems: list[str]) -> None:
         add(f"pod.compare_with={p.compare_with!r}: expected 'anchor' (compare with the block's anchor) or 'previous'")
     if p.sharing not in ("keys", "scores"):
         add(f"pod.sharing={p.sharing!r}: expected 'keys' (paper v2) or 'scores' (paper v1)")
-    for i, unit in enumerate(p.protect_units):
-        if len(unit) != 2 or min(unit) < 0:
-            add(f"pod.protect_units[{i}]={unit}: expected a [layer, KV head] pair of integers >= 0, "
-                f"e.g. [18, 2]")
-    if len({tuple(unit) for unit in p.protect_units}) != len(p.protect_units):
-        add(f"pod.protect_units={p.protect_units}: a unit is listed twice; list each [layer, KV head] once")
+    if isinstance(p.protect_units, str):
+        _check_unit_selection(r, add)
+    else:
+        for i, unit in enumerate(p.protect_units):
+            if len(unit) != 2 or min(unit) < 0:
+                add(f"pod.protect_units[{i}]={unit}: expected a [layer, KV head] pair of integers >= 0, "
+                    f"e.g. [18, 2]")
+        if len({tuple(unit) for unit in p.protect_units}) != len(p.protect_units):
+            add(f"pod.protect_units={p.protect_units}: a unit is listed twice; list each [layer, KV head] once")
+        if p.unit_selection:
+            add(f"pod.unit_selection={p.unit_selection}: only used with pod.protect_units: auto; set that or remove "
+                f"pod.unit_selection")
     if p.min_kv_saving is not None and not 0.0 < p.min_kv_saving < 0.5:
         add(f"pod.min_kv_saving={p.min_kv_saving}: expected null or a fraction in (0, 0.5) (POD shares keys only, "
             f"so at most half of the KV cache can be saved; the paper saves 0.35)")
@@ -290,6 +296,8 @@ def _check_kv_target(r: Recipe, model_config: dict, problems: list[str]) -> None
 def _check_protect_units(r: Recipe, model_config: dict, problems: list[str]) -> None:
     """Each protected [layer, KV head] must exist in the model, before any exploration or training starts."""
     layers, _, kv_heads = _attention_shape(model_config)
+    if isinstance(r.pod.protect_units, str):
+        return  # "auto": the selection only picks units of the model
     for i, unit in enumerate(r.pod.protect_units):
         if len(unit) != 2 or min(unit) < 0:
             continue  # reported by the value rules
@@ -298,6 +306,37 @@ def _check_protect_units(r: Recipe, model_config: dict, problems: list[str]) -> 
             problems.append(f"pod.protect_units[{i}]={unit}: model.name_or_path={r.model.name_or_path!r} has "
                             f"{layers} layers and {kv_heads} KV heads; expected a layer in [0, {(layers or 1) - 1}] "
                             f"and a KV head in [0, {(kv_heads or 1) - 1}]")
+
+
+def _check_unit_selection(r: Recipe, add) -> None:
+    """``pod.protect_units: auto`` (train/unit_selection/): a budget to select under and sane gate settings."""
+    from train.recipe_schema import UNIT_SELECTION_DATA, unit_selection_settings
+
+    p = r.pod
+    if p.protect_units != "auto":
+        add(f"pod.protect_units={p.protect_units!r}: expected a list of [layer, KV head] pairs (e.g. [[18, 2]]) or "
+            f"'auto' (units chosen by learned gates under pod.min_kv_saving)")
+        return
+    if p.min_kv_saving is None:
+        add("pod.protect_units='auto': needs the KV budget it selects under; set pod.min_kv_saving (e.g. 0.3)")
+    problems: list[str] = []
+    s = unit_selection_settings(p, problems)
+    for problem in problems:
+        add(problem)
+    for name, value, ok, allowed in (
+            ("steps", s.steps, s.steps >= 1, "an integer >= 1"),
+            ("lr", s.lr, s.lr > 0, "a number > 0"),
+            ("l1_weight", s.l1_weight, s.l1_weight >= 0, "a number >= 0"),
+            ("samples", s.samples, s.samples >= 1, "an integer >= 1"),
+            ("batch_size", s.batch_size, s.batch_size >= 1, "an integer >= 1"),
+            ("candidate_delta", s.candidate_delta, 0.0 <= s.candidate_delta <= 1.0, "a number in [0, 1]"),
+            ("data", s.data, s.data in UNIT_SELECTION_DATA, f"one of {', '.join(UNIT_SELECTION_DATA)}")):
+        if not ok:
+            add(f"pod.unit_selection.{name}={value!r}: expected {allowed}")
+    length = s.length or r.data.context_length
+    if length <= p.sink_tokens + p.recent_window:
+        add(f"pod.unit_selection.length={length}: the episodes must be longer than POD's proximal window "
+            f"({p.sink_tokens} + {p.recent_window} tokens), or no key is distant and every gate is moot")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -56,8 +56,10 @@ class PodSection:
     compare_with: str = "anchor"              # "anchor" (METHODS.md's recommendation) or "previous"
     blocks_file: str | None = None            # reuse an exploration's blocks JSON instead of exploring
     # [layer, KV head] units that keep their own distant keys: each becomes an anchor of the explored (or
-    # reused) block map. Rank them with `python -m eval.retrieval_units` (pass-key retrieval; BENCHMARKS.md)
-    protect_units: list[list[int]] = field(default_factory=list)
+    # reused) block map. Rank them with `python -m eval.retrieval_units` (pass-key retrieval; BENCHMARKS.md), or
+    # "auto": learned gates on synthetic recall data choose them under pod.min_kv_saving (train/unit_selection/)
+    protect_units: list[list[int]] | str = field(default_factory=list)
+    unit_selection: dict = field(default_factory=dict)  # settings of "auto": UnitSelectionSection's fields
     # Fraction of the dense KV cache that must be saved at data.context_length (e.g. 0.3). When the explored
     # (and protected) map saves less, delta is lowered over the exploration's similarity until it does.
     min_kv_saving: float | None = None
@@ -66,6 +68,37 @@ class PodSection:
     last_queries: int = 64                    # q: attention rows of the last q queries are compared
     sharing: str = "keys"                     # "keys" (paper v2) or "scores" (v1)
     gate_tau: float | None = None             # inference compute skipping (paper: 0.7); not used in training
+
+
+@dataclass
+class UnitSelectionSection:
+    """``pod.unit_selection``, the settings of ``pod.protect_units: auto`` (train/unit_selection/; DuoAttention,
+    arXiv 2410.10819, adapted to POD): gates of the shared units learned on synthetic recall episodes."""
+
+    steps: int = 200                          # optimiser steps
+    lr: float = 0.02                          # Adam learning rate of the gates (DuoAttention's)
+    l1_weight: float = 0.05                   # lambda: weight of mean(alpha), the pressure toward sharing
+    samples: int = 16                         # recall episodes (cycled over the steps)
+    batch_size: int = 1                       # episodes per step
+    length: int | None = None                 # tokens per episode (default: data.context_length)
+    candidate_delta: float = 0.25             # the candidate map: greedy blocks at this delta, or lower if the
+                                              # budget needs it (units are given back from there)
+    data: str = "recall"                      # "recall": podkit:recall episodes over the training prose
+    seed: int = 0
+
+
+UNIT_SELECTION_DATA = ("recall",)
+
+
+def unit_selection_settings(pod: "PodSection", problems: list[str] | None = None) -> UnitSelectionSection:
+    """``pod.unit_selection`` as a :class:`UnitSelectionSection` (unknown keys and wrong types: problem lines)."""
+    found: list[str] = []
+    settings = build_section("pod.unit_selection", UnitSelectionSection, pod.unit_selection or {}, found)
+    if problems is not None:
+        problems.extend(found)
+    elif found:
+        raise RecipeError(found)
+    return settings
 
 
 @dataclass
