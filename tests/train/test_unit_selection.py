@@ -232,3 +232,17 @@ def test_pipeline_selects_units_under_the_budget_and_trains_that_map(tmp_path):
     assert "chosen by learned gates under the KV budget" in (export / "README.md").read_text()
     assert "keep their own distant keys" in done.stdout
     print(done.stdout)
+
+
+def test_without_the_explore_stage_the_selected_map_is_reused_or_asked_for(tmp_path):
+    """A resume skips the explore stage (pipeline._checked_resume): the run's selected map is reused, and a run
+    without one stops with one line naming the file instead of training some other map."""
+    from sparse_models.calibration.pod_similarity import write_blocks_json
+    from train.pipeline import _auto_units
+
+    recipe = recipe_from_dict(_recipe(protect_units="auto", min_kv_saving=0.3) | {"train": {"output_dir": str(tmp_path)}})
+    path = tmp_path / "exploration" / "blocks_trained.json"
+    with pytest.raises(SystemExit, match=f"pod.protect_units=auto: no selected map at {path}: run the explore stage"):
+        _auto_units(recipe, ["train"], None, None, None, None, 0, None, lambda *a: None)
+    write_blocks_json(path, [[0, 0], [1, 0]], unit_selection="unit_gates.json")
+    assert _auto_units(recipe, ["train"], None, None, None, None, 0, None, lambda *a: None) == ([[0, 0], [1, 0]], path)
