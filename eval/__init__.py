@@ -6,7 +6,8 @@ Entry points (each ``python -m ...``):
   local tasks of eval/tasks on the include path, offline;
 * ``eval.quality``: the local tasks (passkey, passkey_text, needle, ppl) without lm-eval, with each
   scheme in its own phase (eval/runner.py);
-* ``eval.fidelity``: the fidelity sweep of issue 6 (``--reduced`` for ``make eval``);
+* ``eval.fidelity``: the fidelity sweep, passkey and perplexity per scheme and budget (``--reduced`` for
+  ``make eval``; BENCHMARKS.md, "Fidelity on SmolLM2-135M");
 * ``eval.leaderboard``: RULER (train/long_context_eval/ruler.py, also lm-eval tasks ``podkit_ruler_<task>``) score
   against the fraction of the KV cache kept / read, per scheme, with kvpress's presses as peer rows
   (``eval.peers_kvpress``, run in its own virtualenv: ``make peers``);

@@ -15,16 +15,10 @@ every valid slot. -inf entries are never selected.
 
 `topk_slots_torch`: torch.topk(sorted=False) + a sort of the winners' slots.
 
-`select_slots` picks between them by row length, from H200 measurements (2026-11-29, k = 2047,
-32 query heads, CUDA-graph replay, L2 flushed; `eval/bench/kernels_decode.py --topk-variants`):
-
-    N      rows   torch.topk+sort  radix 2-bit  radix 4-bit  radix 8-bit
-    8K       32        103 us         49 us        41 us        48 us
-    8K      256        144 us         72 us        61 us        70 us
-    32K      32        118 us        180 us       147 us       175 us
-    32K     256        234 us        304 us       251 us       265 us
-    128K     32        155 us        992 us       715 us       743 us
-    128K    256        531 us       1650 us      1128 us      1077 us
+`select_slots` picks between them by row length, from H200 measurements of every variant
+(`eval/bench/kernels_decode.py --topk-variants`; BENCHMARKS.md, "Kernels (issue 3; H200, 2026-11-29)", the
+TidalDecode selection layer; raw benchmarks/h200_2026-11-29/kernels_decode.json): the radix select wins for short
+rows and loses at 32K and beyond, hence radix up to 16K slots and torch.topk above.
 
 One program per row leaves most of the GPU idle at batch 1 and runs the histogram passes at a few
 GB/s, so the radix kernel only wins for short rows. Every variant returned the same indices.

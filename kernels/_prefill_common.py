@@ -42,7 +42,7 @@ def forward_tile_candidates():
         triton.Config({"BLOCK_M": 128, "BLOCK_N": 128}, num_warps=4, num_stages=3),
         triton.Config({"BLOCK_M": 64, "BLOCK_N": 128}, num_warps=4, num_stages=4),
         # four warpgroups over 256 query rows share each K/V tile: the fastest dense tile at 32K on an H200
-        # (benchmarks/h200_2026-12-02/prefill_variants, 1.17x SDPA against 1.21x for 128 x 128)
+        # (BENCHMARKS.md, "Dense prefill at the tutorial's arithmetic"; benchmarks/h200_2026-12-02/prefill_variants)
         triton.Config({"BLOCK_M": 256, "BLOCK_N": 64}, num_warps=16, num_stages=3),
     ]
     return base, hopper
@@ -59,8 +59,8 @@ def forward_tile_configs(*, hopper_opt_in_env: str | None = None):
 
 
 # The POD training kernels' sm_90 candidates are opt-in: with them the autotuner's picks made the 1B-shape POD
-# training step slower (POD / dense tokens/s 0.915 against 0.949 without, H200, BENCHMARKS.md "Dense prefill at
-# the tutorial's arithmetic"), while the POD attention microbenchmark moved by under 1%.
+# training step slower on an H200, although they won the autotuner's own timing (BENCHMARKS.md, "Dense prefill at
+# the tutorial's arithmetic", the POD training step).
 POD_HOPPER_CONFIGS_ENV = "PODKIT_POD_HOPPER_CONFIGS"
 
 

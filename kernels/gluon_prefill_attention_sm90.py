@@ -3,7 +3,7 @@
 The same contract as :func:`kernels.triton_prefill_attention.prefill_attention_triton` (ragged ``q_offsets`` /
 ``kv_lens``, GQA without ``repeat_kv``, LSE in natural log), written in Triton's Gluon dialect
 (``triton.experimental.gluon``), where warps, shared memory, barriers and the asynchrony of the tensor-core
-instructions are explicit. The Triton (``tl.dot``) kernel stops near 1.1-1.2x torch SDPA on an H200 because one
+instructions are explicit. The Triton (``tl.dot``) kernel stays behind torch SDPA on an H200 because one
 warp group runs Q K^T, the softmax and P V strictly in turn; Triton 3.6's automatic warp specialisation does not
 partition that loop on sm_90 (BENCHMARKS.md, "Dense prefill in Gluon"). This kernel follows FlashAttention-3
 (Shah et al. 2024, arXiv 2407.08608):
@@ -56,9 +56,9 @@ except ImportError:  # pragma: no cover - older Triton
 
 SUPPORTED_HEAD_DIMS = (64, 128)
 # (BLOCK_M, BLOCK_N, STAGES, warps per consumer partition, consumer partitions). 128 query rows = two consumer warp
-# groups sharing each K/V tile. As two 4-warp partitions (each releases a K/V slot on its own) the kernel ran at
-# 0.99-1.00x SDPA on an H200 at 8K-128K; as one 8-warp partition (a partition-wide barrier before each release)
-# at 1.12-1.18x (BENCHMARKS.md). 3 stages of 128-key K and V tiles + the Q tiles = 224 KB of the H100/H200's
+# groups sharing each K/V tile. As two 4-warp partitions (each releases a K/V slot on its own) the kernel is
+# faster on an H200 than as one 8-warp partition, which puts a partition-wide barrier before each release
+# (BENCHMARKS.md, "Dense prefill in Gluon", "How the arrangement was chosen"). 3 stages of 128-key K and V tiles + the Q tiles = 224 KB of the H100/H200's
 # 227 KB shared memory at D = 128.
 DEFAULT_TILE = {128: (128, 128, 3, 4, 2), 64: (128, 128, 4, 4, 2)}
 # registers per thread of a consumer partition when there are two (setmaxnreg; the producer warp keeps 24): two
@@ -321,8 +321,8 @@ def use_gluon_kernel(q, k, v, require_contiguous=True):
 def gluon_inputs(q, k, v):
     """``(q, k, v)`` for this kernel, with contiguous copies of those that are not, or None when the call runs the
     ``tl.dot`` kernel (:func:`use_gluon_kernel`). The engine's and the model classes' q/k/v are ``[B, S, H, D]``
-    projections viewed as ``[B, H, S, D]``. Copying them is an estimated 0.8 GB of traffic at 32K x 32 heads
-    (~0.2 ms at ~4 TB/s, against 14 ms of attention), far less than the tl.dot kernel's gap to this one."""
+    projections viewed as ``[B, H, S, D]``. Copying them reads and writes each tensor once (linear in S), a small
+    fraction of the attention's quadratic work at long contexts and less than the tl.dot kernel's gap to this one."""
     if not use_gluon_kernel(q, k, v, require_contiguous=False):
         return None
     return tuple(t if t.is_contiguous() else t.contiguous() for t in (q, k, v))

@@ -3,8 +3,8 @@
 Why a kernel: the engine's decode step wrote keys and values with two advanced-indexing assignments per layer
 (``buffer[b, :, positions[b]] = x``), and in POD's layout one more per layer into the ring of proximal keys plus the
 slot arithmetic (``sink + pos % recent``) as separate torch launches. On an H200 each is a generic ``index_put``
-launch of about 3.8 µs for a few KB (64 of them per Llama-3-8B step, 0.25 ms of a 6.6 ms step: BENCHMARKS.md,
-"Where the dense decode step's time goes"). One program per (sequence, KV head) stores the head's D key and D
+launch for a few KB, 64 of them per Llama-3-8B step (BENCHMARKS.md, "Where the dense decode step's time
+goes"). One program per (sequence, KV head) stores the head's D key and D
 value elements at its slot, and the key at its ring slot too when the layer keeps a ring.
 
 ``append_kv_triton(key_buffer, value_buffer, k, v, positions, *, key_heads=None, ring=None, sink=0, recent=1)``:

@@ -12,14 +12,15 @@ GQA group (Hs = Hkv, summing the group's softmax probabilities), the top-(budget
 slots < seq_lens-1 plus the current slot, returned ascending and -1 padded.
 
 Top-k choice (topk_impl / PODKIT_SELECTION_TOPK; default "auto" = "split" per KV group, "legacy" per head,
-the faster of the two in each mode on an H200, BENCHMARKS.md "Decode selection"): "split" is an exact radix select
+the faster of the two in each mode on an H200, BENCHMARKS.md "Decode selection, POD decode and the TidalDecode
+paper's comparison"): "split" is an exact radix select
 whose passes run over every SM, its first pass fused into this file's attention kernel: each key
 chunk counts the top radix digit of the logits it writes into a per-row histogram
 (kernels/_decode_topk_split.py); three more histogram passes, a count pass and a write pass over
 the fp32 logits follow, each a (chunk, row) grid. "legacy" is the earlier path: for rows up to 16K
 slots a one-program-per-row Triton radix select (kernels/_decode_topk.py), for longer rows
-torch.topk(sorted=False) + a sort of the k winners (table in kernels/_decode_topk.py); on an H200
-neither met the 1.4x-of-full-decode target. Both return the same indices (ties at the k-th value:
+torch.topk(sorted=False) + a sort of the k winners (kernels/_decode_topk.py); the selection layer's target
+and its current value are in BENCHMARKS.md's status table. Both return the same indices (ties at the k-th value:
 lowest slots first, except torch.topk, which breaks them arbitrarily).
 Per-KV-group mode adds one small Triton pass that turns the G heads' logits into summed
 probabilities with the merged LSE (with "split" it also builds the first histogram).
@@ -38,8 +39,8 @@ from kernels import _decode_topk_split as TS
 from kernels._decode_topk import select_slots
 
 # Tile of keys per loop iteration and launch shape. BLOCK_N=64, 4 warps, 2 stages: the best of the
-# variants timed on an H200 by `eval/bench/kernels_decode.py --tune` (2026-11-29; 3 or 4 stages and
-# 8 warps were 3-20% slower at 128K).
+# variants timed on an H200 by `eval/bench/kernels_decode.py --tune` (BENCHMARKS.md, "Kernels (issue 3; H200,
+# 2026-11-29)"; more stages or 8 warps were slower at 128K).
 _BLOCK_N = 64
 _NUM_WARPS = 4
 _NUM_STAGES = 2
@@ -236,10 +237,10 @@ def _group_probability_kernel(
 # Top-k path of the selection layer: "split" (kernels/_decode_topk_split.py, the first radix pass
 # fused into the attention) or "legacy" (kernels/_decode_topk.py: one program per row up to 16K
 # slots, torch.topk above). PODKIT_SELECTION_TOPK picks the default, for A/B runs of the engine.
-# "auto" (the default) takes the faster one per selection mode, as measured on an H200
-# (benchmarks/h200_2026-11-30/decode_issue12/kernels_decode_issue12.json, graph-timed, x full decode):
-# per KV group split 1.52-1.85 vs legacy 1.79-3.07; per head split 3.81-5.79 vs legacy 2.01-3.28, because
-# the fused first histogram pass (GH * 256 bins per key tile) slows the attention kernel itself.
+# "auto" (the default) takes the faster one per selection mode, as measured on an H200 (BENCHMARKS.md,
+# "Decode selection, POD decode and the TidalDecode paper's comparison"; raw
+# benchmarks/h200_2026-11-30/decode_issue12/kernels_decode_issue12.json): split per KV group, legacy per head,
+# because per head the fused first histogram pass (GH * 256 bins per key tile) slows the attention kernel itself.
 TOPK_IMPLS = ("split", "legacy")
 _TOPK_CHOICES = ("auto",) + TOPK_IMPLS
 _TOPK_ENV = "PODKIT_SELECTION_TOPK"

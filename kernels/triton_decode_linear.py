@@ -1,8 +1,8 @@
 """Decode-time projections as one bandwidth-bound launch per group of weights (Triton).
 
 Why: at decode the layer's matrix products are matrix-vector products (M = batch <= 16 rows) that only have to
-read each weight once. On an H200 cuBLAS runs Llama-3-8B's per-layer products at 1.3-2.4x their bytes / copy
-bandwidth (only the 1 GB lm_head reaches 1.05x), with split-K reduce kernels on top, and the engine launches q, k,
+read each weight once. On an H200 cuBLAS runs Llama-3-8B's per-layer products well above their bytes / copy
+bandwidth (only the large lm_head reaches it), with split-K reduce kernels on top, and the engine launched q, k,
 v, gate and up separately (BENCHMARKS.md, "Where the dense decode step's time goes"). This kernel reads several
 weights that share the input in one launch (q/k/v; gate/up, with the SiLU gating fused into the epilogue), with
 tiles of ``BLOCK_N`` output rows x ``BLOCK_K`` inputs, so a fused group has enough programs to fill the GPU

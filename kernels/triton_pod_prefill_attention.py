@@ -59,8 +59,8 @@ def pod_attention_path(device: torch.device | str = "cuda") -> str:
 
     * ``fused``: one Triton pass over both kinds of pair (kernels/_prefill_pod_fwd.py, _prefill_pod_bwd.py);
     * ``split``: torch's fused causal attention over the distant core + the Triton proximal band, merged by
-      log-sum-exp (kernels/pod_split_attention.py); 1.29x SDPA forward + backward at 32K on an H200 against the
-      fused pass's 1.52x (BENCHMARKS.md, issue 13);
+      log-sum-exp (kernels/pod_split_attention.py); the faster route on an H200 (BENCHMARKS.md, status table,
+      "POD training attention", and the entry "POD training attention split in two");
     * ``auto`` (default): ``split`` on CUDA, ``fused`` elsewhere (the CPU route is the Triton interpreter, for tests).
     """
     path = os.environ.get("PODKIT_POD_ATTENTION", "auto")

@@ -35,12 +35,12 @@ from kernels.triton_pod_decode_attention import _check_gate_estimate
 from kernels.triton_pod_decode_attention import _check_inputs as _check_pod_inputs
 
 # Launch plan per list granularity (rows per iteration, warps, stages, programs per SM for the split planner), as
-# kernels/triton_sparse_decode_attention.py, chosen by a sweep on an H200 (BENCHMARKS.md "Sparse decode launch
-# sweep": block 16/32/64 x warps 2/4/8 x stages 2/3 x waves 4/16 at 32K x 1, 128K x 1 and 128K x 4, k = 2048):
-# per-head lists at 64 x 2 warps x 2 stages are each row's best (the former 32 x 4 warps x 3 stages took 1.7x as
-# long), although ptxas spills 384 bytes per thread there (tests/kernels/sm90_compile.py): the spill-free 16-row
-# tile is 1.09-1.14x slower, so the measured time wins. Per-group lists: 32 x 4 warps x 2 stages, no spill, within
-# 8% of each row's best (64 rows at 4 warps spills 360 bytes for 3% less; the former 8 warps took 1.2-1.3x).
+# kernels/triton_sparse_decode_attention.py, chosen by a sweep on an H200 (block 16/32/64 x warps 2/4/8 x stages
+# 2/3 x waves 4/16 at 32K x 1, 128K x 1 and 128K x 4, k = 2048; BENCHMARKS.md, "Decode, second pass", item 2):
+# per-head lists at 64 x 2 warps x 2 stages are each row's best, although ptxas spills registers there
+# (tests/kernels/sm90_compile.py allows that one spill): the spill-free 16-row tile is slower, so the measured
+# time wins. Per-group lists: 32 x 4 warps x 2 stages, no spill, close to each row's best (64 rows at 4 warps is
+# slightly faster but spills).
 _PLAN_HEAD = dict(block_n=64, num_warps=2, num_stages=2, waves=4)
 _PLAN_GROUP = dict(block_n=32, num_warps=4, num_stages=2, waves=4)
 

@@ -20,8 +20,8 @@ and q, k or v requiring grad) a fresh prefill (every ``q_offsets`` 0, ``N == S``
 bf16/fp16, Dao 2023), the fastest causal forward + backward available, with its own backward. A chunk
 after a cached past with gradients (no training path does this), or ``return_lse`` with gradients, takes
 the differentiable PyTorch reference. Without this, the kernel's output was a leaf without ``grad_fn``
-and the q/k/v projections of every dense layer (and of POD's anchor layers) silently got no gradient on
-CUDA (issue 13).
+and the q/k/v projections of every dense layer (and of POD's anchor layers) would silently get no gradient
+on CUDA (tests/sparse_models/test_training_on_kernels.py checks that they do).
 """
 
 from __future__ import annotations

@@ -23,12 +23,10 @@ from kernels import _decode_common as C
 
 # Launch plan per list granularity: rows gathered per loop iteration (BLOCK_N), warps, pipeline stages and
 # the split planner's programs per SM (waves, kernels/_decode_common.py plan_splits). Chosen by a sweep on an
-# H200 (BENCHMARKS.md "Sparse decode launch sweep": block 16/32/64 x warps 2/4/8 x stages 2/3 x waves 4/16, at
-# 32K x 1, 128K x 1, 128K x 4 and 128K x 8, k = 2048): per-head lists want many small programs (random
-# 256-byte rows are latency-bound; more rows in flight per SM, not wider programs), within 6% of each row's
-# best; the former 32 x 4 warps x 3 stages x 4 waves was 1.75-1.81x the best at batch 4 and 8. Per-group
-# lists: 2 warps measured within 3% but spill 296 bytes for sm_90 (tests/kernels/sm90_compile.py); 4 warps are
-# within 4% with no spill.
+# H200 (block 16/32/64 x warps 2/4/8 x stages 2/3 x waves 4/16 at 32K x 1 to 128K x 8, k = 2048; BENCHMARKS.md,
+# "Decode, second pass", item 2, with the sweep scripts in its raw folder): per-head lists want many small
+# programs (random 256-byte rows are latency-bound; more rows in flight per SM, not wider programs). Per-group
+# lists: 2 warps were as fast but spill registers for sm_90 (tests/kernels/sm90_compile.py); 4 warps do not.
 _PLAN_HEAD = dict(block_n=16, num_warps=2, num_stages=3, waves=16)
 _PLAN_GROUP = dict(block_n=64, num_warps=4, num_stages=2, waves=4)
 

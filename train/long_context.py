@@ -11,8 +11,8 @@ compute, activation checkpoint offload to CPU), switched on by the recipe
   or by default ``ceil(tokens per rank / (4 * hidden_size))`` (slices of about 4 x ``hidden_size``
   tokens, so the MLP's peak no longer depends on S). Costs one extra MLP forward per layer, and every
   slice costs time of its own under ZeRO-3: ALST's rule of ``hidden_size``-token slices (8 at 32K for
-  Llama-3-8B) made the 32-layer LoRA step on one H200 about 2.5x slower than 2 slices for 3 GiB less
-  peak memory (BENCHMARKS.md, "Where the long-context step's time went").
+  Llama-3-8B) made the 32-layer LoRA step on one H200 much slower than 2 slices for little less peak
+  memory (BENCHMARKS.md, "Where the long-context step's time went").
 * **Checkpoint offload** (``deepspeed.runtime.activation_checkpointing.offload_activations.
   CheckpointHiddenStatesOffload``): with gradient checkpointing the only activation kept per layer is
   the layer's input hidden state [B, S_local, hidden] (32 layers x 0.5 GiB at 64K tokens of an 8B

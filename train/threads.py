@@ -2,8 +2,8 @@
 
 torch starts one OpenMP thread per core in every process. With several processes (DeepSpeed on CPU)
 or other work on the machine, the threads outnumber the free cores and OpenMP's spinning barriers
-wait on preempted threads: the explore stage of ``make demo`` took 4 s on an idle 2-core machine and
-77-79 s at load 3-4, but 7 s with ``OMP_NUM_THREADS=1`` (issue 16). So, unless the user set
+wait on preempted threads: on a loaded 2-core machine the explore stage of ``make demo`` took many times as long
+as on an idle one, and with ``OMP_NUM_THREADS=1`` about as long as idle. So, unless the user set
 ``OMP_NUM_THREADS``: each process gets ``free cores // local processes`` threads (at least 1), where the
 free cores are the usable cores minus those the 1-minute load average shows busy with other work, and ``OMP_NUM_THREADS`` is exported
 so that child processes (``datasets`` workers) follow.

@@ -1,4 +1,6 @@
-"""Where the time of one decode step goes (issue 12, item 3): a kernel-level profile of the engine's step.
+"""Where the time of one decode step goes: a kernel-level profile of the engine's step.
+
+BENCHMARKS.md, "Where the dense decode step's time goes", has its first run.
 
     python -m eval.bench decode-profile --rows 32768x1 131072x1 --out outputs/bench/decode_profile.json
     python -m eval.bench decode-profile --schemes podkit-dense tidal pod pod+tidal --decode-kernels standard fused
@@ -20,7 +22,7 @@ static cache filled with random K/V, one CUDA graph per batch size with compiled
 Every (scheme, decode kernels, mode) of ``--schemes`` x ``--decode-kernels`` x (graph[, eager]) is one entry of a
 row, labelled ``"<scheme> <kernels> <mode>"``.
 
-So "dense is 1.5x the floor" splits into: how much is the matrix products above their bytes, how much is
+So "dense is above its floor" splits into: how much is the matrix products above their bytes, how much is
 the attention above its KV bytes, how much is the small kernels, and how much is idle. ``--eager`` adds the
 same profile without CUDA graphs (host launch cost shows up as gap). JSON is rewritten after every row; a PNG
 (stacked bars per row, floors marked) is written next to it when matplotlib is present.

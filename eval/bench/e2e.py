@@ -1,4 +1,4 @@
-"""End-to-end benchmark of podkit's generation engine (issue 5): decode latency, prefill time, KV memory.
+"""End-to-end benchmark of podkit's generation engine: decode latency, prefill time, KV memory.
 
     python -m eval.bench e2e --out outputs/bench/e2e.json            # the full H200 run (< 10 min)
     python -m eval.bench e2e --plot-only outputs/bench/e2e.json      # PNG from a JSON (needs matplotlib)
@@ -23,7 +23,8 @@ vocab 128256) in bf16 on one GPU; random weights do not change the time of a ste
 * KV bytes per sequence at 32K (really allocated by the engine's static cache) and the largest batch
   whose KV fits in 120 GB minus the weights, for dense and POD (``--check-fit`` allocates it).
 
-Targets (issues 5 and 12) are evaluated in ``targets``: dense within 1.2x of the floor at every row; TidalDecode
+Targets (BENCHMARKS.md's status table, "Engine"; "Targets that changed" says which replaced which) are evaluated
+in ``targets``: dense within 1.2x of the floor at every row; TidalDecode
 >= 1.8x dense at the longest context x 1 and >= 2.5x at x 4 (>= 2.5x at x 1 with one KV head per query head, the
 LLaMA-2-7B shape of the TidalDecode paper); POD + TidalDecode within 1.1x of TidalDecode and POD within 1.05x of
 dense at every row; every scheme >= 8x transformers at the shortest context x 1. The JSON is rewritten after every row, so a run cut

@@ -1,4 +1,4 @@
-"""``generate()`` against the engine on pass-key prompts of varied length (issue 33 s5).
+"""``generate()`` against the engine on pass-key prompts of varied length.
 
     python -m eval.bench generate-vs-engine --out outputs/bench/generate_vs_engine.json      # GPU, < 3 min
     python -m eval.bench generate-vs-engine --tiny --out /tmp/gve.json                       # CPU smoke test

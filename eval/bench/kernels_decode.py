@@ -13,17 +13,17 @@ Each row times, in the same run, podkit's kernel, torch's closest composition an
 - selection (budget 2048): naive torch (SDPA for the output + a GQA matmul for the logits +
   topk + sort) vs selection_decode_attention_triton, per head and per KV group, with the split
   top-k (default: first radix pass fused into the attention, kernels/_decode_topk_split.py) and
-  the legacy top-k (kernels/_decode_topk.py); ratios to podkit full decode (issue 12 target:
-  graph_over_podkit_full <= 1.25) and the fraction of rows whose index lists agree.
+  the legacy top-k (kernels/_decode_topk.py); ratios to podkit full decode (target, BENCHMARKS.md
+  status table: graph_over_podkit_full <= 1.25) and the fraction of rows whose index lists agree.
 - sparse decode, k in {256, 2048, 4096}: torch gather + SDPA vs sparse_decode_attention_triton,
   lists per query head (Hs=Hq) and per KV group (Hs=Hkv).
 - pod decode (sink 4, recent 2048): vs podkit full decode at equal context; with gate_tau 0.7 and
   the exact gate (reads everything); `pod_skip` rows: gate_tau 0.7 with a pre-evaluated gate
   (gate_estimate) that skips a given fraction of whole GQA groups (the reads a skip saves) or of
   single heads at random (a group reads while any of its heads does), with the skipped fractions,
-  the time, and the time predicted by proportion (issue 12 item 5).
+  the time, and the time predicted by proportion.
 - pod_sparse (POD + TidalDecode, budget 2048, sink 4, recent 2048): pod_sparse_decode_attention
-  vs TidalDecode's sparse decode alone (issue 12 target: <= 1.1x) and the engine's torch gather,
+  vs TidalDecode's sparse decode alone (target: <= 1.1x) and the engine's torch gather,
   lists per KV group and per query head; with the exact-gate tau and with half the groups skipped.
 - quest (page 16, budget 2048): page scores + page selection + sparse decode over the pages.
 
@@ -31,8 +31,8 @@ Each row times, in the same run, podkit's kernel, torch's closest composition an
 measured here (1.0 = at the copy floor). Bytes: K and V rows read (KV cache, or the listed /
 selected / non-skipped rows), page metadata for Quest; score buffers and partials not counted.
 
-Eager timings include Python and launch overheads, which dominate the small rows (first H200 run:
-podkit sparse decode at k=256, two Triton launches, took ~55 us eager against a 1 us floor); `graph_*` columns time one CUDA-graph replay
+Eager timings include Python and launch overheads, which dominate the small rows (podkit sparse decode at
+k=256 is two Triton launches against a floor of about a microsecond); `graph_*` columns time one CUDA-graph replay
 (L2 flushed before each), as the engine runs decode.
 
 Data-dependent input checks (one host sync each) are switched off for the timings
@@ -55,7 +55,7 @@ import torch.nn.functional as F
 
 HQ, HKV, D = 32, 8, 128
 DTYPE = torch.bfloat16
-SELECTION_BUDGET = 2048  # TidalDecode's budget in the paper's efficiency runs (and the issue 12 targets)
+SELECTION_BUDGET = 2048  # TidalDecode's budget in the paper's efficiency runs (arXiv 2410.05076) and the targets
 
 
 def _bench(fn, rep=100):
@@ -316,7 +316,7 @@ def torch_pod_sparse(q, k_local, k_anchor, v, idx, seq_lens, sink, recent):
 
 
 def _pod_sparse_rows(rows, q, k, v, seq_lens, bw, gen, sink=4, recent=2048, tau=0.7):
-    """POD + TidalDecode sparse layer (issue 12 item 2): pod_sparse_decode_attention over the selection's
+    """POD + TidalDecode sparse layer: pod_sparse_decode_attention over the selection's
     lists vs TidalDecode alone (sparse_decode_attention, target ratio <= 1.1) and the engine's torch
     gather; with gate_estimate skipping half of the GQA groups. Lists: the top-budget slots of random
     scores with the current slot, so about recent / N of each list is proximal."""

@@ -1,6 +1,6 @@
 """Run a benchmark job (a launcher and the ranks it starts) as one process group that can always be stopped.
 
-Two failures seen on an H200 (BENCHMARKS.md, issue 13, "Where the long-context step's time went"): a job that
+Two failures seen on an H200 (BENCHMARKS.md, "Where the long-context step's time went"): a job that
 had written its result hung in its process-group teardown until the caller's time limit, and killing only the
 launcher on that limit left a rank alive that held the GPU memory and the rendezvous port, so the next launch
 failed with ``EADDRINUSE``. :func:`run_process_group` starts the command in its own session, kills the whole

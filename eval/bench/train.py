@@ -11,15 +11,16 @@ and reports tokens/s, the POD/dense ratio, and MFU = model FLOPs/s / peak, with 
 token = 6 * (non-embedding params + LM head) + 6 * L * Hq * D * S (causal attention, forward +
 backward; the recomputation of gradient checkpointing is not counted, as usual for MFU). Peak bf16:
 989.5 TFLOP/s (H200 dense spec) and the matmul peak measured on this GPU in the same run.
-Targets (issue 4): POD >= 0.85x dense tokens/s, dense MFU >= 35%.
+Targets: POD >= 0.95x dense tokens/s (it replaced an earlier 0.85x; BENCHMARKS.md, "Targets that changed"),
+dense MFU >= 35%; their current values are in BENCHMARKS.md's status table.
 
 DeepSpeed is imported only here, lazily; without it (``--no-deepspeed`` or not installed) the step is
 a plain ``torch.optim.AdamW`` step on bf16 weights, and the JSON says so.
 
 Each scheme is measured in its own Python process. In one process the first scheme's DeepSpeed engine
 stayed allocated after it was dropped (its weights, fp32 master copy, Adam state and gradient partitions:
-about 20 GiB at the 1B shape), so the second scheme's peak memory included it: the 88.9 GiB POD row of
-2026-11-29 against dense's 69.1 was dense's engine plus POD's own 69.3 (BENCHMARKS.md, issue 13).
+about 20 GiB at the 1B shape), so the second scheme's peak memory included it (BENCHMARKS.md, "Where the long-context step's time went, POD's
+memory under ZeRO-2").
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
-"""Multi-GPU POD training throughput and the longest trainable context (issue 7).
+"""Multi-GPU POD training throughput and the longest trainable context.
 
 ``python -m eval.bench train-multi-gpu --num-gpus 1,2,8 [--seq 32768] [--sp 1] [--out FILE]``
 launches ``deepspeed --num_gpus N`` once per N (this file in worker mode) and prints one table:
 tokens/s of the whole job, tokens/s per GPU, scaling efficiency against the smallest N
-(``eff = tps_N / (tps_min * N / N_min)``; issue target >= 85% at 2 GPUs), peak memory.
+(``eff = tps_N / (tps_min * N / N_min)``; target >= 85% at 2 GPUs), peak memory.
 
 ``python -m eval.bench train-multi-gpu --num-gpus 8 --sp 8 --find-max-context --seq 32768``
 doubles the context from ``--seq`` (up to ``--max-seq``), one fresh launch per length (an OOM leaves
