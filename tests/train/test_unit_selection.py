@@ -188,6 +188,8 @@ def _recipe(**pod):
      "pod.unit_selection.candidate_delta=1.5: expected a number in [0, 1]"),
     ({"protect_units": "auto", "min_kv_saving": 0.3, "unit_selection": {"length": 200}},
      "pod.unit_selection.length=200: the episodes must be longer than POD's proximal window (16 + 240 tokens)"),
+    ({"protect_units": "auto", "min_kv_saving": 0.3, "sharing": "scores"},
+     "pod.protect_units='auto': gates are learned for key sharing only; pod.sharing='scores' needs"),
     ({"protect_units": [[1, 0]], "unit_selection": {"steps": 5}},
      "pod.unit_selection={'steps': 5}: only used with pod.protect_units: auto"),
 ])
