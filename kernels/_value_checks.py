@@ -65,6 +65,26 @@ def check_append_inputs(key_buffer, value_buffer, k, v, positions, *, key_heads=
             raise ValueError(f"positions must be slots in [0, N={capacity}); got min {lo}, max {hi}")
 
 
+def check_append_scales(key_buffer, value_buffer, ring, key_scale, value_scale, ring_scale) -> bool:
+    """The FP8 half of ``append_kv``'s checks (format: kernels/fp8_kv.py). Returns whether the buffers are FP8:
+    all of them (keys, values, ring) or none, each FP8 buffer with its fp32 scales [*buffer.shape[:-1]]."""
+    from .fp8_kv import check_scale, is_fp8
+
+    buffers = [("key_buffer", key_buffer), ("value_buffer", value_buffer)] + ([("ring", ring)] if ring is not None
+                                                                              else [])
+    kinds = {name: is_fp8(t) for name, t in buffers}
+    if len(set(kinds.values())) > 1:
+        raise ValueError(f"key_buffer, value_buffer and ring must all be float8_e4m3fn or none; got "
+                         f"{ {name: str(t.dtype) for name, t in buffers} }")
+    check_scale("key_scale", key_scale, "key_buffer", key_buffer)
+    check_scale("value_scale", value_scale, "value_buffer", value_buffer)
+    if ring is not None:
+        check_scale("ring_scale", ring_scale, "ring", ring)
+    elif ring_scale is not None:
+        raise ValueError("ring_scale is given without a ring")
+    return kinds["key_buffer"]
+
+
 def check_decode_linear_inputs(x, weights, biases, gated: bool):
     """``decode_linear``'s arguments, each error naming the argument; returns (weights, biases) as tuples of the
     same length (biases padded with None). x [M <= 64, K]; 1-3 weights [N_i, K] with a unit last stride, x's

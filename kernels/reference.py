@@ -15,6 +15,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .fp8_kv import quantize_kv
+
 __all__ = [
     "decode_attention",
     "select_topk_positions",
@@ -522,7 +524,8 @@ def quest_select_pages(scores, seq_lens, page_size, budget):
     return torch.where(valid, slots, torch.full_like(slots, -1))
 
 
-def append_kv(key_buffer, value_buffer, k, v, positions, *, key_heads=None, ring=None, sink=0, recent=1):
+def append_kv(key_buffer, value_buffer, k, v, positions, *, key_heads=None, ring=None, sink=0, recent=1,
+              key_scale=None, value_scale=None, ring_scale=None):
     """Write one decode token per sequence into a static cache, in place.
 
     key_buffer: [Bmax, U, N, D]; value_buffer: [Bmax, Hkv, N, D]; k, v: [B, Hkv, D] (B <= Bmax); positions: [B]
@@ -531,23 +534,36 @@ def append_kv(key_buffer, value_buffer, k, v, positions, *, key_heads=None, ring
     [Bmax, Hkv, sink + recent, D], POD's proximal keys: position p at slot p if p < sink else sink + p % recent.
     Afterwards ``value_buffer[b, :, positions[b]] == v[b]``, ``key_buffer[b, row(h), positions[b]] == k[b, h]``
     for heads with a row, ``ring[b, :, slot(positions[b])] == k[b]``, for b < B, and nothing else changed.
-    Returns None.
+    FP8 caches (kernels/fp8_kv.py: every buffer float8_e4m3fn): key_scale [Bmax, U, N], value_scale
+    [Bmax, Hkv, N] and ring_scale [Bmax, Hkv, sink + recent] fp32 get each written row's scale, and the rows hold
+    ``quantize_kv`` of k / v (one scale per token and KV head, the key's bytes and scale alike in key_buffer and
+    ring). Returns None.
     """
-    from ._value_checks import check_append_inputs
+    from ._value_checks import check_append_inputs, check_append_scales
 
     check_append_inputs(key_buffer, value_buffer, k, v, positions, key_heads=key_heads, ring=ring, sink=sink,
                         recent=recent)
+    fp8 = check_append_scales(key_buffer, value_buffer, ring, key_scale, value_scale, ring_scale)
     rows = torch.arange(k.shape[0], device=k.device)
+    if fp8:
+        (k, k_s), (v, v_s) = quantize_kv(k), quantize_kv(v)  # [B, Hkv, D] fp8, [B, Hkv] fp32
+        value_scale[rows, :, positions] = v_s
     value_buffer[rows, :, positions] = v.to(value_buffer.dtype)
     if key_heads is None:
         key_buffer[rows, :, positions] = k.to(key_buffer.dtype)
+        if fp8:
+            key_scale[rows, :, positions] = k_s
     else:
         for h, row in enumerate(key_heads.tolist()):
             if row >= 0:
                 key_buffer[rows, row, positions] = k[:, h].to(key_buffer.dtype)
+                if fp8:
+                    key_scale[rows, row, positions] = k_s[:, h]
     if ring is not None:
         slots = torch.where(positions < sink, positions, sink + positions % recent)
         ring[rows, :, slots] = k.to(ring.dtype)
+        if fp8:
+            ring_scale[rows, :, slots] = k_s
 
 
 def decode_linear(x, weights, biases=None, *, gated=False):

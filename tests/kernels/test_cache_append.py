@@ -9,7 +9,7 @@ import pytest
 import torch
 from kernel_checks import case_seed
 
-from kernels import reference
+from kernels import fp8_kv, reference
 from kernels.triton_cache_append import append_kv_triton
 
 INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
@@ -172,3 +172,98 @@ def test_bad_pod_layout_arguments_are_named(mutate, message):
     mutate(args)
     with pytest.raises(ValueError, match=message):
         reference.append_kv(**args)
+
+
+# ---------------------------------------------------------------------------------------------
+# FP8 caches (kernels/fp8_kv.py): the kernel quantises in registers, byte-equal to the reference
+# ---------------------------------------------------------------------------------------------
+
+def fp8_buffers(*buffers):
+    """FP8 copies of float buffers (random bytes kept, so a stray write shows) and random fp32 scales."""
+    gen = torch.Generator().manual_seed(0)
+    out = []
+    for t in buffers:
+        out.append((t.clamp(-448, 448).to(torch.float8_e4m3fn), torch.rand(t.shape[:-1], generator=gen)))
+    return out
+
+
+def assert_same_bytes(got, want):
+    assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+
+
+@cpu_only
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fp8_append_matches_reference_cpu(case, dtype):
+    keys, values, k, v, positions = make_case(case, torch.float32, "cpu", case_seed(case, "fp8"), pool_heads=2)
+    k, v = k.to(dtype), v.to(dtype)
+    k[0, 0] = 0.0  # an all-zero token: the scale floor, bytes 0
+    (kb, ks), (vb, vs) = fp8_buffers(keys, values)
+    ref = [t.clone() for t in (kb, vb, ks, vs)]
+    reference.append_kv(ref[0], ref[1], k, v, positions, key_scale=ref[2], value_scale=ref[3])
+    append_kv_triton(kb, vb, k, v, positions, key_scale=ks, value_scale=vs)
+    for got, want in zip((kb, vb), ref[:2]):
+        assert_same_bytes(got, want)
+    assert torch.equal(ks, ref[2]) and torch.equal(vs, ref[3])
+    rows = torch.arange(k.shape[0])
+    data, scale = fp8_kv.quantize_kv(k)
+    assert_same_bytes(kb[rows, :, positions], data)
+    assert torch.equal(ks[rows, :, positions], scale)
+
+
+@cpu_only
+@pytest.mark.parametrize("case", CASES[:2])
+def test_fp8_pod_layout_append_matches_reference_cpu(case):
+    pool, values, k, v, positions, key_heads, ring, sink, recent = make_pod_case(case, torch.float32, "cpu", seed=6)
+    (pb, ps), (vb, vs), (rb, rs) = fp8_buffers(pool, values, ring)
+    got = [pb, vb, rb, ps, vs, rs]
+    ref = [t.clone() for t in got]
+    kw = dict(key_heads=key_heads, sink=sink, recent=recent)
+    reference.append_kv(ref[0], ref[1], k, v, positions, ring=ref[2], key_scale=ref[3], value_scale=ref[4],
+                        ring_scale=ref[5], **kw)
+    append_kv_triton(pb, vb, k, v, positions, ring=rb, key_scale=ps, value_scale=vs, ring_scale=rs, **kw)
+    for a, b in zip(got[:3], ref[:3]):
+        assert_same_bytes(a, b)
+    for a, b in zip(got[3:], ref[3:]):
+        assert torch.equal(a, b)
+
+
+@cpu_only
+def test_fp8_rounding_matches_torch_on_every_regime():
+    """Ties, subnormals, the largest value, signed zeros: the kernel's software RTNE equals torch's cast."""
+    ties = torch.tensor([1.0625, 1.1875, 2 ** -9 * 1.5, 2 ** -9 * 0.5, 2 ** -6 * 1.0625, 2 ** -10, 448.0, -0.0])
+    k = torch.cat([ties, torch.linspace(-448, 448, 120)]).view(1, 1, 128)  # amax 448: scale 1, rounded as given
+    kb, vb = torch.zeros(1, 1, 2, 128, dtype=torch.float8_e4m3fn), torch.zeros(1, 1, 2, 128, dtype=torch.float8_e4m3fn)
+    ks, vs = torch.zeros(1, 1, 2), torch.zeros(1, 1, 2)
+    append_kv_triton(kb, vb, k, k, torch.tensor([1]), key_scale=ks, value_scale=vs)
+    assert ks[0, 0, 1] == 1.0
+    assert_same_bytes(kb[0, 0, 1], k[0, 0].to(torch.float8_e4m3fn))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", CASES)
+def test_fp8_append_matches_reference_gpu(case):
+    keys, values, k, v, positions = make_case(case, torch.bfloat16, "cuda", seed=9)
+    (kb, ks), (vb, vs) = fp8_buffers(keys, values)
+    ref = [t.clone() for t in (kb, vb, ks, vs)]
+    reference.append_kv(ref[0], ref[1], k, v, positions, key_scale=ref[2], value_scale=ref[3])
+    append_kv_triton(kb, vb, k, v, positions, key_scale=ks, value_scale=vs)
+    for got, want in zip((kb, vb), ref[:2]):
+        assert_same_bytes(got, want)
+    assert torch.equal(ks, ref[2]) and torch.equal(vs, ref[3])
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda a: a.update(key_scale=None), "key_buffer is float8_e4m3fn but key_scale is None"),
+    (lambda a: a.update(value_scale=a["value_scale"].half()), "value_scale must be a float32 tensor"),
+    (lambda a: a.update(key_scale=a["key_scale"][:, :, :4]), r"key_scale shape \(3, 2, 4\) must be \(3, 2, 9\)"),
+    (lambda a: a.update(value_buffer=a["value_buffer"].float(), value_scale=None), "must all be float8_e4m3fn"),
+])
+def test_bad_fp8_arguments_are_named(mutate, message):
+    keys, values, k, v, positions = make_case((3, 2, 2, 9, 8), torch.float32, "cpu", seed=2)
+    (kb, ks), (vb, vs) = fp8_buffers(keys, values)
+    args = dict(key_buffer=kb, value_buffer=vb, k=k, v=v, positions=positions, key_scale=ks, value_scale=vs)
+    mutate(args)
+    for fn in (reference.append_kv, append_kv_triton):
+        with pytest.raises((ValueError, TypeError), match=message):
+            fn(**args)

@@ -1,0 +1,50 @@
+"""Triton device helpers of the FP8 KV cache (format: kernels/fp8_kv.py): quantise one token row, load a tile.
+
+``e4m3_bits`` rounds fp32 to E4M3 in integer arithmetic, after c10's ``fp8e4m3fn_from_fp32_value``
+(pytorch c10/util/Float8_e4m3fn.h), so the bytes equal torch's cast under the interpreter (whose own
+fp32 -> tl.float8e4nv cast rounds ties away and flushes subnormals) and compiled alike.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+FP8_MAX = tl.constexpr(448.0)
+SCALE_FLOOR = tl.constexpr(2.0 ** -64)  # = kernels.fp8_kv.SCALE_FLOOR
+
+
+@triton.jit
+def e4m3_bits(x):
+    """x: fp32, finite, |x| <= 448 -> int32 E4M3 bit patterns in [0, 255], round to nearest even."""
+    xi = x.to(tl.int32, bitcast=True)
+    a = xi & 0x7FFFFFFF
+    # |x| < 2^-6 (exponent field < 121): subnormal. Adding 2^14 (bits 141 << 23), whose fp32 ulp is 2^-9 = the
+    # E4M3 subnormal step, rounds to nearest even in the fp32 adder; the low bits are then the mantissa (8 = the
+    # smallest normal, which is also its right encoding).
+    sub = (a.to(tl.float32, bitcast=True) + 16384.0).to(tl.int32, bitcast=True) - (141 << 23)
+    # normal: rebias the exponent (127 -> 7) and round the 20 dropped mantissa bits to nearest even
+    norm = (a - (120 << 23) + 0x7FFFF + ((a >> 20) & 1)) >> 20
+    bits = tl.where(a < (121 << 23), sub, norm)
+    return tl.where(xi < 0, bits | 0x80, bits)
+
+
+@triton.jit
+def quantize_row(x, mask):
+    """x: [BLOCK_D] one token's keys or values of one KV head (any float dtype), mask: valid channels.
+    Returns (uint8 E4M3 bytes [BLOCK_D], fp32 scale): scale = max(amax / 448, floor), bytes = RTNE(x / scale)."""
+    xf = tl.where(mask, x.to(tl.float32), 0.0)
+    scale = tl.maximum(tl.math.div_rn(tl.max(tl.abs(xf), axis=0), FP8_MAX), SCALE_FLOOR)
+    y = tl.minimum(tl.maximum(tl.math.div_rn(xf, scale), -FP8_MAX), FP8_MAX)
+    return e4m3_bits(y).to(tl.uint8), scale
+
+
+@triton.jit
+def load_kv_tile(ptrs, mask, scale_ptrs, row_mask, dtype: tl.constexpr, FP8: tl.constexpr):
+    """A [BLOCK_N, BLOCK_D] tile of keys or values in ``dtype`` and its per-row fp32 scales [BLOCK_N] (FP8), or
+    the tile as stored and scales 1 (bf16 / fp16 / fp32 caches). E4M3 -> fp16 / bf16 / fp32 is exact, so the
+    scales are applied by the caller in fp32 (``scaled_logits``, ``online_softmax_update``'s ``v_scale``)."""
+    t = tl.load(ptrs, mask=mask, other=0.0)
+    if FP8:
+        return t.to(tl.float32).to(dtype), tl.load(scale_ptrs, mask=row_mask, other=0.0)
+    return t, tl.full([ptrs.shape[0]], 1.0, tl.float32)

@@ -1,0 +1,127 @@
+"""FP8 KV cache storage: the format, its quantise / dequantise reference and the argument checks.
+
+``kv_cache_dtype`` (vLLM's and transformers' naming): ``"bfloat16"`` (default: keys and values in the model's
+dtype) or ``"fp8_e4m3"``. The FP8 format is OCP E4M3 ("FP8 Formats for Deep Learning", Micikevicius et al.,
+arXiv 2209.05433, section 3: 4 exponent bits, 3 mantissa bits, no infinities, max 448, smallest normal 2^-6,
+subnormals down to 2^-9), as torch.float8_e4m3fn / Triton's tl.float8e4nv. vLLM's FP8 KV cache
+(docs.vllm.ai, "Quantized KV Cache") stores the same element type with one scale per tensor or per head; podkit
+keeps one scale per (token, KV head), which the decode append can compute from the token alone.
+
+Layout (what the caches allocate for every tensor of keys or values that the scheme keeps):
+
+    data   [B, Hkv, N, D]  torch.float8_e4m3fn   x / scale, rounded to nearest even, saturated to +-448
+    scale  [B, Hkv, N]     torch.float32         max(amax_d |x[..., n, d]| / 448, SCALE_FLOOR)
+
+so that ``x ~= data.float() * scale[..., None]``. One scale per token and KV head: a key's channels share
+their RoPE rotation and magnitude, while tokens differ (attention sinks carry far larger keys and values than
+the rest), so a per-token scale loses nothing to outliers elsewhere in the sequence, and an appended token needs no
+re-quantisation of its block. Per-block scales (one per 16 tokens) would save 15 of every 16 scales, i.e. under 3%
+of an FP8 cache at D = 128; they were not built: the measurement of quality per layout is part of the cache
+integration (eval/), not of the kernels.
+
+Why the scale is fp32, not bf16: bytes per token and KV head, keys + values, are ``2 * (D + 4)`` with fp32 scales,
+``2 * (D + 2)`` with bf16 ones, against ``4 * D`` in bf16: at D = 128, 264 vs 260 vs 512 bytes (1.94x vs 1.97x).
+The 1.5% is not worth a scale that rounds: a bf16 scale rounded below amax / 448 would push the block's largest
+element past 448 (saturated) and one rounded above wastes up to 2^-8 of the range; an fp32 scale divides exactly as
+the reference does, keeps the scale loads 4-byte aligned and is what vLLM's fp8 KV scales are (fp32).
+
+What else follows the rule, and what stays in the model's dtype (bf16):
+- POD (arXiv 2412.02252): an anchor layer's keys are that layer's K cache, so they are FP8 with per-token scales
+  like any K cache; the ring of proximal keys (``k_local [B, Hkv, sink + recent, D]``) is FP8 with its own scale
+  ``[B, Hkv, sink + recent]`` per slot, written by the same append (a ring slot is one token's key). Values are the
+  layer's own V cache: FP8.
+- Quest (arXiv 2406.10774): page max / min stay in bf16 (or whatever float dtype the cache chooses for them),
+  computed from the *dequantised* keys (``kernels.reference.quest_page_minmax(k, seq_lens, page_size,
+  k_scale=scale)``). The page score is an upper bound of q.k over the page only if max >= every key and
+  min <= every key; FP8 min / max would need rounding away from the keys (up for max, down for min) and a scale per
+  page, for metadata that is 2 / page_size of a bf16 K cache. Bounding the dequantised keys keeps the bound exact
+  for the keys attention actually reads.
+- Everything per query (q, gate estimates, TidalDecode's indices, scores, partial outputs) is unchanged.
+
+The decode kernels read FP8 K/V and their scales and dequantise in registers: an E4M3 value converts exactly
+to fp16 / bf16 / fp32 (3 mantissa bits, exponents 2^-9 .. 2^8), so the kernels feed ``k8.to(q.dtype)`` to the same
+dot as bf16 keys and apply the scales in fp32 on the products: logits ``(q . k8) * k_scale[n]`` and values
+``(p * v_scale[n]) @ v8``; with bf16 keys nothing changes.
+
+Rounding (what was verified where): torch's CPU cast float32 -> float8_e4m3fn is round-to-nearest-even with
+subnormals (c10/util/Float8_e4m3fn.h). Triton 3.6's interpreter loads float8_e4m3fn tensors and converts them to
+fp32 exactly, but its fp32 -> tl.float8e4nv cast is not round-to-nearest-even (ties round away, subnormals
+flush: checked on CPU, 2026-12-03). The append kernel therefore rounds in software
+(``kernels/_fp8_device.py``: c10's integer algorithm, the same bits in the interpreter and compiled) and
+stores uint8 bytes through a ``uint8`` view of the cache; the divisions are ``tl.math.div_rn`` (IEEE, as torch).
+The tests check byte equality with this module under the interpreter. Not yet run on an H100 / H200.
+"""
+
+from __future__ import annotations
+
+import torch
+
+KV_CACHE_DTYPES = ("bfloat16", "fp8_e4m3")
+FP8_DTYPE = torch.float8_e4m3fn
+FP8_MAX = 448.0
+# Smallest scale: an all-zero token gets this instead of 0 (no 0 / 0). Below it a token's values are at most
+# 448 * 2^-64 ~ 2.4e-17 and quantise against the floor (absolute error <= 2^-74); no K/V entry that small matters.
+SCALE_FLOOR = 2.0 ** -64
+SCALE_DTYPE = torch.float32
+
+__all__ = ["KV_CACHE_DTYPES", "FP8_DTYPE", "FP8_MAX", "SCALE_FLOOR", "SCALE_DTYPE", "kv_storage_dtype",
+           "bytes_per_token", "quantize_kv", "dequantize_kv", "is_fp8", "check_scale"]
+
+
+def kv_storage_dtype(kv_cache_dtype: str, model_dtype: torch.dtype = torch.bfloat16) -> torch.dtype:
+    """The element dtype of the K/V buffers for a ``kv_cache_dtype`` name: the model's dtype for "bfloat16"."""
+    if kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise ValueError(f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {kv_cache_dtype!r}")
+    return FP8_DTYPE if kv_cache_dtype == "fp8_e4m3" else model_dtype
+
+
+def bytes_per_token(head_dim: int, kv_cache_dtype: str, model_dtype: torch.dtype = torch.bfloat16) -> int:
+    """Bytes one token takes per KV head, keys and values together: 2 * (D + 4) in FP8, 2 * D * itemsize else."""
+    dtype = kv_storage_dtype(kv_cache_dtype, model_dtype)
+    if dtype == FP8_DTYPE:
+        return 2 * (head_dim + SCALE_DTYPE.itemsize)
+    return 2 * head_dim * dtype.itemsize
+
+
+def quantize_kv(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [..., N, D] (fp16 / bf16 / fp32 keys or values) -> (data [..., N, D] float8_e4m3fn, scale [..., N] fp32).
+
+    scale = max(amax_d |x| / 448, SCALE_FLOOR) per row, data = RTNE(clamp(x / scale, -448, 448)). The clamp is
+    needed: torch's cast turns values past 448 into NaN, and x / scale can round a hair past 448."""
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.dtype == FP8_DTYPE or x.dim() < 2:
+        raise TypeError(f"quantize_kv: x must be a float tensor [..., N, D], got "
+                        f"{getattr(x, 'dtype', type(x).__name__)} {tuple(getattr(x, 'shape', ()))}")
+    xf = x.float()
+    scale = (xf.abs().amax(-1) / FP8_MAX).clamp(min=SCALE_FLOOR)
+    data = (xf / scale[..., None]).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+    return data, scale
+
+
+def dequantize_kv(data: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """(data [..., N, D] float8_e4m3fn, scale [..., N]) -> data * scale in ``dtype`` (product in fp32, or fp64)."""
+    check_scale("scale", scale, "data", data)
+    ct = torch.float64 if dtype == torch.float64 else torch.float32
+    return (data.to(ct) * scale.to(ct)[..., None]).to(dtype)
+
+
+def is_fp8(t) -> bool:
+    return isinstance(t, torch.Tensor) and t.dtype == FP8_DTYPE
+
+
+def check_scale(name: str, scale, cache_name: str, cache: torch.Tensor) -> None:
+    """A cache of FP8 needs ``scale`` fp32 [*cache.shape[:-1]] on its device; a cache of floats takes none."""
+    if not is_fp8(cache):
+        if scale is not None:
+            raise ValueError(f"{name} is given but {cache_name} has dtype {cache.dtype}; scales go with "
+                             f"float8_e4m3fn caches only")
+        return
+    want = tuple(cache.shape[:-1])
+    if scale is None:
+        raise ValueError(f"{cache_name} is float8_e4m3fn but {name} is None; pass its fp32 scales {list(want)}")
+    if not isinstance(scale, torch.Tensor) or scale.dtype != SCALE_DTYPE:
+        raise TypeError(f"{name} must be a float32 tensor {list(want)} (one scale per token and KV head), got "
+                        f"{getattr(scale, 'dtype', type(scale).__name__)}")
+    if tuple(scale.shape) != want:
+        raise ValueError(f"{name} shape {tuple(scale.shape)} must be {want} ({cache_name}'s shape without D)")
+    if scale.device != cache.device:
+        raise ValueError(f"{name} is on {scale.device} but {cache_name} is on {cache.device}; they must match")
