@@ -191,13 +191,9 @@ def assert_same_bytes(got, want):
     assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
 
 
-@cpu_only
-@pytest.mark.parametrize("case", CASES)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_fp8_append_matches_reference_cpu(case, dtype):
-    keys, values, k, v, positions = make_case(case, torch.float32, "cpu", case_seed(case, "fp8"), pool_heads=2)
-    k, v = k.to(dtype), v.to(dtype)
-    k[0, 0] = 0.0  # an all-zero token: the scale floor, bytes 0
+def append_fp8_both(keys, values, k, v, positions):
+    """Append into FP8 copies of the buffers with the kernel and the reference; the bytes and scales must be equal.
+    Returns the kernel's (key bytes, key scales)."""
     (kb, ks), (vb, vs) = fp8_buffers(keys, values)
     ref = [t.clone() for t in (kb, vb, ks, vs)]
     reference.append_kv(ref[0], ref[1], k, v, positions, key_scale=ref[2], value_scale=ref[3])
@@ -205,6 +201,17 @@ def test_fp8_append_matches_reference_cpu(case, dtype):
     for got, want in zip((kb, vb), ref[:2]):
         assert_same_bytes(got, want)
     assert torch.equal(ks, ref[2]) and torch.equal(vs, ref[3])
+    return kb, ks
+
+
+@cpu_only
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fp8_append_matches_reference_cpu(case, dtype):
+    keys, values, k, v, positions = make_case(case, torch.float32, "cpu", case_seed(case, "fp8"), pool_heads=2)
+    k, v = k.to(dtype), v.to(dtype)
+    k[0, 0] = 0.0  # an all-zero token: the scale floor, bytes 0
+    kb, ks = append_fp8_both(keys, values, k, v, positions)
     rows = torch.arange(k.shape[0])
     data, scale = fp8_kv.quantize_kv(k)
     assert_same_bytes(kb[rows, :, positions], data)
@@ -243,14 +250,7 @@ def test_fp8_rounding_matches_torch_on_every_regime():
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", CASES)
 def test_fp8_append_matches_reference_gpu(case):
-    keys, values, k, v, positions = make_case(case, torch.bfloat16, "cuda", seed=9)
-    (kb, ks), (vb, vs) = fp8_buffers(keys, values)
-    ref = [t.clone() for t in (kb, vb, ks, vs)]
-    reference.append_kv(ref[0], ref[1], k, v, positions, key_scale=ref[2], value_scale=ref[3])
-    append_kv_triton(kb, vb, k, v, positions, key_scale=ks, value_scale=vs)
-    for got, want in zip((kb, vb), ref[:2]):
-        assert_same_bytes(got, want)
-    assert torch.equal(ks, ref[2]) and torch.equal(vs, ref[3])
+    append_fp8_both(*make_case(case, torch.bfloat16, "cuda", seed=9))
 
 
 @pytest.mark.parametrize("mutate, message", [
