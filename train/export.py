@@ -113,6 +113,8 @@ def _trained_delta(export_dir: Path, pod) -> str:
     """The delta of the trained map (``pod_blocks.json``): ``pod.min_kv_saving`` may have lowered it."""
     blocks = Path(export_dir) / "pod_blocks.json"
     delta = json.loads(blocks.read_text()).get("delta", pod.delta) if blocks.is_file() else pod.delta
+    if getattr(pod, "kv_saving", None) is not None:
+        return f"{delta:.4g}, the largest that saves at least {pod.kv_saving:.0%} (`pod.kv_saving`)"
     if pod.min_kv_saving is not None and delta != pod.delta:
         return f"{delta:.4g}, lowered from {pod.delta:g} to save at least {pod.min_kv_saving:.0%} (`pod.min_kv_saving`)"
     return f"{delta:g}"

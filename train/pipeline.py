@@ -317,12 +317,14 @@ def _training_dtype(recipe: Recipe) -> torch.dtype:
 def _final_map(recipe, anchors, blocks_path, rank: int, log):
     """The block map that is trained: the explored (or reused) one with ``pod.protect_units`` made anchors
     (``protect_units``) and, under ``pod.min_kv_saving``, delta lowered over the exploration's similarity until
-    the map saves that much (``delta_for_kv_saving``). Written beside the exploration as ``blocks_trained.json``
+    the map saves that much (``delta_for_kv_saving``); under ``pod.kv_saving``, the largest delta from 1.0 down whose
+    protected map saves that much (the least sharing that meets the budget, for a trade-off curve). Written beside the exploration as ``blocks_trained.json``
     (rank 0) when it differs, so the export's ``pod_blocks.json`` is the map that was trained; the explored
     ``blocks.json`` stays as it was. Deterministic, so every rank computes the same map."""
     units = [tuple(unit) for unit in recipe.pod.protect_units]
     target = recipe.pod.min_kv_saving
-    if not units and target is None:
+    exact = recipe.pod.kv_saving  # the least sharing that saves it: delta searched from 1.0 down
+    if not units and target is None and exact is None:
         return anchors, blocks_path
     from sparse_models.calibration.pod_similarity import (
         delta_for_kv_saving,
@@ -341,16 +343,25 @@ def _final_map(recipe, anchors, blocks_path, rank: int, log):
     except ValueError as error:
         raise SystemExit(f"pod.protect_units={recipe.pod.protect_units}: {error}") from None
     delta = source.get("delta", recipe.pod.delta)
-    if target is not None and kv_saving_fraction(final, length, *proximal) < target:
+    compare_with = source.get("compare_with", recipe.pod.compare_with)
+    if exact is not None:
+        if similarity is None:
+            raise SystemExit(f"pod.kv_saving={exact}: the block map {blocks_path} has no similarity matrices to search "
+                             f"delta over; run the exploration (pod.blocks_file: null) or use one written with them")
+        try:
+            delta, final = delta_for_kv_saving(similarity, exact, seq_len=length, sink=proximal[0], recent=proximal[1],
+                                               start_delta=1.0, compare_with=compare_with, protect=units)
+        except ValueError as error:
+            raise SystemExit(f"pod.kv_saving={exact}: {error}") from None
+        log(f"[explore] pod.kv_saving={exact}: delta {delta:.4f}, the least sharing that saves it")
+    elif target is not None and kv_saving_fraction(final, length, *proximal) < target:
         if similarity is None:
             raise SystemExit(f"pod.min_kv_saving={target}: the block map {blocks_path} saves "
                              f"{kv_saving_fraction(final, length, *proximal):.1%} and has no similarity matrices to "
                              f"lower delta with; run the exploration (pod.blocks_file: null) or lower pod.min_kv_saving")
         try:
             delta, final = delta_for_kv_saving(similarity, target, seq_len=length, sink=proximal[0], recent=proximal[1],
-                                               start_delta=delta, compare_with=source.get("compare_with",
-                                                                                          recipe.pod.compare_with),
-                                               protect=units)
+                                               start_delta=delta, compare_with=compare_with, protect=units)
         except ValueError as error:
             raise SystemExit(f"pod.min_kv_saving={target}: {error}") from None
         log(f"[explore] pod.min_kv_saving={target}: delta lowered to {delta:.4f}")
@@ -359,11 +370,11 @@ def _final_map(recipe, anchors, blocks_path, rank: int, log):
         # a reused map may itself be a trained map (blocks_trained.json): its own provenance keys are replaced
         metadata = {k: v for k, v in source.items() if k not in (
             "format", "anchor_layers", "blocks", "similarity", "num_layers", "num_kv_heads", "anchor_fraction", "delta",
-            "source_blocks", "protect_units", "already_anchors", "min_kv_saving")}
+            "source_blocks", "protect_units", "already_anchors", "min_kv_saving", "kv_saving")}
         path.parent.mkdir(parents=True, exist_ok=True)
         write_blocks_json(path, final, similarity, **{**metadata, "delta": delta}, source_blocks=str(blocks_path),
                           protect_units=[list(u) for u in units], already_anchors=[list(u) for u in already],
-                          min_kv_saving=target)
+                          min_kv_saving=target, kv_saving=exact)
     log("[explore] "
         + (f"pod.protect_units: {len(units) - len(already)} unit(s) made anchors"
            + (f", {len(already)} already were ({already})" if already else "") + "; " if units else "")

@@ -61,6 +61,16 @@ def check_values(r: Recipe, problems: list[str]) -> None:
     if p.min_kv_saving is not None and not 0.0 < p.min_kv_saving < 0.5:
         add(f"pod.min_kv_saving={p.min_kv_saving}: expected null or a fraction in (0, 0.5) (POD shares keys only, "
             f"so at most half of the KV cache can be saved; the paper saves 0.35)")
+    if p.kv_saving is not None:
+        if not 0.0 < p.kv_saving < 0.5:
+            add(f"pod.kv_saving={p.kv_saving}: expected null or a fraction in (0, 0.5) (POD shares keys only, so at "
+                f"most half of the KV cache can be saved; the paper saves 0.35)")
+        if p.min_kv_saving is not None:
+            add(f"pod.kv_saving={p.kv_saving} and pod.min_kv_saving={p.min_kv_saving}: set one (kv_saving: the least "
+                f"sharing that saves it; min_kv_saving: the explored map, delta lowered only when it saves less)")
+        if p.protect_units == "auto":
+            add(f"pod.kv_saving={p.kv_saving}: pod.protect_units='auto' selects under pod.min_kv_saving; set that "
+                f"instead")
     if p.gate_tau is not None and not 0.0 < p.gate_tau <= 1.0:
         add(f"pod.gate_tau={p.gate_tau}: expected null or a number in (0, 1] (paper: 0.7)")
     if p.calibration_samples < 1:
@@ -278,19 +288,20 @@ def _check_sequence_parallel_heads(r: Recipe, model_config: dict, problems: list
 
 
 def _check_kv_target(r: Recipe, model_config: dict, problems: list[str]) -> None:
-    """pod.min_kv_saving must be reachable on this model and window: every unit but layer 0's shared saves
+    """pod.min_kv_saving / pod.kv_saving must be reachable on this model and window: every unit but layer 0's shared saves
     (L - 1) / L x (S - proximal) / 2S (sparse_models/calibration/pod_similarity.py ``max_kv_saving``)."""
     from sparse_models.calibration.pod_similarity import max_kv_saving
 
     layers, _, _ = _attention_shape(model_config)
-    target, p, length = r.pod.min_kv_saving, r.pod, r.data.context_length
+    p, length = r.pod, r.data.context_length
+    field_name, target = ("kv_saving", p.kv_saving) if p.kv_saving is not None else ("min_kv_saving", p.min_kv_saving)
     if target is None or not layers or not 0.0 < target < 0.5 or p.sink_tokens + p.recent_window >= length:
         return
     ceiling = max_kv_saving(layers, length, p.sink_tokens, p.recent_window)
     if target > ceiling:
-        problems.append(f"pod.min_kv_saving={target}: with {layers} layers, {p.sink_tokens} + {p.recent_window} "
+        problems.append(f"pod.{field_name}={target}: with {layers} layers, {p.sink_tokens} + {p.recent_window} "
                         f"proximal tokens and data.context_length={length}, POD saves at most {ceiling:.3f} of the "
-                        f"KV cache; lower pod.min_kv_saving or the proximal window")
+                        f"KV cache; lower pod.{field_name} or the proximal window")
 
 
 def _check_protect_units(r: Recipe, model_config: dict, problems: list[str]) -> None:

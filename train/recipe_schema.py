@@ -63,6 +63,11 @@ class PodSection:
     # Fraction of the dense KV cache that must be saved at data.context_length (e.g. 0.3). When the explored
     # (and protected) map saves less, delta is lowered over the exploration's similarity until it does.
     min_kv_saving: float | None = None
+    # A KV budget met with as little sharing as possible (a point of a RULER-against-KV-saved curve): delta is
+    # searched from 1.0 down over the exploration's similarity, so the map saves at least this fraction and the
+    # next higher delta would save less. Exclusive with min_kv_saving, which keeps an explored map that already
+    # saves more.
+    kv_saving: float | None = None
     calibration_samples: int = 8              # N
     calibration_length: int | None = None     # tokens per calibration sample (default: data.context_length)
     last_queries: int = 64                    # q: attention rows of the last q queries are compared

@@ -68,6 +68,9 @@ def tiny(tmp_path_factory):
     ("min_kv_saving", 0.0, "pod.min_kv_saving=0.0: expected null or a fraction in (0, 0.5)"),
     ("min_kv_saving", 0.45, "pod.min_kv_saving=0.45: with 4 layers, 4 + 12 proximal tokens and "
                             "data.context_length=64, POD saves at most 0.281 of the KV cache"),
+    ("kv_saving", 0.5, "pod.kv_saving=0.5: expected null or a fraction in (0, 0.5)"),
+    ("kv_saving", 0.45, "pod.kv_saving=0.45: with 4 layers, 4 + 12 proximal tokens and "
+                        "data.context_length=64, POD saves at most 0.281 of the KV cache; lower pod.kv_saving"),
 ])
 def test_bad_pod_fields_are_reported_before_any_work(tiny, field, value, message):
     root, model, train_text, held_out = tiny
@@ -206,8 +209,8 @@ def test_a_trained_map_can_be_reused_as_blocks_file(tmp_path):
     first = write_blocks_json(tmp_path / "trained.json", protect_units(greedy_blocks(sim, 0.5), [(2, 0)])[0], sim,
                               delta=0.5, compare_with="anchor", source_blocks="x.json", protect_units=[[2, 0]],
                               already_anchors=[], min_kv_saving=None)
-    pod = SimpleNamespace(protect_units=[[2, 0], [4, 1]], min_kv_saving=0.1, delta=0.5, compare_with="anchor",
-                          sink_tokens=4, recent_window=12)
+    pod = SimpleNamespace(protect_units=[[2, 0], [4, 1]], min_kv_saving=0.1, kv_saving=None, delta=0.5,
+                          compare_with="anchor", sink_tokens=4, recent_window=12)
     recipe = SimpleNamespace(pod=pod, data=SimpleNamespace(context_length=64),
                              train=SimpleNamespace(output_dir=str(tmp_path / "run")))
     anchors = json.loads(first.read_text())["anchor_layers"]
@@ -216,3 +219,60 @@ def test_a_trained_map_can_be_reused_as_blocks_file(tmp_path):
     assert written["protect_units"] == [[2, 0], [4, 1]] and written["min_kv_saving"] == 0.1
     assert written["source_blocks"] == str(first) and written["anchor_layers"] == final
     assert final[4][1] == 4 and kv_saving_fraction(final, 64, 4, 12) >= 0.1
+
+
+def test_kv_saving_is_exclusive_with_min_kv_saving_and_auto(tiny):
+    root, model, train_text, held_out = tiny
+    for pod, message in [({"kv_saving": 0.2, "min_kv_saving": 0.2}, "pod.kv_saving=0.2 and pod.min_kv_saving=0.2: set one"),
+                         ({"kv_saving": 0.2, "protect_units": "auto", "min_kv_saving": None},
+                          "pod.kv_saving=0.2: pod.protect_units='auto' selects under pod.min_kv_saving")]:
+        recipe = tiny_recipe(root / "bad", model, train_text, held_out, pod=pod)
+        with pytest.raises(RecipeError) as error:
+            recipe_from_dict(recipe)
+        assert message in str(error.value)
+
+
+@pytest.mark.parametrize("target", [0.05, 0.1, 0.15, 0.2])
+def test_kv_saving_takes_the_least_sharing_that_meets_it(tmp_path, target):
+    """pod.kv_saving on a reused map that saves more than the target: the trained map shares fewer units (a point
+    below the explored map on a trade-off curve), still saves the target with the protected unit kept, and the next
+    higher similarity threshold would save less."""
+    from types import SimpleNamespace
+
+    from train.pipeline import _final_map
+
+    sim = _random_similarity(layers=6, kv_heads=2, seed=5)
+    explored = greedy_blocks(sim, 0.05)  # shares nearly everything
+    blocks = write_blocks_json(tmp_path / "explored.json", explored, sim, delta=0.05, compare_with="anchor")
+    length, sink, recent = 64, 4, 12
+    assert kv_saving_fraction(explored, length, sink, recent) > 0.2
+    pod = SimpleNamespace(protect_units=[[2, 0]], min_kv_saving=None, kv_saving=target, delta=0.05,
+                          compare_with="anchor", sink_tokens=sink, recent_window=recent)
+    recipe = SimpleNamespace(pod=pod, data=SimpleNamespace(context_length=length),
+                             train=SimpleNamespace(output_dir=str(tmp_path / "run")))
+    logged = []
+    final, path = _final_map(recipe, explored, blocks, rank=0, log=logged.append)
+    saving = kv_saving_fraction(final, length, sink, recent)
+    assert saving >= target and final[2][0] == 2
+    assert len(shared_units(final)) < len(shared_units(explored))
+    written = json.loads(path.read_text())
+    assert written["kv_saving"] == target and written["anchor_layers"] == final
+    higher = sorted({v for v in sim.flatten().tolist() if v > written["delta"]})
+    if higher:  # the next threshold up shares less and misses the budget
+        fewer, _ = protect_units(greedy_blocks(sim, higher[0]), [(2, 0)])
+        assert kv_saving_fraction(fewer, length, sink, recent) < target
+    assert any("pod.kv_saving=" in line and "the least sharing" in line for line in logged)
+
+
+def test_kv_saving_needs_similarity(tmp_path):
+    from types import SimpleNamespace
+
+    from train.pipeline import _final_map
+
+    bare = write_blocks_json(tmp_path / "bare.json", ANCHORS, delta=0.5)
+    pod = SimpleNamespace(protect_units=[], min_kv_saving=None, kv_saving=0.1, delta=0.5, compare_with="anchor",
+                          sink_tokens=4, recent_window=12)
+    recipe = SimpleNamespace(pod=pod, data=SimpleNamespace(context_length=64),
+                             train=SimpleNamespace(output_dir=str(tmp_path / "run")))
+    with pytest.raises(SystemExit, match="pod.kv_saving=0.1: the block map .* has no similarity matrices"):
+        _final_map(recipe, ANCHORS, bare, rank=0, log=lambda *a: None)
