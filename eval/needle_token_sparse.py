@@ -61,8 +61,7 @@ def analyse_prompts(model, prompts: list[dict], *, progress: bool = True) -> dic
     from tqdm.auto import tqdm
 
     from sparse_models import capture_attention_inputs
-    from sparse_models.plan import token_sparse_layers
-    from sparse_models.schemes.token_sparse import token_sparse_indices
+    from sparse_models.schemes.token_sparse import token_sparse_indices, token_sparse_layers
 
     config = model.model.sparse_config
     if config.prefill_scheme != "token_sparse":

@@ -3,12 +3,10 @@
 One place maps a human setting ("tidal@128", "token_sparse@0.005") to the load-time overrides of
 sparse_models.config, so the fidelity sweep, ``eval.quality`` and the lm-eval model agree on what a
 "budget" means for each decode method. The meaning itself is the scheme's
-(``sparse_models.schemes.registry.budget_overrides``): the number of cached positions one decode query
-reads, current token included.
-
-* TidalDecode: ``tidal_budget`` = tokens attended per sparse layer, the current token included;
-* Quest: ``quest_budget`` = tokens of the selected pages (page size 16, the current page included);
-* StreamingLLM: 4 sink tokens + ``budget - 4`` most recent tokens (the same number of keys read).
+(``sparse_models.schemes.registry.budget_overrides``, each scheme's ``Budget``): the number of cached positions
+one decode query reads, current token included (e.g. TidalDecode's ``tidal_budget``; StreamingLLM's 4 sink
+tokens + ``budget - 4`` most recent). Which methods a sweep covers (:func:`budget_sweep_methods`), their order in
+tables and plots (:func:`method_rank`) and their display names come from the registry too.
 """
 
 from __future__ import annotations

@@ -6,8 +6,8 @@ Phases (decided once per forward by the model loop):
   on the fresh K/V; with a cache the K/V are stored afterwards (uncompressed, so decode sees all).
 - ``decode``: every sequence adds exactly one token after a non-empty past. The decode role runs.
 - ``chunk``: several new tokens after a past (continued prompts, TidalDecode's KV correction).
-  Exact causal attention over the cache: dense, or POD's attention when the cache is POD-shaped
-  (then token by token, because a non-anchor head no longer holds distant keys of its own).
+  Exact causal attention over the cache, or the decode scheme's ``Scheme.chunk`` where its cache layout
+  needs one (POD: token by token, because a non-anchor head no longer holds distant keys of its own).
 
 State handed between layers (TidalDecode indices, POD gates, anchor keys in prefill) lives in the
 explicit :class:`ForwardState` of one forward, never in module attributes.
@@ -15,20 +15,19 @@ explicit :class:`ForwardState` of one forward, never in module attributes.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
+
+import kernels
 
 from .cache import SparseKVCache
 from .config import SparseAttentionConfig
 from .decode_view import CacheDecodeView
 from .plan import LayerPlan
 from .schemes.base import DecodeStepState
-from .schemes.dense import dense_prefill
-from .schemes.pod import assemble_anchor_queries, pod_decode, pod_scores_decode
 from .schemes.registry import get_scheme
-from .schemes.token_sparse import TokenSparseStats
 
 
 @dataclass
@@ -42,7 +41,7 @@ class ForwardState:
         selected: TidalDecode indices chosen in this step, by selection layer.
         gates: POD proximal gates [B, Hq] of this decode step, by layer (gate_tau).
         queries: this step's queries by layer (decode/chunk, POD score sharing reads the anchor's).
-        stats: Token Sparse statistics of this prefill (None unless Token Sparse runs).
+        stats: what the prefill scheme's layers report (``Scheme.prefill_stats()``, e.g. Token Sparse's), or None.
         capture: when not None, layer -> (q, k) post-RoPE for the layers in ``capture_layers``.
         scale, token_sparse_keep_ratio: see :class:`sparse_models.schemes.base.PrefillState` (the engine's
             prefill sets them; the model uses the defaults).
@@ -58,7 +57,7 @@ class ForwardState:
     selected: dict[int, torch.Tensor] = field(default_factory=dict)
     gates: dict[int, torch.Tensor] = field(default_factory=dict)
     queries: dict[int, torch.Tensor] = field(default_factory=dict)
-    stats: TokenSparseStats | None = None
+    stats: Any = None
     capture: dict | None = None
     capture_layers: set | None = None
     scale: float | None = None
@@ -97,11 +96,6 @@ def layer_attention(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     return _prefill(layer, q, k, v, state, k_anchor, q_anchor)
 
 
-def _anchor_queries(layer, state, position):
-    """[B, Hq, D]: per query head, the query of its KV head's anchor layer at chunk column ``position``."""
-    return assemble_anchor_queries(state.plan[layer].anchors, {a: t[:, :, position] for a, t in state.queries.items()})
-
-
 def _prefill(layer, q, k, v, state, k_anchor, q_anchor=None):
     role = state.plan[layer].prefill
     scheme = get_scheme(state.config.prefill_scheme)
@@ -129,25 +123,14 @@ def _decode(layer, q, k, v, state):
 
 
 def _chunk(layer, q, k, v, state):
+    """Exact causal attention over the cache, or the decode scheme's own (``Scheme.chunk``: POD's cache keeps no
+    distant keys for its non-anchor heads) on the layers whose keys its cache lays out (``LayerPlan.pod_keys``)."""
     p = state.plan[layer]
     cache = state.cache
-    if not p.pod_keys:
-        cache.write(layer, k, v, state.old_lens, state.num_new)
-        cache.update_quest_pages(layer, state.old_lens, state.new_lens)
-        return dense_prefill(q, cache.layer_keys(layer), cache.layer_values(layer), state.old_lens, state.new_lens)
-    # POD-shaped cache: append and attend one position at a time (exact POD attention).
-    outs = []
-    cfg = state.config.pod
-    for j in range(q.shape[2]):
-        active = (j < state.num_new).long()
-        start = state.old_lens + j
-        cache.write(layer, k[:, :, j: j + 1], v[:, :, j: j + 1], start, active)
-        lens = torch.where(active.bool(), start + 1, state.new_lens.clamp(min=1))
-        if cfg.sharing == "scores" and p.shared_heads:
-            out = pod_scores_decode(q[:, :, j], _anchor_queries(layer, state, j), cache.local_key_view(layer, lens),
-                                    cache.anchor_keys(layer), cache.layer_values(layer), lens,
-                                    dataclasses.replace(cfg, gate_tau=None))
-        else:
-            out = pod_decode(layer, p.anchors, q[:, :, j], cache, lens, dataclasses.replace(cfg, gate_tau=None))
-        outs.append(torch.where(active.bool()[:, None, None], out, torch.zeros_like(out)))
-    return torch.stack(outs, dim=2)
+    chunk = get_scheme(state.config.decode_scheme).chunk
+    if p.pod_keys and chunk is not None:
+        return chunk(layer, q, k, v, state)
+    cache.write(layer, k, v, state.old_lens, state.num_new)
+    cache.update_quest_pages(layer, state.old_lens, state.new_lens)
+    return kernels.prefill_attention(q, cache.layer_keys(layer), cache.layer_values(layer), state.old_lens,
+                                     state.new_lens)

@@ -28,9 +28,10 @@ from transformers.cache_utils import Cache
 
 import kernels
 
+from .cache_layout import CacheLayout
 from .kv_bytes import KVBytes
 from .plan import LayerPlan
-from .schemes.pod import local_slot_positions
+from .ring import local_slot_positions
 
 
 class SparseKVCache(Cache):
@@ -39,27 +40,25 @@ class SparseKVCache(Cache):
     Args:
         plan: the model's per-layer plan (``sparse_models.plan.build_plan``).
         num_kv_heads, head_dim: Hkv and D.
-        sink, recent: POD's proximal window (``config.pod``), used by layers with ``pod_keys``.
-        quest_page_size: page size of the per-page key max/min, else None.
-        page_roles: decode roles whose layers keep those pages (the decode scheme's ``cache.page_roles``).
+        layout: the state beyond K/V (``sparse_models/cache_layout.cache_layout``: POD's ring window for layers
+            with ``pod_keys``, the layers keeping page max/min and their page size, the correction period).
         capacity: slots to allocate up front (grows on demand; ``generate`` passes max_length).
-        correction_period: TidalDecode KV-cache correction period T, or None.
     """
 
-    def __init__(self, plan: list[LayerPlan], num_kv_heads: int, head_dim: int, *, sink: int = 0, recent: int = 1,
-                 quest_page_size: int | None = None, capacity: int = 0, correction_period: int | None = None,
-                 page_roles: tuple[str, ...] = ()):
+    def __init__(self, plan: list[LayerPlan], num_kv_heads: int, head_dim: int, *,
+                 layout: CacheLayout = CacheLayout(), capacity: int = 0):
         super().__init__(layers=[])
         self.plan = plan
+        self.layout = layout
         self.num_layers = len(plan)
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
-        self.sink = sink
-        self.recent = recent
-        self.quest_page_size = quest_page_size
-        self.page_roles = tuple(page_roles)
+        self.sink = layout.ring_sink
+        self.recent = layout.ring_recent
+        self.quest_page_size = layout.page_size
+        self.page_layers = frozenset(layout.page_layers)
         self.initial_capacity = capacity
-        self.correction_period = correction_period
+        self.correction_period = layout.correction_period
         self.capacity = 0
         self.view_limit: int | None = None  # slots readers see (set per forward: the longest sequence, rounded up)
         self.seq_lens: torch.Tensor | None = None
@@ -128,9 +127,7 @@ class SparseKVCache(Cache):
         raise NotImplementedError("SparseKVCache cannot be cropped (assisted/speculative decoding is not supported)")
 
     def reset(self) -> None:
-        self.__init__(self.plan, self.num_kv_heads, self.head_dim, sink=self.sink, recent=self.recent,
-                      quest_page_size=self.quest_page_size, capacity=self.initial_capacity,
-                      correction_period=self.correction_period, page_roles=self.page_roles)
+        self.__init__(self.plan, self.num_kv_heads, self.head_dim, layout=self.layout, capacity=self.initial_capacity)
 
     def _map_batch(self, fn) -> None:
         for store in (self.keys, self.local_keys, self.values, self.page_max, self.page_min):
@@ -281,7 +278,7 @@ class SparseKVCache(Cache):
         if self.quest_page_size is None or self.seq_lens is None:
             return
         for layer in layers:
-            if self.plan[layer].decode in self.page_roles:
+            if layer in self.page_layers:
                 self.page_max[layer], self.page_min[layer] = kernels.quest_page_minmax(
                     self.keys[layer], self.seq_lens, self.quest_page_size)
 
@@ -292,7 +289,7 @@ class SparseKVCache(Cache):
 
     def update_quest_pages(self, layer: int, old_lens: torch.Tensor, new_lens: torch.Tensor) -> None:
         """Refresh the page max/min of ``layer`` after an append (only the touched page on decode)."""
-        if self.quest_page_size is None or self.plan[layer].decode not in self.page_roles:
+        if self.quest_page_size is None or layer not in self.page_layers:
             return
         ps = self.quest_page_size
         if not bool(((new_lens - old_lens) == 1).all()):

@@ -16,7 +16,7 @@ import kernels
 
 from .cache import SparseKVCache
 from .plan import LayerPlan
-from .schemes.pod import assemble_anchor_queries, pod_decode, pod_scores_decode
+from .schemes.registry import get_scheme
 
 
 class CacheDecodeView:
@@ -58,14 +58,15 @@ class CacheDecodeView:
         return kernels.decode_attention(q, self.keys, self.values, self.lens)
 
     def pod(self, q: torch.Tensor) -> torch.Tensor:
-        row, cache, cfg = self.row, self.cache, self.config.pod
-        if cfg.sharing == "scores" and row.shared_heads:
-            group = q.shape[1] // len(row.anchors)
-            shared = torch.tensor([row.anchors[qh // group] != self.layer for qh in range(q.shape[1])])
-            q_anchor = assemble_anchor_queries(row.anchors, {a: t[:, :, 0] for a, t in self.state.queries.items()})
-            return pod_scores_decode(q, q_anchor, cache.local_key_view(self.layer, self.lens),
-                                     cache.anchor_keys(self.layer), self.values, self.lens, cfg, shared)
-        return pod_decode(self.layer, row.anchors, q, cache, self.lens, cfg, self.state.gates)
+        return self._scheme_op("pod")(self, q)
+
+    def _scheme_op(self, name: str):
+        """The decode scheme's own implementation of view operation ``name`` over this cache (``Scheme.model_view``)."""
+        scheme = get_scheme(self.config.decode_scheme)
+        if name not in scheme.model_view:
+            raise RuntimeError(f"decode_scheme={scheme.name!r} reads view.{name}() but defines no model_view[{name!r}] "
+                               f"(sparse_models/schemes/base.py Scheme.model_view)")
+        return scheme.model_view[name]
 
     def select(self, q: torch.Tensor, budget: int, per_kv_group: bool) -> tuple[torch.Tensor, torch.Tensor]:
         out, idx = kernels.selection_decode_attention(q, self.keys, self.values, self.lens, budget,

@@ -24,15 +24,15 @@ from torch.utils.checkpoint import checkpoint
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
+from .anchors import assemble_anchor_keys, assemble_anchor_queries, validate_anchor_layers
 from .attention import ForwardState, layer_attention
 from .cache import SparseKVCache
+from .cache_layout import cache_layout
 from .config import ConfigError, SparseAttentionConfig, is_override_key, looks_like_override
 from .model_files import check_model_folder
 from .plan import build_plan, model_family
 from .ragged import left_align, pack_new_tokens
-from .schemes.pod import assemble_anchor_keys, assemble_anchor_queries, validate_anchor_layers
 from .schemes.registry import get_scheme, warn_config_notices
-from .schemes.token_sparse import TokenSparseStats
 
 # transformers 5.24 renamed the outputs' / generate's `past_key_values` to `cache`
 CACHE_FIELD = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
@@ -50,7 +50,7 @@ class PodkitModelMixin:
 
     def _podkit_init(self, config) -> None:
         self.gradient_checkpointing = False
-        self.token_sparse_stats: TokenSparseStats | None = None
+        self.token_sparse_stats = None  # the last prefill's Scheme.prefill_stats() report (Token Sparse's)
         # Ulysses sequence parallelism (sparse_models.sequence_parallel.UlyssesAttention) or None; set by
         # train/ for SP training: each rank then holds a slice of every sequence.
         self.sequence_parallel = None
@@ -76,12 +76,8 @@ class PodkitModelMixin:
         sc = self.sparse_config
         cfg = self.config
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        needs = get_scheme(sc.decode_scheme).cache
-        pages = needs.page_size(sc) if needs.page_size is not None else None
-        correction = needs.correction_period(sc) if needs.correction_period is not None else None
-        return SparseKVCache(self.plan, cfg.num_key_value_heads, head_dim, sink=sc.pod.sink_tokens,
-                             recent=sc.pod.recent_window, quest_page_size=pages, capacity=capacity or 0,
-                             correction_period=correction, page_roles=needs.page_roles)
+        return SparseKVCache(self.plan, cfg.num_key_value_heads, head_dim, layout=cache_layout(sc, self.plan),
+                             capacity=capacity or 0)
 
     # ------------------------------------------------------------------ forward
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, cache=None, past_key_values=None,
@@ -159,7 +155,8 @@ class PodkitModelMixin:
             positions, num_new, new_lens = self.sequence_parallel.global_positions_and_lengths(
                 phase, cache, positions, num_new)
         cos, sin = self.rotary_emb(hidden, positions)
-        stats = TokenSparseStats() if phase == "prefill" and self.sparse_config.prefill_scheme == "token_sparse" else None
+        make_stats = get_scheme(self.sparse_config.prefill_scheme).prefill_stats
+        stats = make_stats() if phase == "prefill" and make_stats is not None else None
         state = ForwardState(phase, old_lens, num_new, new_lens, cache, self.sparse_config, self.plan, stats=stats,
                              capture=capture, capture_layers=set(capture_layers) if capture_layers is not None else None)
         anchor_key_roles = get_scheme(self.sparse_config.prefill_scheme).anchor_key_roles
@@ -264,8 +261,9 @@ class PodkitCausalLMMixin:
         return self.model.sparse_config
 
     @property
-    def token_sparse_stats(self) -> TokenSparseStats | None:
-        """Achieved Token Sparse sparsity of the last prefill (None if Token Sparse did not run)."""
+    def token_sparse_stats(self):
+        """Achieved Token Sparse sparsity of the last prefill, a TokenSparseStats (the prefill scheme's
+        ``Scheme.prefill_stats`` report; None if its prefill scheme reports nothing)."""
         return self.model.token_sparse_stats
 
     def set_sparse_attention(self, sparse_config: SparseAttentionConfig | dict | None = None, **overrides) -> None:

@@ -3,7 +3,7 @@
 Each scheme names its roles (strings, so that reports and tests read naturally) through its
 ``prefill_roles`` / ``decode_roles`` (``sparse_models/schemes/<method>.py``); the plan asks the
 registry for the config's prefill and decode schemes and stores one :class:`LayerPlan` per layer.
-Today's roles:
+Nothing here names a scheme; the built-in schemes' roles are:
 
 prefill: ``dense`` | ``token-sparse`` (Token Sparse Attention, arXiv 2602.03216) |
          ``pod-anchor`` (every KV head is its own anchor: plain causal attention) |
@@ -22,8 +22,6 @@ from dataclasses import dataclass
 
 from .config import SparseAttentionConfig
 from .schemes.registry import get_scheme
-from .schemes.tidal import tidal_selection_layers  # noqa: F401  (re-exported)
-from .schemes.token_sparse import token_sparse_layers  # noqa: F401  (re-exported)
 
 
 @dataclass(frozen=True)

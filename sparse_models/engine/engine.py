@@ -24,6 +24,7 @@ import torch
 
 import kernels
 
+from ..cache_layout import cache_layout
 from ..config import ConfigError, SparseAttentionConfig
 from ..kv_bytes import KVBytes
 from ..modeling_common import resolve_calibration_files
@@ -198,12 +199,8 @@ class GenerationEngine:
         except ConfigError as err:
             raise EngineError(str(err)) from err
         check_prefill_roles(self.plan, prefill_scheme.name)
-        needs = decode_scheme.cache
-        page_layers = [p.layer for p in self.plan if p.decode in needs.page_roles]
         self.cache = StaticCache(self.plan, parts.num_kv_heads, parts.head_dim, max_batch_size, capacity,
-                                 dtype=parts.dtype, device=device, pod_sink=self.config.pod.sink_tokens,
-                                 pod_recent=self.config.pod.recent_window, quest_layers=page_layers,
-                                 quest_page_size=needs.page_size(self.config) if needs.page_size else 16,
+                                 dtype=parts.dtype, device=device, layout=cache_layout(self.config, self.plan),
                                  fused_append=fused)
         compiled = None
         if compile_layers or fused:
@@ -366,8 +363,7 @@ class GenerationEngine:
         batch = len(prompts)
         stop = set(int(t) for t in stop_token_ids)
         watch = bool(stop) or on_tokens is not None
-        correction = get_scheme(self.config.decode_scheme).cache.correction_period
-        period = correction(self.config) if correction is not None else None
+        period = self.cache.layout.correction_period
         generated = torch.zeros(batch, max_new_tokens, dtype=torch.long, device=device)
         history = torch.zeros(batch, period or 1, dtype=torch.long, device=device)
         done = [False] * batch

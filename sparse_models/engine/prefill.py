@@ -21,7 +21,6 @@ import kernels
 from ..attention import ForwardState
 from ..config import SparseAttentionConfig
 from ..schemes.registry import get_scheme
-from ..schemes.token_sparse import TokenSparseStats
 from .errors import EngineError
 from .model_parts import ModelParts, finish_layer, project_qkv, rms_norm, rope_tables
 from .static_cache import StaticCache
@@ -48,7 +47,8 @@ def forward_chunk(parts: ModelParts, plan, cache: StaticCache, config: SparseAtt
         lens: [B] length of each sequence after the chunk.
         mode: "scheme" (the plan's prefill roles) or "full" (dense attention in every layer).
         token_sparse_keep_ratio: Token Sparse's fixed kept fraction (benchmarks), None: Dynamic Token Coverage.
-        stats: if given, receives ``token_sparse``: a TokenSparseStats (kept tokens per layer and row).
+        stats: if given, receives the prefill scheme's report under its name when its layers recorded any
+            (``Scheme.prefill_stats``; ``token_sparse``: a TokenSparseStats, kept tokens per layer and row).
     Returns:
         logits [B, V] fp32 of each row's last valid token (position lens[b] - 1).
     """
@@ -59,7 +59,8 @@ def forward_chunk(parts: ModelParts, plan, cache: StaticCache, config: SparseAtt
                           "(kernels.pod_prefill_attention has no offset); replay tokens with the decode step instead")
     device = cache.device
     scheme = get_scheme(config.prefill_scheme)
-    state = ForwardState("prefill", offsets, lens, lens, None, config, plan, stats=TokenSparseStats(),
+    state = ForwardState("prefill", offsets, lens, lens, None, config, plan,
+                         stats=scheme.prefill_stats() if scheme.prefill_stats is not None else None,
                          scale=parts.scale, token_sparse_keep_ratio=token_sparse_keep_ratio)
     position_ids = offsets[:, None] + torch.arange(s, device=device)[None, :]
     hidden = parts.embed_tokens(tokens)
@@ -81,8 +82,8 @@ def forward_chunk(parts: ModelParts, plan, cache: StaticCache, config: SparseAtt
             values = cache.values[layer_idx][:batch, :, :kv_max]
             out = kernels.prefill_attention(q, keys, values, offsets, lens, scale=parts.scale)
         hidden = finish_layer(layer, residual, out.transpose(1, 2).reshape(batch, s, -1).to(hidden.dtype))
-    if stats is not None and state.stats.layers:
-        stats["token_sparse"] = state.stats
+    if stats is not None and state.stats is not None and state.stats.layers:
+        stats[scheme.name] = state.stats  # "token_sparse": what its layers kept
     last = (lens - offsets - 1).clamp(min=0)
     hidden = hidden[torch.arange(batch, device=device), last]  # [B, hidden]
     return parts.lm_head(rms_norm(parts.norm, hidden)).float()

@@ -29,7 +29,9 @@ import torch
 
 import kernels
 
+from ..cache_layout import CacheLayout
 from ..kv_bytes import KVBytes
+from ..ring import ring_slots
 from .errors import EngineError
 
 
@@ -64,15 +66,14 @@ class StaticCache:
         plan: list of ``sparse_models.plan.LayerPlan`` (roles, anchors, ``pod_keys``).
         num_kv_heads, head_dim: Hkv, D.
         max_batch: Bmax; capacity: N slots per sequence.
-        pod_sink, pod_recent: POD's proximal window (used when some layer has ``pod_keys``).
-        quest_layers, quest_page_size: layers that keep Quest page metadata.
+        layout: the state beyond K/V (``sparse_models/cache_layout.cache_layout``: POD's ring window for layers
+            with ``pod_keys``, the layers keeping page max/min and their page size).
         fused_append: write a decode token's keys, values and POD ring keys with ``kernels.append_kv`` (one
             launch per layer) instead of indexed assignments (the engine's ``decode_kernels="fused"``).
     """
 
     def __init__(self, plan, num_kv_heads: int, head_dim: int, max_batch: int, capacity: int, *,
-                 dtype: torch.dtype, device, pod_sink: int = 0, pod_recent: int = 1,
-                 quest_layers=(), quest_page_size: int = 16, fused_append: bool = False):
+                 dtype: torch.dtype, device, layout: CacheLayout = CacheLayout(), fused_append: bool = False):
         if max_batch < 1:
             raise EngineError(f"max_batch={max_batch} is invalid: expected >= 1")
         if capacity < 1:
@@ -85,9 +86,10 @@ class StaticCache:
         self.capacity = capacity
         self.dtype = dtype
         self.device = torch.device(device)
-        self.sink = pod_sink
-        self.recent = pod_recent
-        self.page_size = quest_page_size
+        self.layout = layout
+        self.sink = layout.ring_sink
+        self.recent = layout.ring_recent
+        self.page_size = layout.page_size or 1  # unused without page layers
         self.fused_append = fused_append  # decode appends through kernels.append_kv (one launch per layer)
         shape = (max_batch, num_kv_heads, capacity, head_dim)
         alloc = dict(dtype=dtype, device=self.device)
@@ -107,12 +109,12 @@ class StaticCache:
         for p in plan:
             if p.pod_keys:
                 if any(not run.own for run in self.runs[p.layer]):
-                    self.local_keys[p.layer] = torch.zeros(max_batch, num_kv_heads, pod_sink + pod_recent, head_dim,
+                    self.local_keys[p.layer] = torch.zeros(max_batch, num_kv_heads, self.sink + self.recent, head_dim,
                                                            **alloc)
             else:
                 self.keys[p.layer] = torch.zeros(shape, **alloc)
-        pages = -(-capacity // quest_page_size)
-        self.quest_layers = tuple(quest_layers)
+        pages = -(-capacity // self.page_size)
+        self.quest_layers = tuple(layout.page_layers)
         self.page_max = {l: torch.full((max_batch, num_kv_heads, pages, head_dim), float("-inf"), **alloc)
                          for l in self.quest_layers}
         self.page_min = {l: torch.full((max_batch, num_kv_heads, pages, head_dim), float("inf"), **alloc)
@@ -143,7 +145,7 @@ class StaticCache:
 
     def ring_slots(self, pos: torch.Tensor) -> torch.Tensor:
         """Slot in ``local_keys`` of key position ``pos`` (sinks first, then the ring)."""
-        return torch.where(pos < self.sink, pos, self.sink + pos % self.recent)
+        return ring_slots(pos, self.sink, self.recent)
 
     # ------------------------------------------------------------------------------------------
     # Writes

@@ -70,7 +70,8 @@ class PrefillState(Protocol):
     Attributes:
         num_new: [B] fresh tokens per sequence (queries and keys at positions 0 .. num_new - 1).
         config: the SparseAttentionConfig.
-        stats: TokenSparseStats receiving what Token Sparse layers kept, or None.
+        stats: what the prefill scheme's layers report into (``Scheme.prefill_stats()``; Token Sparse:
+            TokenSparseStats), or None.
         scale: softmax scale (None: D ** -0.5).
         token_sparse_keep_ratio: a fixed kept fraction replacing Token Sparse's Dynamic Token
             Coverage (the engine's benchmark knob), or None.
@@ -135,14 +136,18 @@ class Budget:
 class CacheNeeds:
     """Cache state beyond per-layer K/V.
 
+    Both caches are built from it through ``sparse_models/cache_layout.cache_layout`` (one description).
+
     Attributes:
         pod_keys: non-anchor (layer, KV head) units keep only sink + ring keys (POD's saving).
+        ring_window: config -> (sink, recent) of that ring.
         page_roles: decode roles whose layers keep per-page key max/min.
         page_size: config -> page size of those pages.
         correction_period: config -> TidalDecode's KV correction period T, or None.
     """
 
     pod_keys: bool = False
+    ring_window: Callable[[Any], tuple[int, int]] | None = None
     page_roles: tuple[str, ...] = ()
     page_size: Callable[[Any], int] | None = None
     correction_period: Callable[[Any], int | None] | None = None
@@ -187,6 +192,14 @@ class Scheme:
         check: (config, num_layers) -> None, raising ConfigError for combinations the fields alone
             cannot rule out (run when the plan is built).
         reads: config sections it reads besides its own (``pod+tidal``: pod and tidal).
+        chunk: ``fn(layer, q, k, v, state) -> out`` for several new tokens after a past (the model's ``chunk``
+            phase: continued prompts, TidalDecode's KV correction) on the cache layout this decode scheme asks
+            for (``cache``); None: exact causal attention over the cache's full keys.
+        model_view: view operations its decode functions call that only it needs (POD: ``pod``), implemented over
+            the model's dynamic cache, name -> ``fn(view, *args)``; ``sparse_models/decode_view.py`` dispatches
+            to them (the engine's ``StaticDecodeView`` implements its own over the static cache).
+        prefill_stats: a factory of the object its prefill layers report into (``PrefillState.stats``; Token
+            Sparse: TokenSparseStats, with a ``layers`` dict), made per prefill by the model and the engine.
         footprint: what its layers keep and read (:class:`Footprint`).
         display_name: the name reports print ("TidalDecode"); empty: ``name``.
         order: its place in tables and plots (ascending; ties by name).
@@ -206,6 +219,9 @@ class Scheme:
     budget: Budget | None = None
     check: Callable[[Any, int], None] | None = None
     reads: tuple[str, ...] = ()
+    chunk: Callable[..., torch.Tensor] | None = None
+    model_view: Mapping[str, Callable[..., torch.Tensor]] = field(default_factory=dict)
+    prefill_stats: Callable[[], Any] | None = None
     footprint: Footprint = Footprint()
     display_name: str = ""
     order: int = 100

@@ -18,20 +18,20 @@ model path both parts are still computed; the engine's decode (sparse_models/eng
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 import kernels
 
+from ..anchors import assemble_anchor_queries, validate_anchor_layers
+from ..ring import local_slot_positions
 from ..validation import check_int, fail
 from . import pod_skip_stats
 from .base import CacheNeeds, Footprint, Scheme
 from .dense import fresh_prefill
-
-if TYPE_CHECKING:
-    from ..cache import SparseKVCache
 
 
 @dataclass
@@ -86,54 +86,6 @@ class PodConfig:
             fail("pod.anchor_layers", f"<{len(self.anchor_layers)} rows>",
                   f"expected {num_layers} rows (layers) of {num_kv_heads} entries (KV heads) for this model")
         return [list(row) for row in self.anchor_layers]
-
-
-def validate_anchor_layers(anchor_layers: Any) -> None:
-    """Check that an anchor map describes blocks of consecutive layers anchored at their lowest layer."""
-    if not isinstance(anchor_layers, (list, tuple)) or not anchor_layers:
-        fail("pod.anchor_layers", anchor_layers, "expected a non-empty list (layers) of lists (KV heads)")
-    width = None
-    for layer, row in enumerate(anchor_layers):
-        if not isinstance(row, (list, tuple)) or not row:
-            fail(f"pod.anchor_layers[{layer}]", row, "expected a non-empty list with one anchor layer per KV head")
-        if width is None:
-            width = len(row)
-        elif len(row) != width:
-            fail(f"pod.anchor_layers[{layer}]", row, f"expected {width} entries, like row 0")
-        for head, anchor in enumerate(row):
-            previous = anchor_layers[layer - 1][head] if layer > 0 else 0
-            if isinstance(anchor, bool) or not isinstance(anchor, int) or anchor not in (layer, previous):
-                fail(f"pod.anchor_layers[{layer}][{head}]", anchor,
-                      f"a block is consecutive layers anchored at its lowest layer: expected {layer} (new block)"
-                      + (f" or {previous} (the anchor of layer {layer - 1})" if layer > 0 else ""))
-
-
-
-def local_slot_positions(seq_lens: torch.Tensor, sink: int, recent: int) -> torch.Tensor:
-    """Position held by each slot of a POD local key buffer once ``seq_lens`` tokens were written.
-
-    Returns [B, sink + recent] int64: slot t < sink holds position t; ring slot ``sink + r`` holds the
-    latest position j <= seq_len - 1 with j % recent == r. -1 where no such position exists.
-    """
-    lens = seq_lens.long()
-    last = (lens - 1)[:, None]
-    sinks = torch.arange(sink, device=lens.device)[None, :].expand(lens.shape[0], -1)
-    sinks = torch.where(sinks < lens[:, None], sinks, torch.full_like(sinks, -1))
-    r = torch.arange(recent, device=lens.device)[None, :]
-    ring = last - torch.remainder(last - r, recent)
-    ring = torch.where(ring >= 0, ring, torch.full_like(ring, -1))
-    return torch.cat([sinks, ring], dim=1)
-
-
-def assemble_anchor_keys(anchors: tuple[int, ...], keys_by_layer: dict[int, torch.Tensor]) -> torch.Tensor:
-    """[B, Hkv, S, D]: KV head h takes the keys of layer ``anchors[h]`` (same head)."""
-    return torch.stack([keys_by_layer[a][:, h] for h, a in enumerate(anchors)], dim=1)
-
-
-def assemble_anchor_queries(anchors: tuple[int, ...], queries_by_layer: dict[int, torch.Tensor]) -> torch.Tensor:
-    """[B, Hq, S, D]: query head qh takes the queries of the anchor layer of its KV head (v1 score sharing)."""
-    group = next(iter(queries_by_layer.values())).shape[1] // len(anchors)
-    return torch.stack([queries_by_layer[anchors[qh // group]][:, qh] for qh in range(group * len(anchors))], dim=1)
 
 
 def _expand(x: torch.Tensor, heads: int) -> torch.Tensor:
@@ -225,9 +177,10 @@ def proximal_only_decode(q: torch.Tensor, k_local: torch.Tensor, v_cache: torch.
     return kernels.sparse_decode_attention(q, k_local, v_local, indices)
 
 
-def pod_decode(layer: int, anchors: tuple[int, ...], q: torch.Tensor, cache: SparseKVCache, seq_lens: torch.Tensor,
+def pod_decode(layer: int, anchors: tuple[int, ...], q: torch.Tensor, cache: Any, seq_lens: torch.Tensor,
                cfg: PodConfig, gates: dict[int, torch.Tensor] | None = None) -> torch.Tensor:
-    """POD decode of one layer: q [B, Hq, D] at position seq_lens - 1 -> [B, Hq, D].
+    """POD decode of one layer: q [B, Hq, D] at position seq_lens - 1 -> [B, Hq, D], over the model's
+    ``SparseKVCache`` (``sparse_models/cache.py``; the engine's path is ``sparse_models/engine/decode_layers.py``).
 
     ``gates`` collects each layer's proximal gate [B, Hq] when ``cfg.gate_tau`` is set (the anchor
     estimate of later layers reads it). Inside ``pod_skip_stats.record_gate_skips()`` a decode call
@@ -313,9 +266,48 @@ def shared_prefill(layer, q, k, v, state, k_anchor=None, q_anchor=None) -> torch
     return pod_prefill(q, k, k_anchor, v, state.num_new, cfg, state.scale)
 
 
+def model_view_pod(view, q: torch.Tensor) -> torch.Tensor:
+    """``DecodeView.pod`` over the model's dynamic cache (``sparse_models/decode_view.CacheDecodeView``):
+    q [B, Hq, D] -> [B, Hq, D] with the config's sharing and gate policy."""
+    row, cache, cfg, layer = view.row, view.cache, view.config.pod, view.layer
+    if cfg.sharing == "scores" and row.shared_heads:
+        group = q.shape[1] // len(row.anchors)
+        shared = torch.tensor([row.anchors[qh // group] != layer for qh in range(q.shape[1])])
+        q_anchor = assemble_anchor_queries(row.anchors, {a: t[:, :, 0] for a, t in view.state.queries.items()})
+        return pod_scores_decode(q, q_anchor, cache.local_key_view(layer, view.lens), cache.anchor_keys(layer),
+                                 view.values, view.lens, cfg, shared)
+    return pod_decode(layer, row.anchors, q, cache, view.lens, cfg, view.state.gates)
+
+
+def pod_chunk(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state) -> torch.Tensor:
+    """Several new tokens after a past on POD's cache (``Scheme.chunk``): q [B, Hq, S, D], k / v [B, Hkv, S, D] ->
+    [B, Hq, S, D]. Appended and attended one position at a time (exact POD attention, no gate skip), because a
+    non-anchor head no longer holds distant keys of its own. ``state``: the model's ForwardState."""
+    row, cache, cfg = state.plan[layer], state.cache, dataclasses.replace(state.config.pod, gate_tau=None)
+    outs = []
+    for j in range(q.shape[2]):
+        active = (j < state.num_new).long()
+        start = state.old_lens + j
+        cache.write(layer, k[:, :, j: j + 1], v[:, :, j: j + 1], start, active)
+        lens = torch.where(active.bool(), start + 1, state.new_lens.clamp(min=1))
+        if cfg.sharing == "scores" and row.shared_heads:
+            q_anchor = assemble_anchor_queries(row.anchors, {a: t[:, :, j] for a, t in state.queries.items()})
+            out = pod_scores_decode(q[:, :, j], q_anchor, cache.local_key_view(layer, lens), cache.anchor_keys(layer),
+                                    cache.layer_values(layer), lens, cfg)
+        else:
+            out = pod_decode(layer, row.anchors, q[:, :, j], cache, lens, cfg)
+        outs.append(torch.where(active.bool()[:, None, None], out, torch.zeros_like(out)))
+    return torch.stack(outs, dim=2)
+
+
 def pod_layer_decode(view, q: torch.Tensor, row, step) -> torch.Tensor:
     """Decode roles ``pod-anchor`` / ``pod-shared``: POD attention with the configured gate policy."""
     return view.pod(q)
+
+
+def ring_window(config) -> tuple[int, int]:
+    """(sink, recent) of the shared heads' key ring (``CacheNeeds.ring_window``)."""
+    return config.pod.sink_tokens, config.pod.recent_window
 
 
 def pod_kept(config, row, num_kv_heads: int, num_tokens: int) -> float:
@@ -338,7 +330,9 @@ SCHEME = Scheme(
     anchor_key_roles=("pod-shared",),
     decode={"pod-anchor": pod_layer_decode, "pod-shared": pod_layer_decode},
     uses_anchors=True,
-    cache=CacheNeeds(pod_keys=True),
+    cache=CacheNeeds(pod_keys=True, ring_window=ring_window),
+    chunk=pod_chunk,
+    model_view={"pod": model_view_pod},
     footprint=Footprint(kept=pod_kept),  # every layer reads every position (shared heads: the anchor's keys)
     display_name="POD",
     order=50,

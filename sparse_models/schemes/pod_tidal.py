@@ -12,7 +12,7 @@ from __future__ import annotations
 from ..validation import ConfigError
 from . import tidal
 from .base import CacheNeeds, Footprint, Scheme
-from .pod import pod_kept
+from .pod import model_view_pod, pod_chunk, pod_kept, ring_window
 
 
 def check(config, num_layers: int) -> None:
@@ -31,10 +31,13 @@ SCHEME = Scheme(
     decode_roles=tidal.tidal_decode_roles,
     decode=tidal.DECODE,
     uses_anchors=True,
-    cache=CacheNeeds(pod_keys=True, correction_period=lambda config: config.tidal.correction_period),
+    cache=CacheNeeds(pod_keys=True, ring_window=ring_window,
+                     correction_period=lambda config: config.tidal.correction_period),
     budget=tidal.BUDGET,
     check=check,
     reads=("pod", "tidal"),
+    chunk=pod_chunk,
+    model_view={"pod": model_view_pod},
     footprint=Footprint(budget_roles=tidal.BUDGET_ROLES, kept=pod_kept),
     display_name="POD + TidalDecode",
     order=60,

@@ -189,6 +189,7 @@ SCHEME = Scheme(
     config_cls=TokenSparseConfig,
     prefill_roles=_prefill_roles,
     prefill={"dense": fresh_prefill, "token-sparse": sparse_layer_prefill},
+    prefill_stats=TokenSparseStats,
     display_name="Token Sparse Attention",
     order=40,
 )

@@ -45,19 +45,15 @@ def recent_decode(view, q: torch.Tensor, row, step) -> torch.Tensor:
     return view.sparse(q, pos[:, None, :].expand(-1, view.num_kv_heads, -1).contiguous())
 
 
-SCHEME = Scheme(
-    name="recent",
-    summary="the latest positions only (decode)",
-    config_key="recent",
-    config_cls=RecentConfig,
-    decode_roles=lambda config, num_layers, anchors, family: [("recent", None)] * num_layers,
-    decode={"recent": recent_decode},
-    budget=Budget("positions read per step = recent.window", lambda budget, given: {"recent_window": budget},
-                  reads=lambda config: config.recent.window),
-    footprint=Footprint(budget_roles=("recent",)),
-    display_name="recent window",
-    order=35,
-)
+def recent_roles(config, num_layers: int, anchors, family=None) -> list[tuple[str, None]]:
+    return [("recent", None)] * num_layers
+
+
+BUDGET = Budget("positions read per step = recent.window", lambda budget, given: {"recent_window": budget},
+                reads=lambda config: config.recent.window)
+SCHEME = Scheme("recent", "the latest positions only (decode)", config_key="recent", config_cls=RecentConfig,
+                decode_roles=recent_roles, decode={"recent": recent_decode}, budget=BUDGET,
+                footprint=Footprint(budget_roles=("recent",)), display_name="recent window", order=35)
 '''
 
 SCRIPT = '''

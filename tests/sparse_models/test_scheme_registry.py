@@ -236,3 +236,25 @@ print(len(engine.generate([[1, 2, 3, 4, 5, 6, 7, 8, 9]], max_new_tokens=3).token
     assert done.returncode == 0, done.stderr[-3000:]
     where, tokens = done.stdout.strip().splitlines()[-2:]
     assert where.startswith(str(copy)) and tokens == "3", done.stdout
+
+
+def test_the_generic_core_imports_no_specific_scheme():
+    """Config, plan, caches, attention, decode view, model loop and engine reach schemes only through the registry
+    (and ``schemes/base.py`` / ``schemes/footprint.py``, which name none): a scheme is its file and its BUILTIN line."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2] / "sparse_models"
+    generic = {"base", "registry", "footprint"}
+    offenders = []
+    for path in [*root.glob("*.py"), *(root / "engine").glob("*.py")]:
+        if path.name == "__init__.py":  # the package's public names (TokenSparseStats) are re-exported there
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                parts = node.module.split(".")
+                if "schemes" in parts:
+                    after = parts[parts.index("schemes") + 1:]
+                    names = after or [alias.name for alias in node.names]
+                    offenders += [f"{path.relative_to(root)}: {name}" for name in names if name not in generic]
+    assert not offenders, offenders
