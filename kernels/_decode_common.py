@@ -31,6 +31,7 @@ MAX_SPLITS = 128
 
 from ._interpreter import interpreting  # noqa: E402,F401  (also installs the interpreter patch)
 from ._value_checks import value_checks_enabled  # noqa: E402,F401  (re-exported: the kernels import it from here)
+from .fp8_kv import check_scale, is_fp8  # noqa: E402
 
 
 @functools.lru_cache(maxsize=None)
@@ -91,14 +92,42 @@ def check_index_tensor(name: str, t, ndim: int, shape_doc: str, device: torch.de
         raise ValueError(f"{name} is on {t.device} but q is on {device}; they must match")
 
 
-def check_query_and_cache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[int, ...]:
-    """Checks shared by the decode launchers: q ``[B,Hq,D]``, k/v caches ``[B,Hkv,N,D]`` of one float
-    dtype and device, a supported head dim and GQA ratio. Returns ``(B, Hq, Hkv, N, D, G)``."""
+def check_cache(name: str, t, shape_doc: str, q: torch.Tensor, scale_name: str, scale) -> None:
+    """A K/V cache argument: 4 dims, q's float dtype, or float8_e4m3fn with fp32 scales [*t.shape[:-1]]
+    (kernels/fp8_kv.py); on q's device. Errors name the argument."""
+    if is_fp8(t):
+        if t.dim() != 4:
+            raise ValueError(f"{name} must have 4 dims {shape_doc}, got shape {tuple(t.shape)}")
+        if t.device != q.device:
+            raise ValueError(f"{name} is on {t.device} but q is on {q.device}; they must match")
+    else:
+        check_float(name, t, 4, shape_doc)
+        check_same(name, t, "q", q)
+    check_scale(scale_name, scale, name, t)
+
+
+def check_fp8_pair(pairs) -> bool:
+    """Whether the (name, cache) pairs, all of one kernel launch, are FP8: all of them or none."""
+    kinds = {name: str(t.dtype) for name, t in pairs}
+    if len({is_fp8(t) for _, t in pairs}) > 1:
+        raise TypeError(f"{', '.join(kinds)} must all be float8_e4m3fn or all q's dtype; got {kinds}")
+    return is_fp8(pairs[0][1])
+
+
+def scale_args(scale: torch.Tensor | None, dummy: torch.Tensor) -> tuple:
+    """A scale tensor [B, H, N] and its three strides for a kernel launch; ``dummy`` and zeros without one."""
+    return (scale, *scale.stride()) if scale is not None else (dummy, 0, 0, 0)
+
+
+def check_query_and_cache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                          k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None) -> tuple[int, ...]:
+    """Checks shared by the decode launchers: q ``[B,Hq,D]``, k/v caches ``[B,Hkv,N,D]`` of q's float
+    dtype (or both float8_e4m3fn with fp32 scales ``[B,Hkv,N]``) and device, a supported head dim and GQA
+    ratio. Returns ``(B, Hq, Hkv, N, D, G)``."""
     check_float("q", q, 3, "[B,Hq,D]")
-    check_float("k_cache", k_cache, 4, "[B,Hkv,N,D]")
-    check_float("v_cache", v_cache, 4, "[B,Hkv,N,D]")
-    check_same("k_cache", k_cache, "q", q)
-    check_same("v_cache", v_cache, "q", q)
+    check_cache("k_cache", k_cache, "[B,Hkv,N,D]", q, "k_scale", k_scale)
+    check_cache("v_cache", v_cache, "[B,Hkv,N,D]", q, "v_scale", v_scale)
+    check_fp8_pair([("k_cache", k_cache), ("v_cache", v_cache)])
     B, Hq, D = q.shape
     if k_cache.shape[0] != B or k_cache.shape[3] != D:
         raise ValueError(f"k_cache shape {tuple(k_cache.shape)} does not match q [B={B},Hq={Hq},D={D}]; "
@@ -180,11 +209,14 @@ def tile_logits(q, k, sm_scale, USE_DOT: tl.constexpr, IEEE: tl.constexpr):
 
 
 @triton.jit
-def online_softmax_update(s, v, m_i, l_i, acc, USE_DOT: tl.constexpr, IEEE: tl.constexpr):
+def online_softmax_update(s, v, m_i, l_i, acc, USE_DOT: tl.constexpr, IEEE: tl.constexpr, v_scale=None,
+                          SCALED_V: tl.constexpr = False):
     """One online-softmax step (Milakov & Gimelshein 2018; FlashAttention).
 
     s: [BLOCK_G, BLOCK_N] fp32 logits with -inf at invalid keys; v: [BLOCK_N, BLOCK_D];
     m_i, l_i: [BLOCK_G] running max / sum; acc: [BLOCK_G, BLOCK_D] fp32 unnormalised output.
+    SCALED_V: v holds FP8 values (converted exactly) whose per-row fp32 scales v_scale [BLOCK_N] weigh the
+    probabilities of the output, not of the sum: acc += (p * v_scale) @ v (kernels/fp8_kv.py).
     Safe when a whole tile is invalid (m stays -inf, nothing accumulates, no NaN).
     """
     m_new = tl.maximum(m_i, tl.max(s, axis=1))
@@ -192,6 +224,8 @@ def online_softmax_update(s, v, m_i, l_i, acc, USE_DOT: tl.constexpr, IEEE: tl.c
     alpha = tl.exp(m_i - m_safe)
     p = tl.exp(s - m_safe[:, None])
     l_i = l_i * alpha + tl.sum(p, axis=1)
+    if SCALED_V:
+        p = p * v_scale[None, :]
     if USE_DOT:
         if IEEE:
             pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")

@@ -6,6 +6,10 @@ Each function computes in fp32 (or fp64 when given fp64 inputs, which the tests 
 head ``h // G``), ``D`` head dim. Caches use the "slot = position" layout: sequence ``b`` holds its
 tokens at slots ``[0, seq_lens[b])``. Index lists are padded with ``-1``.
 
+FP8 KV caches (kernels/fp8_kv.py): the decode functions take float8_e4m3fn caches with their fp32 scales
+(``k_scale`` / ``v_scale`` [B, Hkv, N], POD's ``k_local_scale`` / ``k_anchor_scale``), dequantise them in the
+compute dtype and run unchanged; ``quest_page_minmax`` bounds the dequantised keys.
+
 These functions favour clarity over speed: they materialise full score matrices. The Triton kernels
 in this package compute the same quantities without doing so.
 """
@@ -15,7 +19,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .fp8_kv import quantize_kv
+from .fp8_kv import check_scale, dequantize_kv, is_fp8, quantize_kv
 
 __all__ = [
     "decode_attention",
@@ -48,6 +52,12 @@ def _scale(scale: float | None, head_dim: int) -> float:
     return head_dim ** -0.5 if scale is None else scale
 
 
+def _kv(cache: torch.Tensor, scale, cache_name: str, scale_name: str, ct: torch.dtype) -> torch.Tensor:
+    """A K/V cache as stored (float) or dequantised to ``ct`` (float8_e4m3fn with its scales); errors name both."""
+    check_scale(scale_name, scale, cache_name, cache)
+    return dequantize_kv(cache, scale, ct) if is_fp8(cache) else cache
+
+
 def _masked_softmax_attend(logits: torch.Tensor, valid: torch.Tensor, v: torch.Tensor):
     """softmax(logits over valid) @ v, with rows that have no valid key returning 0 and lse -inf.
 
@@ -67,7 +77,7 @@ def _masked_softmax_attend(logits: torch.Tensor, valid: torch.Tensor, v: torch.T
 # Decode: one query per sequence, at position seq_lens[b] - 1
 # ----------------------------------------------------------------------------------------------
 
-def decode_attention(q, k_cache, v_cache, seq_lens, *, scale=None, return_scores=False):
+def decode_attention(q, k_cache, v_cache, seq_lens, *, scale=None, return_scores=False, k_scale=None, v_scale=None):
     """Dense decode attention over each sequence's cached tokens.
 
     Args:
@@ -75,14 +85,15 @@ def decode_attention(q, k_cache, v_cache, seq_lens, *, scale=None, return_scores
         k_cache, v_cache: [B, Hkv, N, D] post-RoPE keys and values, slot = position.
         seq_lens: [B] int, number of valid slots (the query sits at seq_lens - 1).
         return_scores: also return the raw logits q.k * scale, [B, Hq, N] fp32, -inf past seq_lens.
+        k_scale, v_scale: [B, Hkv, N] fp32 for float8_e4m3fn caches (kernels/fp8_kv.py), else None.
     Returns:
         out [B, Hq, D] in q.dtype (and scores).
     """
     ct = _compute_dtype(q)
     batch, num_heads, head_dim = q.shape
     n = k_cache.shape[2]
-    k = _expand_kv(k_cache, num_heads).to(ct)
-    v = _expand_kv(v_cache, num_heads).to(ct)
+    k = _expand_kv(_kv(k_cache, k_scale, "k_cache", "k_scale", ct), num_heads).to(ct)
+    v = _expand_kv(_kv(v_cache, v_scale, "v_cache", "v_scale", ct), num_heads).to(ct)
     logits = torch.einsum("bhd,bhnd->bhn", q.to(ct), k) * _scale(scale, head_dim)
     valid = torch.arange(n, device=q.device)[None, None, :] < seq_lens.to(q.device)[:, None, None]
     out, _ = _masked_softmax_attend(logits, valid, v)
@@ -130,17 +141,19 @@ def select_topk_positions(scores, seq_lens, budget, *, group_size=1, per_kv_grou
     return out
 
 
-def selection_decode_attention(q, k_cache, v_cache, seq_lens, budget, *, scale=None, per_kv_group=False):
+def selection_decode_attention(q, k_cache, v_cache, seq_lens, budget, *, scale=None, per_kv_group=False,
+                               k_scale=None, v_scale=None):
     """Decode attention that also selects the next layers' positions (TidalDecode selection layer).
 
-    Returns (out [B, Hq, D], indices [B, Hs, budget]).
+    Returns (out [B, Hq, D], indices [B, Hs, budget]). k_scale / v_scale: as in decode_attention.
     """
-    out, scores = decode_attention(q, k_cache, v_cache, seq_lens, scale=scale, return_scores=True)
+    out, scores = decode_attention(q, k_cache, v_cache, seq_lens, scale=scale, return_scores=True, k_scale=k_scale,
+                                   v_scale=v_scale)
     group = q.shape[1] // k_cache.shape[1]
     return out, select_topk_positions(scores, seq_lens, budget, group_size=group, per_kv_group=per_kv_group)
 
 
-def sparse_decode_attention(q, k_cache, v_cache, indices, *, scale=None):
+def sparse_decode_attention(q, k_cache, v_cache, indices, *, scale=None, k_scale=None, v_scale=None):
     """Decode attention over per-head slot lists (TidalDecode sparse layers, Quest, StreamingLLM).
 
     Args:
@@ -148,6 +161,7 @@ def sparse_decode_attention(q, k_cache, v_cache, indices, *, scale=None):
         indices: [B, Hs, K] slots (-1 = unused). Hs = Hq (per query head) or Hkv (one list per
             KV head, shared by its G query heads). Duplicate slots are counted once each (callers
             don't produce them).
+        k_scale, v_scale: [B, Hkv, N] fp32 for float8_e4m3fn caches (kernels/fp8_kv.py), else None.
     Returns:
         out [B, Hq, D].
     """
@@ -158,8 +172,8 @@ def sparse_decode_attention(q, k_cache, v_cache, indices, *, scale=None):
         indices = _expand_kv(indices, num_heads)
     valid = indices >= 0
     idx = indices.clamp(min=0)
-    k = _expand_kv(k_cache, num_heads).to(ct)
-    v = _expand_kv(v_cache, num_heads).to(ct)
+    k = _expand_kv(_kv(k_cache, k_scale, "k_cache", "k_scale", ct), num_heads).to(ct)
+    v = _expand_kv(_kv(v_cache, v_scale, "v_cache", "v_scale", ct), num_heads).to(ct)
     gather_idx = idx.unsqueeze(-1).expand(-1, -1, -1, head_dim)
     k_sel = torch.gather(k, 2, gather_idx)
     v_sel = torch.gather(v, 2, gather_idx)
@@ -333,7 +347,8 @@ def pod_prefill_attention(q, k_own, k_anchor, v, seq_lens, *, sink, recent, scal
 
 
 def pod_decode_attention(q, k_local, k_anchor, v_cache, seq_lens, *, sink, recent, scale=None, gate_tau=None,
-                         return_gate=False, gate_estimate=None, return_skip=False, return_scores=False):
+                         return_gate=False, gate_estimate=None, return_skip=False, return_scores=False,
+                         k_local_scale=None, k_anchor_scale=None, v_scale=None):
     """POD decode: proximal keys from the layer's own sink + ring, distant keys from the anchor.
 
     Args:
@@ -351,6 +366,8 @@ def pod_decode_attention(q, k_local, k_anchor, v_cache, seq_lens, *, sink, recen
             the layer attends it by (own key if proximal, anchor key if distant), -inf past seq_lens: what
             TidalDecode's top-k needs in a POD selection layer. Not with gate_estimate (skipped heads read no
             distant key).
+        k_local_scale [B, Hkv, sink + recent], k_anchor_scale, v_scale [B, Hkv, N]: fp32 scales of float8_e4m3fn
+            caches (kernels/fp8_kv.py: the ring keeps one scale per slot), else None.
     Returns:
         out [B, Hq, D]; with return_gate also gate [B, Hq] (the exact gate, computed before any
         skipping); with return_skip also skip [B, Hq] bool (heads that dropped the distant part); with
@@ -362,6 +379,12 @@ def pod_decode_attention(q, k_local, k_anchor, v_cache, seq_lens, *, sink, recen
         raise ValueError("return_scores with gate_estimate: skipped heads read no distant key, so their distant "
                          "logits do not exist; ask for scores without a gate estimate")
     ct = _compute_dtype(q)
+    k_anchor = _kv(k_anchor, k_anchor_scale, "k_anchor", "k_anchor_scale", ct)
+    v_cache = _kv(v_cache, v_scale, "v_cache", "v_scale", ct)
+    if k_local is not None:
+        k_local = _kv(k_local, k_local_scale, "k_local", "k_local_scale", ct)
+    elif k_local_scale is not None:
+        raise ValueError("k_local_scale is given but k_local is None (a layer that is its own anchor)")
     batch, num_heads, head_dim = q.shape
     n = v_cache.shape[2]
     sc = _scale(scale, head_dim)
@@ -415,13 +438,15 @@ def _pod_results(out, gate, skip, return_gate: bool, return_skip: bool):
 
 
 def pod_sparse_decode_attention(q, k_local, k_anchor, v_cache, indices, seq_lens, *, sink, recent, scale=None,
-                                gate_tau=None, gate_estimate=None, return_gate=False, return_skip=False):
+                                gate_tau=None, gate_estimate=None, return_gate=False, return_skip=False,
+                                k_local_scale=None, k_anchor_scale=None, v_scale=None):
     """POD + TidalDecode: decode attention over selected positions with POD's key sharing and gate.
 
     Args:
         q: [B, Hq, D], the query at p = seq_lens - 1; k_local, k_anchor, v_cache, sink, recent,
             gate_tau, gate_estimate: as in pod_decode_attention.
         indices: [B, Hs, K] selected positions (Hs = Hq, or Hkv: one list per GQA group), -1 = none.
+        k_local_scale, k_anchor_scale, v_scale: FP8 scales, as in pod_decode_attention.
     A selected position j is proximal when j < sink or p - j < recent (key k_local at slot j or
     sink + j % recent), distant otherwise (key k_anchor[..., j, :]); values are v_cache[..., j, :].
     gate = sigmoid(lse_P - lse_D) over the selected positions (1 without distant ones, 0 without
@@ -434,6 +459,9 @@ def pod_sparse_decode_attention(q, k_local, k_anchor, v_cache, indices, seq_lens
     if gate_estimate is not None and gate_tau is None:
         raise ValueError("gate_estimate is given but gate_tau is None; the estimate only decides a skip at gate_tau")
     ct = _compute_dtype(q)
+    k_local = _kv(k_local, k_local_scale, "k_local", "k_local_scale", ct)
+    k_anchor = _kv(k_anchor, k_anchor_scale, "k_anchor", "k_anchor_scale", ct)
+    v_cache = _kv(v_cache, v_scale, "v_cache", "v_scale", ct)
     batch, num_heads, head_dim = q.shape
     sc = _scale(scale, head_dim)
     if indices.shape[1] != num_heads:
@@ -464,11 +492,13 @@ def pod_sparse_decode_attention(q, k_local, k_anchor, v_cache, indices, seq_lens
 # Quest
 # ----------------------------------------------------------------------------------------------
 
-def quest_page_minmax(k_cache, seq_lens, page_size):
-    """Per-page, per-channel key max and min: ([B, Hkv, P, D], [B, Hkv, P, D]), P = ceil(N / page_size).
+def quest_page_minmax(k_cache, seq_lens, page_size, *, k_scale=None):
+    """Per-page, per-channel key max and min: ([B, Hkv, P, D], [B, Hkv, P, D]) fp32, P = ceil(N / page_size).
 
-    Slots past seq_lens don't contribute; an empty page gets max -inf and min +inf.
+    Slots past seq_lens don't contribute; an empty page gets max -inf and min +inf. An FP8 cache (k_scale
+    [B, Hkv, N]) is bounded after dequantisation: the bound holds for the keys attention reads (kernels/fp8_kv.py).
     """
+    k_cache = _kv(k_cache, k_scale, "k_cache", "k_scale", torch.float32)
     batch, num_kv, n, head_dim = k_cache.shape
     pages = -(-n // page_size)
     pad = pages * page_size - n

@@ -36,6 +36,7 @@ import triton.language as tl
 
 from kernels import _decode_common as C
 from kernels import _decode_topk_split as TS
+from kernels import _fp8_device as F8
 from kernels._decode_topk import select_slots
 
 # Tile of keys per loop iteration and launch shape. BLOCK_N=64, 4 warps, 2 stages: the best of the
@@ -48,11 +49,13 @@ _NUM_STAGES = 2
 
 @triton.jit
 def _decode_split_kernel(
-    Q, K, V, SeqLens, OPart, LSEPart, Scores, Hist,
+    Q, K, V, SeqLens, OPart, LSEPart, Scores, Hist, KS, VS,
     sm_scale, N, chunk,
     stride_qb, stride_qh,
     stride_kb, stride_kh, stride_kn,
     stride_vb, stride_vh, stride_vn,
+    stride_ksb, stride_ksh, stride_ksn,
+    stride_vsb, stride_vsh, stride_vsn,
     stride_opb, stride_oph, stride_ops,
     stride_lpb, stride_lph,
     stride_sb, stride_sh,
@@ -61,13 +64,15 @@ def _decode_split_kernel(
     D: tl.constexpr, BLOCK_D: tl.constexpr,
     RETURN_SCORES: tl.constexpr, EXCLUDE_LAST: tl.constexpr, IEEE: tl.constexpr,
     HIST0: tl.constexpr = False, GH: tl.constexpr = 1, BITS: tl.constexpr = 8, LEVELS: tl.constexpr = 4,
+    FP8: tl.constexpr = False,
 ):
     """Program (split, b*Hkv + kvh): keys [split*chunk, split*chunk + chunk) of one sequence and KV
     head, for the G query heads kvh*G .. kvh*G+G-1. Writes o_part/lse_part and, with
     RETURN_SCORES, the logits of its slots (-inf past seq_len; with EXCLUDE_LAST also at the
     current slot seq_len-1, which TidalDecode appends to the selection unconditionally). With HIST0
     (needs RETURN_SCORES) it also counts the top radix digit of every finite logit it writes, per
-    head, into hist[b*Hq + head, 0, :] (the first pass of kernels/_decode_topk_split.py)."""
+    head, into hist[b*Hq + head, 0, :] (the first pass of kernels/_decode_topk_split.py). FP8: K/V are
+    float8_e4m3fn with per-slot fp32 scales KS/VS [B,Hkv,N], dequantised in registers (kernels/fp8_kv.py)."""
     split = tl.program_id(0)
     bh = tl.program_id(1)
     b = (bh // Hkv).to(tl.int64)  # int64: batch offsets of a large cache overflow int32
@@ -85,6 +90,8 @@ def _decode_split_kernel(
                 mask=g_mask[:, None] & d_mask[None, :], other=0.0)
     k_base = K + b * stride_kb + kvh * stride_kh
     v_base = V + b * stride_vb + kvh * stride_vh
+    ks_base = KS + b * stride_ksb + kvh * stride_ksh
+    vs_base = VS + b * stride_vsb + kvh * stride_vsh
     s_base = Scores + b * stride_sb + heads[:, None] * stride_sh
 
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
@@ -96,9 +103,13 @@ def _decode_split_kernel(
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_mask = offs_n < end
         kv_mask = n_mask[:, None] & d_mask[None, :]
-        k = tl.load(k_base + offs_n[:, None] * stride_kn + offs_d[None, :], mask=kv_mask, other=0.0)
-        v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_d[None, :], mask=kv_mask, other=0.0)
+        k, k_sc = F8.load_kv_tile(k_base + offs_n[:, None] * stride_kn + offs_d[None, :], kv_mask,
+                                  ks_base + offs_n * stride_ksn, n_mask, Q.dtype.element_ty, FP8)
+        v, v_sc = F8.load_kv_tile(v_base + offs_n[:, None] * stride_vn + offs_d[None, :], kv_mask,
+                                  vs_base + offs_n * stride_vsn, n_mask, Q.dtype.element_ty, FP8)
         s = C.tile_logits(q, k, sm_scale, True, IEEE)
+        if FP8:
+            s = s * k_sc[None, :]
         s = tl.where(n_mask[None, :], s, float("-inf"))
         if RETURN_SCORES:
             s_out = s
@@ -113,7 +124,7 @@ def _decode_split_kernel(
                 digit = tl.where(counted, digit, 0)
                 hist += tl.histogram(tl.reshape(digit, [BLOCK_G * BLOCK_N], can_reorder=True), GH * NB,
                                      mask=tl.reshape(counted, [BLOCK_G * BLOCK_N], can_reorder=True))
-        m_i, l_i, acc = C.online_softmax_update(s, v, m_i, l_i, acc, True, IEEE)
+        m_i, l_i, acc = C.online_softmax_update(s, v, m_i, l_i, acc, True, IEEE, v_sc, FP8)
 
     if RETURN_SCORES:
         # slots of this chunk at or past seq_len (up to the capacity N) read as -inf
@@ -136,8 +147,8 @@ def _decode_split_kernel(
                     g_mask, offs_d, D)
 
 
-def _check_decode_inputs(q, k_cache, v_cache, seq_lens):
-    B, Hq, Hkv, N, D, G = C.check_query_and_cache(q, k_cache, v_cache)
+def _check_decode_inputs(q, k_cache, v_cache, seq_lens, k_scale=None, v_scale=None):
+    B, Hq, Hkv, N, D, G = C.check_query_and_cache(q, k_cache, v_cache, k_scale, v_scale)
     C.check_index_tensor("seq_lens", seq_lens, 1, "[B]", q.device)
     if seq_lens.shape[0] != B:
         raise ValueError(f"seq_lens has {seq_lens.shape[0]} entries but the batch is B={B}")
@@ -148,7 +159,8 @@ def _check_decode_inputs(q, k_cache, v_cache, seq_lens):
 
 
 def _launch_decode(q, k_cache, v_cache, seq_lens, scale, scores, exclude_last, lse_out=None,
-                   block_n=_BLOCK_N, num_warps=_NUM_WARPS, num_stages=_NUM_STAGES, hist=None):
+                   block_n=_BLOCK_N, num_warps=_NUM_WARPS, num_stages=_NUM_STAGES, hist=None, k_scale=None,
+                   v_scale=None):
     B, Hq, D = q.shape
     Hkv, N = k_cache.shape[1], k_cache.shape[2]
     G = Hq // Hkv
@@ -157,12 +169,15 @@ def _launch_decode(q, k_cache, v_cache, seq_lens, scale, scores, exclude_last, l
     o_part, lse_part = C.alloc_partials(B, Hq, num_splits, D, q.device)
     scores_arg = scores if scores is not None else lse_part
     launch = dict(num_warps=num_warps) if C.interpreting() else dict(num_warps=num_warps, num_stages=num_stages)
+    ks_args, vs_args = C.scale_args(k_scale, lse_part), C.scale_args(v_scale, lse_part)
     _decode_split_kernel[(num_splits, B * Hkv)](
         q, k_cache, v_cache, seq_lens, o_part, lse_part, scores_arg, hist if hist is not None else seq_lens,
+        ks_args[0], vs_args[0],
         scale, N, chunk,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        *ks_args[1:], *vs_args[1:],
         o_part.stride(0), o_part.stride(1), o_part.stride(2),
         lse_part.stride(0), lse_part.stride(1),
         scores_arg.stride(0) if scores is not None else 0, scores_arg.stride(1) if scores is not None else 0,
@@ -171,6 +186,7 @@ def _launch_decode(q, k_cache, v_cache, seq_lens, scale, scores, exclude_last, l
         RETURN_SCORES=scores is not None, EXCLUDE_LAST=exclude_last,
         IEEE=q.dtype == torch.float32,
         HIST0=hist is not None, GH=triton.next_power_of_2(G), BITS=TS.BITS, LEVELS=TS.LEVELS,
+        FP8=k_scale is not None,
         **launch,
     )
     out = torch.empty(B, Hq, D, device=q.device, dtype=q.dtype)
@@ -178,18 +194,21 @@ def _launch_decode(q, k_cache, v_cache, seq_lens, scale, scores, exclude_last, l
     return out
 
 
-def decode_attention_triton(q, k_cache, v_cache, seq_lens, *, scale=None, return_scores=False):
+def decode_attention_triton(q, k_cache, v_cache, seq_lens, *, scale=None, return_scores=False, k_scale=None,
+                            v_scale=None):
     """Full decode attention.
 
-    q: [B,Hq,D]; k_cache, v_cache: [B,Hkv,N,D] (same float dtype: fp16 / bf16 / fp32; keys
-    post-RoPE); seq_lens: [B] int32/int64 in [1, N]. Hq = G * Hkv for any G.
+    q: [B,Hq,D]; k_cache, v_cache: [B,Hkv,N,D] (q's float dtype: fp16 / bf16 / fp32, or both float8_e4m3fn
+    with k_scale, v_scale [B,Hkv,N] fp32, kernels/fp8_kv.py; keys post-RoPE); seq_lens: [B] int32/int64 in
+    [1, N]. Hq = G * Hkv for any G.
     Returns out [B,Hq,D] (q.dtype; fp32 accumulation), and with return_scores=True also
     scores [B,Hq,N] fp32 raw logits q.k*scale with -inf at slots >= seq_lens[b].
     """
-    B, Hq, Hkv, N, D, G = _check_decode_inputs(q, k_cache, v_cache, seq_lens)
+    B, Hq, Hkv, N, D, G = _check_decode_inputs(q, k_cache, v_cache, seq_lens, k_scale, v_scale)
     scale = C.resolve_scale(scale, D)
     scores = torch.empty(B, Hq, N, device=q.device, dtype=torch.float32) if return_scores else None
-    out = _launch_decode(q, k_cache, v_cache, seq_lens, scale, scores, exclude_last=False)
+    out = _launch_decode(q, k_cache, v_cache, seq_lens, scale, scores, exclude_last=False, k_scale=k_scale,
+                         v_scale=v_scale)
     return (out, scores) if return_scores else out
 
 
@@ -257,7 +276,7 @@ def _resolve_topk_impl(topk_impl, per_kv_group: bool) -> str:
 
 
 def selection_decode_attention_triton(q, k_cache, v_cache, seq_lens, budget, *, scale=None,
-                                      per_kv_group=False, topk_impl=None):
+                                      per_kv_group=False, topk_impl=None, k_scale=None, v_scale=None):
     """TidalDecode token-selection layer: full decode attention + top-k positions.
 
     q: [B,Hq,D]; k_cache, v_cache: [B,Hkv,N,D]; seq_lens: [B] in [1, N]; budget: int >= 1, the
@@ -268,8 +287,9 @@ def selection_decode_attention_triton(q, k_cache, v_cache, seq_lens, budget, *, 
     probability (per group), plus seq_lens[b]-1; ascending; -1 padded when seq_lens[b] < budget.
     topk_impl: "auto", "split" or "legacy" (see TOPK_IMPLS above); None reads PODKIT_SELECTION_TOPK
     (default "auto"). All return the same indices (ties at the k-th value: lowest slots first).
+    k_scale, v_scale: FP8 caches' scales, as in decode_attention_triton.
     """
-    B, Hq, Hkv, N, D, G = _check_decode_inputs(q, k_cache, v_cache, seq_lens)
+    B, Hq, Hkv, N, D, G = _check_decode_inputs(q, k_cache, v_cache, seq_lens, k_scale, v_scale)
     if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
         raise ValueError(f"budget must be an int >= 1 (selected slots, current one included), got {budget!r}")
     split = _resolve_topk_impl(topk_impl, per_kv_group) == "split"
@@ -278,7 +298,7 @@ def selection_decode_attention_triton(q, k_cache, v_cache, seq_lens, budget, *, 
     lse = torch.empty(B, Hq, device=q.device, dtype=torch.float32) if per_kv_group else None
     hist = TS.alloc_hist(B * (Hkv if per_kv_group else Hq), q.device) if split else None
     out = _launch_decode(q, k_cache, v_cache, seq_lens, scale, scores, exclude_last=True, lse_out=lse,
-                         hist=None if per_kv_group else hist)
+                         hist=None if per_kv_group else hist, k_scale=k_scale, v_scale=v_scale)
     if per_kv_group:
         group_scores = torch.empty(B, Hkv, N, device=q.device, dtype=torch.float32)
         block_n = 256

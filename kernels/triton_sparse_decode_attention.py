@@ -11,6 +11,9 @@ Two list granularities, told apart by `indices.shape[1]` (ARCHITECTURE.md):
 - Hs = Hkv (G > 1): one list per GQA group. One program per (chunk, sequence, KV head) gathers each
   listed row once and serves the group's G query heads with tl.dot, so the bytes read are G times
   fewer than per-head lists of the same length.
+
+FP8 caches (kernels/fp8_kv.py): float8_e4m3fn K/V with per-slot fp32 scales [B,Hkv,N] (``k_scale``,
+``v_scale``); the kernel gathers the listed rows' scales with their rows and dequantises in registers (FP8 flag).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import triton
 import triton.language as tl
 
 from kernels import _decode_common as C
+from kernels import _fp8_device as F8
 
 # Launch plan per list granularity: rows gathered per loop iteration (BLOCK_N), warps, pipeline stages and
 # the split planner's programs per SM (waves, kernels/_decode_common.py plan_splits). Chosen by a sweep on an
@@ -33,18 +37,20 @@ _PLAN_GROUP = dict(block_n=64, num_warps=4, num_stages=2, waves=4)
 
 @triton.jit
 def _sparse_decode_split_kernel(
-    Q, K, V, Idx, OPart, LSEPart,
+    Q, K, V, Idx, OPart, LSEPart, KS, VS,
     sm_scale, list_len, chunk,
     stride_qb, stride_qh,
     stride_kb, stride_kh, stride_kn,
     stride_vb, stride_vh, stride_vn,
+    stride_ksb, stride_ksh, stride_ksn,
+    stride_vsb, stride_vsh, stride_vsn,
     stride_ib, stride_ih,
     stride_opb, stride_oph, stride_ops,
     stride_lpb, stride_lph,
     Hs,
     G: tl.constexpr, HEADS_PER_LIST: tl.constexpr, BLOCK_G: tl.constexpr,
     BLOCK_N: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
-    USE_DOT: tl.constexpr, IEEE: tl.constexpr,
+    USE_DOT: tl.constexpr, IEEE: tl.constexpr, FP8: tl.constexpr = False,
 ):
     """Program (split, b*Hs + hs): entries [split*chunk, split*chunk+chunk) of list (b, hs), for the
     HEADS_PER_LIST query heads that read it (G when Hs = Hkv, 1 when Hs = Hq)."""
@@ -70,6 +76,8 @@ def _sparse_decode_split_kernel(
                 mask=g_mask[:, None] & d_mask[None, :], other=0.0)
     k_base = K + b * stride_kb + kvh * stride_kh
     v_base = V + b * stride_vb + kvh * stride_vh
+    ks_base = KS + b * stride_ksb + kvh * stride_ksh
+    vs_base = VS + b * stride_vsb + kvh * stride_vsh
     i_base = Idx + b * stride_ib + hs * stride_ih
 
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
@@ -81,11 +89,15 @@ def _sparse_decode_split_kernel(
         valid = slots >= 0
         rows = tl.where(valid, slots, 0)
         kv_mask = valid[:, None] & d_mask[None, :]
-        k = tl.load(k_base + rows[:, None] * stride_kn + offs_d[None, :], mask=kv_mask, other=0.0)
-        v = tl.load(v_base + rows[:, None] * stride_vn + offs_d[None, :], mask=kv_mask, other=0.0)
+        k, k_sc = F8.load_kv_tile(k_base + rows[:, None] * stride_kn + offs_d[None, :], kv_mask,
+                                  ks_base + rows * stride_ksn, valid, Q.dtype.element_ty, FP8)
+        v, v_sc = F8.load_kv_tile(v_base + rows[:, None] * stride_vn + offs_d[None, :], kv_mask,
+                                  vs_base + rows * stride_vsn, valid, Q.dtype.element_ty, FP8)
         s = C.tile_logits(q, k, sm_scale, USE_DOT, IEEE)
+        if FP8:
+            s = s * k_sc[None, :]
         s = tl.where(valid[None, :], s, float("-inf"))
-        m_i, l_i, acc = C.online_softmax_update(s, v, m_i, l_i, acc, USE_DOT, IEEE)
+        m_i, l_i, acc = C.online_softmax_update(s, v, m_i, l_i, acc, USE_DOT, IEEE, v_sc, FP8)
 
     C.store_partial(OPart, LSEPart, m_i, l_i, acc,
                     b * stride_opb + heads * stride_oph + split * stride_ops,
@@ -93,8 +105,8 @@ def _sparse_decode_split_kernel(
                     g_mask, offs_d, D)
 
 
-def _check_inputs(q, k_cache, v_cache, indices):
-    B, Hq, Hkv, N, D, G = C.check_query_and_cache(q, k_cache, v_cache)
+def _check_inputs(q, k_cache, v_cache, indices, k_scale=None, v_scale=None):
+    B, Hq, Hkv, N, D, G = C.check_query_and_cache(q, k_cache, v_cache, k_scale, v_scale)
     C.check_index_tensor("indices", indices, 3, "[B,Hs,K]", q.device)
     if indices.shape[0] != B or indices.shape[1] not in (Hq, Hkv):
         raise ValueError(f"indices shape {tuple(indices.shape)} must be [B={B}, Hs, K] with Hs = Hq={Hq} "
@@ -103,17 +115,18 @@ def _check_inputs(q, k_cache, v_cache, indices):
     return B, Hq, Hkv, N, D, G
 
 
-def sparse_decode_attention_triton(q, k_cache, v_cache, indices, *, scale=None,
+def sparse_decode_attention_triton(q, k_cache, v_cache, indices, *, scale=None, k_scale=None, v_scale=None,
                                    _block_n=None, _num_warps=None, _num_stages=None, _waves=None):
     """Decode attention over listed slots only.
 
-    q: [B,Hq,D]; k_cache, v_cache: [B,Hkv,N,D] (fp16 / bf16 / fp32, same dtype);
+    q: [B,Hq,D]; k_cache, v_cache: [B,Hkv,N,D] (q's dtype: fp16 / bf16 / fp32, or both float8_e4m3fn with
+    k_scale, v_scale [B,Hkv,N] fp32, kernels/fp8_kv.py);
     indices: [B,Hs,K] int32/int64 slots in [0, N), -1 = unused; Hs = Hq (one list per query head)
     or Hkv (one list per GQA group, read once for its G heads). Lists need not be sorted.
     Returns out [B,Hq,D] in q.dtype: softmax over the listed slots (0 where a list is all -1).
     The `_block_n` / `_num_warps` / `_num_stages` / `_waves` knobs override the launch plan (tuning sweeps).
     """
-    B, Hq, Hkv, N, D, G = _check_inputs(q, k_cache, v_cache, indices)
+    B, Hq, Hkv, N, D, G = _check_inputs(q, k_cache, v_cache, indices, k_scale, v_scale)
     scale = C.resolve_scale(scale, D)
     Hs, list_len = indices.shape[1], indices.shape[2]
     per_group = Hs == Hkv and G > 1
@@ -128,19 +141,21 @@ def sparse_decode_attention_triton(q, k_cache, v_cache, indices, *, scale=None,
     num_splits, chunk = C.plan_splits(list_len, B * Hs, q.device, block_n, waves=_waves or plan["waves"])
     o_part, lse_part = C.alloc_partials(B, Hq, num_splits, D, q.device)
     launch = dict(num_warps=num_warps) if C.interpreting() else dict(num_warps=num_warps, num_stages=num_stages)
+    ks_args, vs_args = C.scale_args(k_scale, lse_part), C.scale_args(v_scale, lse_part)
     _sparse_decode_split_kernel[(num_splits, B * Hs)](
-        q, k_cache, v_cache, indices, o_part, lse_part,
+        q, k_cache, v_cache, indices, o_part, lse_part, ks_args[0], vs_args[0],
         scale, list_len, chunk,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        *ks_args[1:], *vs_args[1:],
         indices.stride(0), indices.stride(1),
         o_part.stride(0), o_part.stride(1), o_part.stride(2),
         lse_part.stride(0), lse_part.stride(1),
         Hs,
         G=G, HEADS_PER_LIST=G if per_group else 1, BLOCK_G=C.block_g(G) if per_group else 1,
         BLOCK_N=block_n, D=D, BLOCK_D=triton.next_power_of_2(D),
-        USE_DOT=per_group, IEEE=q.dtype == torch.float32,
+        USE_DOT=per_group, IEEE=q.dtype == torch.float32, FP8=k_scale is not None,
         **launch,
     )
     C.merge_splits(o_part, lse_part, out)
