@@ -21,6 +21,10 @@ section 2.3, "compute skipping"). Which gate decides:
   once (no K_anchor / V loads, no FLOPs); in a group where only some heads skip, the skipped heads'
   logits are masked (the group's K/V rows are read once for its G heads anyway). return_skip gives
   the skip mask [B,Hq]; its mean is the fraction of (query, head) pairs that read no distant key.
+
+FP8 caches (kernels/fp8_kv.py): k_local (the ring, one scale per slot), k_anchor and v_cache all float8_e4m3fn with
+fp32 scales ``k_local_scale [B,Hkv,sink+recent]``, ``k_anchor_scale`` / ``v_scale [B,Hkv,N]``, dequantised in
+registers (FP8 flag); a layer that is its own anchor passes neither k_local nor k_local_scale.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import triton
 import triton.language as tl
 
 from kernels import _decode_common as C
+from kernels import _fp8_device as F8
 
 _BLOCK_N = 64
 # 4 warps (as dense decode); ptxas sm_90 reports 255 registers and a 40-byte spill there, 215 and
@@ -42,19 +47,22 @@ _NUM_STAGES = 2
 
 @triton.jit
 def _pod_decode_split_kernel(
-    Q, KLocal, KAnchor, V, SeqLens, OPart, LSEPart, GateEst, Scores,
+    Q, KLocal, KAnchor, V, SeqLens, OPart, LSEPart, GateEst, Scores, KLS, KAS, VS,
     sm_scale, sink, recent, num_distant_splits, chunk_d, chunk_p, tau,
     stride_qb, stride_qh,
     stride_lb, stride_lh, stride_ln,
     stride_ab, stride_ah, stride_an,
     stride_vb, stride_vh, stride_vn,
+    stride_lsb, stride_lsh, stride_lsn,
+    stride_asb, stride_ash, stride_asn,
+    stride_vsb, stride_vsh, stride_vsn,
     stride_opb, stride_oph, stride_ops,
     stride_lpb, stride_lph,
     stride_sb, stride_sh,
     Hkv,
     G: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
     D: tl.constexpr, BLOCK_D: tl.constexpr, IEEE: tl.constexpr, SKIP: tl.constexpr = False,
-    LOCAL_BY_POSITION: tl.constexpr = False, RETURN_SCORES: tl.constexpr = False,
+    LOCAL_BY_POSITION: tl.constexpr = False, RETURN_SCORES: tl.constexpr = False, FP8: tl.constexpr = False,
 ):
     """Program (split, b*Hkv + kvh). Splits < num_distant_splits: distant positions
     [sink + split*chunk_d, ...) below p - recent + 1, keys from k_anchor. Other splits: virtual
@@ -64,7 +72,8 @@ def _pod_decode_split_kernel(
     heads all skip loads nothing and writes an empty partial (lse -inf). LOCAL_BY_POSITION: KLocal is
     slot = position (an anchor layer's own keys), so a proximal position's key is row `pos`, not its ring slot.
     RETURN_SCORES: each program also writes the logits of its positions to Scores[b, head, pos] (the caller
-    fills the rest with -inf); every position below seq_len is written by exactly one program."""
+    fills the rest with -inf); every position below seq_len is written by exactly one program.
+    FP8: the three caches are float8_e4m3fn, KLS / KAS / VS their per-slot fp32 scales."""
     split = tl.program_id(0)
     bh = tl.program_id(1)
     b = (bh // Hkv).to(tl.int64)
@@ -78,6 +87,7 @@ def _pod_decode_split_kernel(
     q = tl.load(Q + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
                 mask=g_mask[:, None] & d_mask[None, :], other=0.0)
     v_base = V + b * stride_vb + kvh * stride_vh
+    vs_base = VS + b * stride_vsb + kvh * stride_vsh
     s_base = Scores + b * stride_sb + heads[:, None].to(tl.int64) * stride_sh
 
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
@@ -87,6 +97,7 @@ def _pod_decode_split_kernel(
         # distant: contiguous positions, keys from the anchor (same access pattern as full decode,
         # kept in its own loop so that the loads stay vectorised)
         ka_base = KAnchor + b * stride_ab + kvh * stride_ah
+        kas_base = KAS + b * stride_asb + kvh * stride_ash
         dist_end = tl.maximum(sink, seq_len - recent)  # distant positions: [sink, dist_end)
         lo = sink + split * chunk_d
         hi = tl.minimum(lo + chunk_d, dist_end)
@@ -98,18 +109,23 @@ def _pod_decode_split_kernel(
             offs = n0 + tl.arange(0, BLOCK_N)
             valid = offs < hi
             kv_mask = valid[:, None] & d_mask[None, :]
-            k = tl.load(ka_base + offs[:, None] * stride_an + offs_d[None, :], mask=kv_mask, other=0.0)
-            v = tl.load(v_base + offs[:, None] * stride_vn + offs_d[None, :], mask=kv_mask, other=0.0)
+            k, k_sc = F8.load_kv_tile(ka_base + offs[:, None] * stride_an + offs_d[None, :], kv_mask,
+                                      kas_base + offs * stride_asn, valid, Q.dtype.element_ty, FP8)
+            v, v_sc = F8.load_kv_tile(v_base + offs[:, None] * stride_vn + offs_d[None, :], kv_mask,
+                                      vs_base + offs * stride_vsn, valid, Q.dtype.element_ty, FP8)
             s = C.tile_logits(q, k, sm_scale, True, IEEE)
+            if FP8:
+                s = s * k_sc[None, :]
             s = tl.where(valid[None, :], s, float("-inf"))
             if RETURN_SCORES:
                 tl.store(s_base + offs[None, :], s, mask=g_mask[:, None] & valid[None, :])
             if SKIP:
                 s = tl.where(skip[:, None], float("-inf"), s)
-            m_i, l_i, acc = C.online_softmax_update(s, v, m_i, l_i, acc, True, IEEE)
+            m_i, l_i, acc = C.online_softmax_update(s, v, m_i, l_i, acc, True, IEEE, v_sc, FP8)
     else:
         # proximal: virtual slots t (sinks, then the ring in position order), keys from k_local
         kl_base = KLocal + b * stride_lb + kvh * stride_lh
+        kls_base = KLS + b * stride_lsb + kvh * stride_lsh
         lo = (split - num_distant_splits) * chunk_p
         hi = tl.minimum(lo + chunk_p, sink + recent)
         for n0 in range(lo, hi, BLOCK_N):
@@ -125,13 +141,17 @@ def _pod_decode_split_kernel(
             else:
                 local_slot = tl.where(is_sink, offs, sink + pos32 % recent).to(tl.int64)
             kv_mask = valid[:, None] & d_mask[None, :]
-            k = tl.load(kl_base + local_slot[:, None] * stride_ln + offs_d[None, :], mask=kv_mask, other=0.0)
-            v = tl.load(v_base + pos[:, None] * stride_vn + offs_d[None, :], mask=kv_mask, other=0.0)
+            k, k_sc = F8.load_kv_tile(kl_base + local_slot[:, None] * stride_ln + offs_d[None, :], kv_mask,
+                                      kls_base + local_slot * stride_lsn, valid, Q.dtype.element_ty, FP8)
+            v, v_sc = F8.load_kv_tile(v_base + pos[:, None] * stride_vn + offs_d[None, :], kv_mask,
+                                      vs_base + pos * stride_vsn, valid, Q.dtype.element_ty, FP8)
             s = C.tile_logits(q, k, sm_scale, True, IEEE)
+            if FP8:
+                s = s * k_sc[None, :]
             s = tl.where(valid[None, :], s, float("-inf"))
             if RETURN_SCORES:
                 tl.store(s_base + pos[None, :], s, mask=g_mask[:, None] & valid[None, :])
-            m_i, l_i, acc = C.online_softmax_update(s, v, m_i, l_i, acc, True, IEEE)
+            m_i, l_i, acc = C.online_softmax_update(s, v, m_i, l_i, acc, True, IEEE, v_sc, FP8)
 
     C.store_partial(OPart, LSEPart, m_i, l_i, acc,
                     b * stride_opb + heads * stride_oph + split * stride_ops,
@@ -153,15 +173,18 @@ def _check_gate_estimate(gate_estimate, gate_tau, q):
         raise ValueError(f"gate_estimate is on {gate_estimate.device} but q is on {q.device}; they must match")
 
 
-def _check_inputs(q, k_local, k_anchor, v_cache, seq_lens, sink, recent, gate_tau):
-    """k_local None: the layer is its own anchor (proximal keys are k_anchor's rows)."""
+def _check_inputs(q, k_local, k_anchor, v_cache, seq_lens, sink, recent, gate_tau, k_local_scale=None,
+                  k_anchor_scale=None, v_scale=None):
+    """k_local None: the layer is its own anchor (proximal keys are k_anchor's rows). FP8 caches: all three
+    float8_e4m3fn with their scales (kernels/fp8_kv.py)."""
     C.check_float("q", q, 3, "[B,Hq,D]")
     if k_local is not None:
-        C.check_float("k_local", k_local, 4, "[B,Hkv,sink+recent,D]")
-    C.check_float("k_anchor", k_anchor, 4, "[B,Hkv,N,D]")
-    C.check_float("v_cache", v_cache, 4, "[B,Hkv,N,D]")
-    for name, t in (("k_local", k_local), ("k_anchor", k_anchor), ("v_cache", v_cache))[k_local is None:]:
-        C.check_same(name, t, "q", q)
+        C.check_cache("k_local", k_local, "[B,Hkv,sink+recent,D]", q, "k_local_scale", k_local_scale)
+    elif k_local_scale is not None:
+        raise ValueError("k_local_scale is given but k_local is None (a layer that is its own anchor)")
+    C.check_cache("k_anchor", k_anchor, "[B,Hkv,N,D]", q, "k_anchor_scale", k_anchor_scale)
+    C.check_cache("v_cache", v_cache, "[B,Hkv,N,D]", q, "v_scale", v_scale)
+    C.check_fp8_pair([("k_local", k_local), ("k_anchor", k_anchor), ("v_cache", v_cache)][k_local is None:])
     for name, val, low in (("sink", sink, 0), ("recent", recent, 1)):
         if isinstance(val, bool) or not isinstance(val, int) or val < low:
             raise ValueError(f"{name} must be an int >= {low}, got {val!r}")
@@ -188,7 +211,8 @@ def _check_inputs(q, k_local, k_anchor, v_cache, seq_lens, sink, recent, gate_ta
 
 def pod_decode_attention_triton(q, k_local, k_anchor, v_cache, seq_lens, *, sink, recent, scale=None,
                                 gate_tau=None, return_gate=False, gate_estimate=None, return_skip=False,
-                                return_scores=False, _num_warps=_NUM_WARPS):
+                                return_scores=False, k_local_scale=None, k_anchor_scale=None, v_scale=None,
+                                _num_warps=_NUM_WARPS):
     """POD decode attention.
 
     q: [B,Hq,D] (query at p = seq_lens-1); k_local: [B,Hkv,sink+recent,D] (sinks at slots 0..sink-1,
@@ -205,8 +229,11 @@ def pod_decode_attention_triton(q, k_local, k_anchor, v_cache, seq_lens, *, sink
     scores [B,Hq,N] fp32, the logit of every position by the key the layer attends it with (own if proximal,
     anchor if distant), -inf past seq_lens (TidalDecode's selection in a POD layer; not with gate_estimate).
     Order: out, gate, skip, scores.
+    k_local_scale [B,Hkv,sink+recent], k_anchor_scale, v_scale [B,Hkv,N]: fp32 scales of float8_e4m3fn caches
+    (module docstring), else None.
     """
-    B, Hq, Hkv, N, D, G = _check_inputs(q, k_local, k_anchor, v_cache, seq_lens, sink, recent, gate_tau)
+    B, Hq, Hkv, N, D, G = _check_inputs(q, k_local, k_anchor, v_cache, seq_lens, sink, recent, gate_tau,
+                                        k_local_scale, k_anchor_scale, v_scale)
     _check_gate_estimate(gate_estimate, gate_tau, q)
     if return_scores and gate_estimate is not None:
         raise ValueError("return_scores with gate_estimate: skipped heads read no distant key, so their distant "
@@ -217,6 +244,7 @@ def pod_decode_attention_triton(q, k_local, k_anchor, v_cache, seq_lens, *, sink
     by_position = k_local is None
     q, k_anchor, v_cache = (C.last_dim_contiguous(t) for t in (q, k_anchor, v_cache))
     k_local = k_anchor if by_position else C.last_dim_contiguous(k_local)
+    k_local_scale = k_anchor_scale if by_position else k_local_scale
     rows = B * Hkv
     num_d, chunk_d = C.plan_splits(max(N - sink, 1), rows, q.device, _BLOCK_N)
     num_p, chunk_p = C.plan_splits(sink + recent, rows, q.device, _BLOCK_N, max_splits=8)
@@ -225,20 +253,23 @@ def pod_decode_attention_triton(q, k_local, k_anchor, v_cache, seq_lens, *, sink
     launch = dict(num_warps=_num_warps) if C.interpreting() else dict(num_warps=_num_warps, num_stages=_NUM_STAGES)
     # every position below seq_len is written by the kernel; the rest (past the sequence) stays -inf
     scores = torch.full((B, Hq, N), float("-inf"), device=q.device, dtype=torch.float32) if return_scores else None
+    scale_args = [C.scale_args(t, lse_part) for t in (k_local_scale, k_anchor_scale, v_scale)]
     _pod_decode_split_kernel[(num_splits, rows)](
         q, k_local, k_anchor, v_cache, seq_lens, o_part, lse_part, est if use_est else lse_part,
-        scores if return_scores else lse_part,
+        scores if return_scores else lse_part, *(a[0] for a in scale_args),
         scale, sink, recent, num_d, chunk_d, chunk_p, float(gate_tau) if use_est else 0.0,
         q.stride(0), q.stride(1),
         k_local.stride(0), k_local.stride(1), k_local.stride(2),
         k_anchor.stride(0), k_anchor.stride(1), k_anchor.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        *(x for a in scale_args for x in a[1:]),
         o_part.stride(0), o_part.stride(1), o_part.stride(2),
         lse_part.stride(0), lse_part.stride(1),
         *((scores.stride(0), scores.stride(1)) if return_scores else (0, 0)),
         Hkv,
         G=G, BLOCK_G=C.block_g(G), BLOCK_N=_BLOCK_N, D=D, BLOCK_D=triton.next_power_of_2(D),
         IEEE=q.dtype == torch.float32, SKIP=use_est, LOCAL_BY_POSITION=by_position, RETURN_SCORES=return_scores,
+        FP8=v_scale is not None,
         **launch,
     )
     # with an estimate the skipped heads' distant partials are already empty: no tau in the merge

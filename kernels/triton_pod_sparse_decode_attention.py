@@ -22,6 +22,9 @@ Without gate_tau the result is one softmax over all selected positions (the gate
 
 Lists: indices [B,Hs,K], Hs = Hq (one list per query head) or Hkv (one per GQA group, rows read once
 for the G heads); entries are positions in [0, N) or -1 (ignored); any order.
+
+FP8 caches (kernels/fp8_kv.py): k_local, k_anchor and v_cache float8_e4m3fn with k_local_scale [B,Hkv,sink+recent],
+k_anchor_scale and v_scale [B,Hkv,N] fp32; each row's scale comes from the same cache as its row (FP8 flag).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import triton
 import triton.language as tl
 
 from kernels import _decode_common as C
+from kernels import _fp8_device as F8
 from kernels.triton_pod_decode_attention import _check_gate_estimate
 from kernels.triton_pod_decode_attention import _check_inputs as _check_pod_inputs
 
@@ -47,19 +51,22 @@ _PLAN_GROUP = dict(block_n=32, num_warps=4, num_stages=2, waves=4)
 
 @triton.jit
 def _pod_sparse_split_kernel(
-    Q, KLocal, KAnchor, V, Idx, SeqLens, OPart, LSEPart, GateEst,
+    Q, KLocal, KAnchor, V, Idx, SeqLens, OPart, LSEPart, GateEst, KLS, KAS, VS,
     sm_scale, sink, recent, list_len, chunk, num_splits, tau,
     stride_qb, stride_qh,
     stride_lb, stride_lh, stride_ln,
     stride_ab, stride_ah, stride_an,
     stride_vb, stride_vh, stride_vn,
+    stride_lsb, stride_lsh, stride_lsn,
+    stride_asb, stride_ash, stride_asn,
+    stride_vsb, stride_vsh, stride_vsn,
     stride_ib, stride_ih,
     stride_opb, stride_oph, stride_ops,
     stride_lpb, stride_lph,
     Hs, Hq,
     G: tl.constexpr, HEADS_PER_LIST: tl.constexpr, BLOCK_G: tl.constexpr,
     BLOCK_N: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
-    USE_DOT: tl.constexpr, IEEE: tl.constexpr, SKIP: tl.constexpr,
+    USE_DOT: tl.constexpr, IEEE: tl.constexpr, SKIP: tl.constexpr, FP8: tl.constexpr = False,
 ):
     """Program (part * num_splits + split, b*Hs + hs): the distant (part 0) or proximal (part 1)
     entries of list chunk [split*chunk, split*chunk+chunk) of list (b, hs), for the HEADS_PER_LIST
@@ -90,6 +97,9 @@ def _pod_sparse_split_kernel(
     kl_base = KLocal + b * stride_lb + kvh * stride_lh
     ka_base = KAnchor + b * stride_ab + kvh * stride_ah
     v_base = V + b * stride_vb + kvh * stride_vh
+    kls_base = KLS + b * stride_lsb + kvh * stride_lsh
+    kas_base = KAS + b * stride_asb + kvh * stride_ash
+    vs_base = VS + b * stride_vsb + kvh * stride_vsh
     i_base = Idx + b * stride_ib + hs * stride_ih
 
     if SKIP:
@@ -112,14 +122,18 @@ def _pod_sparse_split_kernel(
         # one load from either cache (a pointer select, not a branch, keeps the loop pipelinable)
         k_row = tl.where(is_prox, tl.where(rows < sink, rows, sink + rows % recent), rows).to(tl.int64)
         k_rows = tl.where(is_prox, kl_base + k_row * stride_ln, ka_base + k_row * stride_an)
+        k_scales = tl.where(is_prox, kls_base + k_row * stride_lsn, kas_base + k_row * stride_asn)
         rows = rows.to(tl.int64)
-        k = tl.load(k_rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
-        v = tl.load(v_base + rows[:, None] * stride_vn + offs_d[None, :], mask=kv_mask, other=0.0)
+        k, k_sc = F8.load_kv_tile(k_rows[:, None] + offs_d[None, :], kv_mask, k_scales, valid, Q.dtype.element_ty, FP8)
+        v, v_sc = F8.load_kv_tile(v_base + rows[:, None] * stride_vn + offs_d[None, :], kv_mask,
+                                  vs_base + rows * stride_vsn, valid, Q.dtype.element_ty, FP8)
         s = C.tile_logits(q, k, sm_scale, USE_DOT, IEEE)
+        if FP8:
+            s = s * k_sc[None, :]
         s = tl.where(valid[None, :], s, float("-inf"))
         if SKIP:
             s = tl.where(skip[:, None], float("-inf"), s)
-        m_i, l_i, acc = C.online_softmax_update(s, v, m_i, l_i, acc, USE_DOT, IEEE)
+        m_i, l_i, acc = C.online_softmax_update(s, v, m_i, l_i, acc, USE_DOT, IEEE, v_sc, FP8)
 
     part = pid  # distant chunks first, then proximal: merge_splits' split_p_start = num_splits
     C.store_partial(OPart, LSEPart, m_i, l_i, acc,
@@ -130,8 +144,8 @@ def _pod_sparse_split_kernel(
 
 def pod_sparse_decode_attention_triton(q, k_local, k_anchor, v_cache, indices, seq_lens, *, sink, recent,
                                        scale=None, gate_tau=None, gate_estimate=None, return_gate=False,
-                                       return_skip=False, _block_n=None, _num_warps=None, _num_stages=None,
-                                       _waves=None):
+                                       return_skip=False, k_local_scale=None, k_anchor_scale=None, v_scale=None,
+                                       _block_n=None, _num_warps=None, _num_stages=None, _waves=None):
     """POD-aware sparse decode.
 
     q: [B,Hq,D] (query at p = seq_lens-1); k_local: [B,Hkv,sink+recent,D] (the layer's own keys: sinks
@@ -144,8 +158,12 @@ def pod_sparse_decode_attention_triton(q, k_local, k_anchor, v_cache, indices, s
     also gate [B,Hq] fp32 = sigmoid(lse_P - lse_D) over the selected positions (1 without distant
     entries or, with gate_estimate, for skipped heads; 0 without proximal ones); with return_skip
     also skip [B,Hq] bool. Order: out, gate, skip.
+    k_local_scale, k_anchor_scale, v_scale: FP8 caches' scales (module docstring), else None.
     """
-    B, Hq, Hkv, N, D, G = _check_pod_inputs(q, k_local, k_anchor, v_cache, seq_lens, sink, recent, gate_tau)
+    if k_local is None:
+        raise ValueError("k_local is None: a layer that is its own anchor has no POD split; use sparse_decode_attention")
+    B, Hq, Hkv, N, D, G = _check_pod_inputs(q, k_local, k_anchor, v_cache, seq_lens, sink, recent, gate_tau,
+                                            k_local_scale, k_anchor_scale, v_scale)
     _check_gate_estimate(gate_estimate, gate_tau, q)
     C.check_index_tensor("indices", indices, 3, "[B,Hs,K]", q.device)
     if indices.shape[0] != B or indices.shape[1] not in (Hq, Hkv):
@@ -167,20 +185,23 @@ def pod_sparse_decode_attention_triton(q, k_local, k_anchor, v_cache, indices, s
                                       max_splits=C.MAX_SPLITS // 2)
     o_part, lse_part = C.alloc_partials(B, Hq, 2 * num_splits, D, q.device)
     launch = dict(num_warps=num_warps) if C.interpreting() else dict(num_warps=num_warps, num_stages=num_stages)
+    scale_args = [C.scale_args(t, lse_part) for t in (k_local_scale, k_anchor_scale, v_scale)]
     _pod_sparse_split_kernel[(2 * num_splits, B * Hs)](
         q, k_local, k_anchor, v_cache, indices, seq_lens, o_part, lse_part, est if use_est else lse_part,
+        *(a[0] for a in scale_args),
         scale, sink, recent, list_len, chunk, num_splits, float(gate_tau) if use_est else 0.0,
         q.stride(0), q.stride(1),
         k_local.stride(0), k_local.stride(1), k_local.stride(2),
         k_anchor.stride(0), k_anchor.stride(1), k_anchor.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        *(x for a in scale_args for x in a[1:]),
         indices.stride(0), indices.stride(1),
         o_part.stride(0), o_part.stride(1), o_part.stride(2),
         lse_part.stride(0), lse_part.stride(1),
         Hs, Hq,
         G=G, HEADS_PER_LIST=G if per_group else 1, BLOCK_G=C.block_g(G) if per_group else 1,
         BLOCK_N=block_n, D=D, BLOCK_D=triton.next_power_of_2(D),
-        USE_DOT=per_group, IEEE=q.dtype == torch.float32, SKIP=use_est,
+        USE_DOT=per_group, IEEE=q.dtype == torch.float32, SKIP=use_est, FP8=v_scale is not None,
         **launch,
     )
     # with an estimate the skipped heads' distant partials are already empty: no tau in the merge
