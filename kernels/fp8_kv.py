@@ -30,12 +30,13 @@ What else follows the rule, and what stays in the model's dtype (bf16):
   like any K cache; the ring of proximal keys (``k_local [B, Hkv, sink + recent, D]``) is FP8 with its own scale
   ``[B, Hkv, sink + recent]`` per slot, written by the same append (a ring slot is one token's key). Values are the
   layer's own V cache: FP8.
-- Quest (arXiv 2406.10774): page max / min stay in bf16 (or whatever float dtype the cache chooses for them),
-  computed from the *dequantised* keys (``kernels.reference.quest_page_minmax(k, seq_lens, page_size,
-  k_scale=scale)``). The page score is an upper bound of q.k over the page only if max >= every key and
-  min <= every key; FP8 min / max would need rounding away from the keys (up for max, down for min) and a scale per
-  page, for metadata that is 2 / page_size of a bf16 K cache. Bounding the dequantised keys keeps the bound exact
-  for the keys attention actually reads.
+- Quest (arXiv 2406.10774): page max / min stay in bf16 (the model's dtype, as with a bf16 cache), computed in
+  fp32 from the *dequantised* keys (``kernels.reference.quest_page_minmax(k, seq_lens, page_size, k_scale=scale)``)
+  and cast with ``round_outward`` (max up, min down: a dequantised key is an fp32 product that bf16 may not hold).
+  The page score is an upper bound of q.k over the page only if max >= every key and min <= every key, channel by
+  channel; FP8 min / max would need the same outward rounding on a far coarser grid plus a scale per page, for
+  metadata that is 2 / page_size of a bf16 K cache. So the bound holds for the keys attention actually reads, and
+  ``quest_page_scores`` is unchanged.
 - Everything per query (q, gate estimates, TidalDecode's indices, scores, partial outputs) is unchanged.
 
 The decode kernels read FP8 K/V and their scales and dequantise in registers: an E4M3 value converts exactly
@@ -65,7 +66,7 @@ SCALE_FLOOR = 2.0 ** -64
 SCALE_DTYPE = torch.float32
 
 __all__ = ["KV_CACHE_DTYPES", "FP8_DTYPE", "FP8_MAX", "SCALE_FLOOR", "SCALE_DTYPE", "kv_storage_dtype",
-           "bytes_per_token", "quantize_kv", "dequantize_kv", "is_fp8", "check_scale"]
+           "bytes_per_token", "quantize_kv", "dequantize_kv", "is_fp8", "check_scale", "round_outward"]
 
 
 def kv_storage_dtype(kv_cache_dtype: str, model_dtype: torch.dtype = torch.bfloat16) -> torch.dtype:
@@ -125,3 +126,12 @@ def check_scale(name: str, scale, cache_name: str, cache: torch.Tensor) -> None:
         raise ValueError(f"{name} shape {tuple(scale.shape)} must be {want} ({cache_name}'s shape without D)")
     if scale.device != cache.device:
         raise ValueError(f"{name} is on {scale.device} but {cache_name} is on {cache.device}; they must match")
+
+
+def round_outward(page_max: torch.Tensor, page_min: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+    """fp32 Quest page max / min [B, Hkv, P, D] -> ``dtype``, max rounded up and min rounded down, so that the cast
+    bound still bounds every key of the page (+-inf of empty pages stay)."""
+    mx, mn = page_max.to(dtype), page_min.to(dtype)
+    mx = torch.where(mx.float() < page_max, torch.nextafter(mx, torch.full_like(mx, float("inf"))), mx)
+    mn = torch.where(mn.float() > page_min, torch.nextafter(mn, torch.full_like(mn, float("-inf"))), mn)
+    return mx, mn

@@ -173,3 +173,29 @@ def test_bad_fp8_inputs_name_the_argument(bad, error, match):
     if bad.get("v_cache") is None:  # the reference checks each cache with its scale (no pair rule)
         with pytest.raises(error, match=match):
             reference.decode_attention(q, k8, v8, seq_lens, **args)
+
+
+@cpu_only
+@pytest.mark.parametrize("case", CASES[1:3])
+def test_fp8_quest_pages_bound_the_dequantised_keys(case):
+    """Quest over an FP8 cache: bf16 page max / min of the dequantised keys, rounded outward, bound every key
+    channel by channel, so the unchanged page-score kernel's U >= q.k for every key attention reads."""
+    from kernels.triton_quest_pages import quest_page_scores_triton
+
+    q, _, (k8, _, ks, _), seq_lens = fp8_inputs(case, torch.float32, "cpu", case_seed(case, "quest"))
+    page_size = 16
+    pmax, pmin = reference.quest_page_minmax(k8, seq_lens, page_size, k_scale=ks)
+    pmax16, pmin16 = fp8_kv.round_outward(pmax, pmin, torch.bfloat16)
+    keys = fp8_kv.dequantize_kv(k8, ks)  # [B, Hkv, N, D] fp32
+    B, Hkv, N, D = keys.shape
+    pages = -(-N // page_size)
+    page_of = torch.arange(N) // page_size
+    valid = torch.arange(N)[None, :] < seq_lens[:, None]  # [B, N]
+    for b in range(B):
+        kb = keys[b][:, valid[b]]  # [Hkv, n, D]
+        assert (pmax16[b][:, page_of[valid[b]]].float() >= kb).all() and (pmin16[b][:, page_of[valid[b]]].float() <= kb).all()
+    scores = quest_page_scores_triton(q.bfloat16().float(), pmax16, pmin16, seq_lens, page_size)  # [B, Hq, P]
+    logits = torch.einsum("bhd,bhnd->bhn", q.bfloat16().float(), keys.repeat_interleave(q.shape[1] // Hkv, 1))
+    bound = scores.gather(2, page_of[None, None, :].expand(B, q.shape[1], N).clamp(max=pages - 1))
+    slack = 1e-5 * logits.abs().amax()
+    assert (bound[valid[:, None, :].expand_as(bound)] >= logits[valid[:, None, :].expand_as(bound)] - slack).all()
