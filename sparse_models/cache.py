@@ -29,9 +29,10 @@ from transformers.cache_utils import Cache
 import kernels
 
 from .cache_layout import CacheLayout
+from .key_pages import fold_token
 from .kv_bytes import KVBytes
 from .plan import LayerPlan
-from .ring import local_slot_positions
+from .ring import local_slot_positions, written_ring
 
 
 class SparseKVCache(Cache):
@@ -204,14 +205,8 @@ class SparseKVCache(Cache):
             k_full = k_new if len(full) == self.num_kv_heads else k_new[:, full]
             self.keys[layer].scatter_(2, index[:, : len(full)], k_full.to(self.keys[layer].dtype))
         if local:
-            new_lens = start + num_new
-            pos = local_slot_positions(new_lens, self.sink, self.recent)  # [B, sink + recent]
-            take = (pos >= start[:, None]) & (pos < new_lens[:, None])
-            src_idx = (pos - start[:, None]).clamp(0, s - 1)
-            k_local = k_new[:, local]
-            src = torch.gather(k_local, 2, src_idx[:, None, :, None].expand(-1, len(local), -1, d))
-            buf = self.local_keys[layer]
-            self.local_keys[layer] = torch.where(take[:, None, :, None], src.to(buf.dtype), buf)
+            self.local_keys[layer] = written_ring(self.local_keys[layer], k_new[:, local], start, start + num_new,
+                                                  self.sink, self.recent)
 
     def set_view_limit(self, longest: int) -> None:
         """Readers see slots [0, N') with N' = ``longest`` rounded up to 64 (not the whole capacity)."""
@@ -295,17 +290,9 @@ class SparseKVCache(Cache):
         if not bool(((new_lens - old_lens) == 1).all()):
             self.page_max[layer], self.page_min[layer] = kernels.quest_page_minmax(self.keys[layer], new_lens, ps)
             return
-        keys = self.keys[layer]
-        page = (new_lens - 1) // ps  # [B]
-        slots = page[:, None] * ps + torch.arange(ps, device=page.device)[None, :]  # [B, ps]
-        valid = slots < new_lens[:, None]
-        k = torch.gather(keys, 2, slots.clamp(max=keys.shape[2] - 1)[:, None, :, None]
-                         .expand(-1, keys.shape[1], -1, keys.shape[3])).float()
-        mx = k.masked_fill(~valid[:, None, :, None], float("-inf")).amax(2)  # [B, Hkv, D]
-        mn = k.masked_fill(~valid[:, None, :, None], float("inf")).amin(2)
-        idx = page[:, None, None, None].expand(-1, keys.shape[1], 1, keys.shape[3])
-        self.page_max[layer].scatter_(2, idx, mx.unsqueeze(2))
-        self.page_min[layer].scatter_(2, idx, mn.unsqueeze(2))
+        rows = torch.arange(new_lens.shape[0], device=new_lens.device)
+        k = self.keys[layer][rows, :, new_lens - 1]  # [B, Hkv, D]: the appended token's key as stored
+        fold_token(self.page_max[layer], self.page_min[layer], k, new_lens - 1, ps, rows)
 
     # ------------------------------------------------------------------ bookkeeping
     def record_decoded(self, tokens: torch.Tensor) -> None:

@@ -27,3 +27,17 @@ def local_slot_positions(seq_lens: torch.Tensor, sink: int, recent: int) -> torc
     ring = last - torch.remainder(last - r, recent)
     ring = torch.where(ring >= 0, ring, torch.full_like(ring, -1))
     return torch.cat([sinks, ring], dim=1)
+
+
+def written_ring(ring: torch.Tensor, k: torch.Tensor, start: torch.Tensor, new_lens: torch.Tensor, sink: int,
+                 recent: int) -> torch.Tensor:
+    """``ring`` [B, H, sink + recent, D] after a chunk of keys ``k`` [B, H, S, D] at positions ``start[b] + j`` is
+    stored (columns at positions >= ``new_lens[b]`` are padding): every slot whose position, once ``new_lens``
+    tokens are stored (:func:`local_slot_positions`), lies in the chunk takes that key; the others keep theirs.
+    Returns a new tensor."""
+    s = k.shape[2]
+    pos = local_slot_positions(new_lens, sink, recent)  # [B, sink + recent]
+    take = (pos >= start[:, None]) & (pos < new_lens[:, None])
+    src_idx = (pos - start[:, None]).clamp(0, s - 1)
+    src = torch.gather(k, 2, src_idx[:, None, :, None].expand(-1, k.shape[1], -1, k.shape[3]))
+    return torch.where(take[:, None, :, None], src.to(ring.dtype), ring)

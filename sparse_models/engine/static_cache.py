@@ -30,8 +30,9 @@ import torch
 import kernels
 
 from ..cache_layout import CacheLayout
+from ..key_pages import fold_token
 from ..kv_bytes import KVBytes
-from ..ring import ring_slots
+from ..ring import ring_slots, written_ring
 from .errors import EngineError
 
 
@@ -170,11 +171,7 @@ class StaticCache:
             if local is not None:
                 local[b, :, self.ring_slots(positions)] = k
         if layer in self.page_max:
-            page = positions // self.page_size
-            fresh = (positions % self.page_size == 0)[:, None, None]
-            pmax, pmin = self.page_max[layer], self.page_min[layer]
-            pmax[b, :, page] = torch.where(fresh, k, torch.maximum(pmax[b, :, page], k))
-            pmin[b, :, page] = torch.where(fresh, k, torch.minimum(pmin[b, :, page], k))
+            fold_token(self.page_max[layer], self.page_min[layer], k, positions, self.page_size, b)
 
     def write_chunk(self, layer: int, k: torch.Tensor, v: torch.Tensor, offsets: torch.Tensor,
                     lens: torch.Tensor) -> None:
@@ -201,12 +198,7 @@ class StaticCache:
                 put(self.full_keys(layer, run.h0, run.h1, batch), k[:, run.h0:run.h1])
         local = self.local_keys[layer]
         if local is not None:
-            valid = pos < lens[:, None]
-            keep = valid & ((pos < self.sink) | (pos >= (lens[:, None] - self.recent)))
-            slots = self.ring_slots(pos)
-            for b in range(batch):
-                cols = keep[b].nonzero().squeeze(1)
-                local[b, :, slots[b, cols]] = k[b, :, cols]
+            local[:batch] = written_ring(local[:batch], k, offsets, lens, self.sink, self.recent)
         if layer in self.page_max:
             pmax, pmin = kernels.quest_page_minmax(self.keys[layer][:batch], lens, self.page_size)
             self.page_max[layer][:batch] = pmax.to(self.dtype)
