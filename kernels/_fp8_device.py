@@ -42,9 +42,13 @@ def quantize_row(x, mask):
 @triton.jit
 def load_kv_tile(ptrs, mask, scale_ptrs, row_mask, dtype: tl.constexpr, FP8: tl.constexpr):
     """A [BLOCK_N, BLOCK_D] tile of keys or values in ``dtype`` and its per-row fp32 scales [BLOCK_N] (FP8), or
-    the tile as stored and scales 1 (bf16 / fp16 / fp32 caches). E4M3 -> fp16 / bf16 / fp32 is exact, so the
-    scales are applied by the caller in fp32 (``scaled_logits``, ``online_softmax_update``'s ``v_scale``)."""
+    the tile as stored and ``row_mask`` in place of scales, unused (bf16 / fp16 / fp32 caches: no extra load or op).
+    E4M3 -> fp16 / bf16 / fp32 is exact, so the caller applies the scales in fp32 (to the logits, and through
+    ``online_softmax_update``'s ``v_scale``). One return: the compiler types every return of a function alike."""
     t = tl.load(ptrs, mask=mask, other=0.0)
     if FP8:
-        return t.to(tl.float32).to(dtype), tl.load(scale_ptrs, mask=row_mask, other=0.0)
-    return t, tl.full([ptrs.shape[0]], 1.0, tl.float32)
+        t = t.to(tl.float32).to(dtype)
+        scale = tl.load(scale_ptrs, mask=row_mask, other=0.0)
+    else:
+        scale = row_mask
+    return t, scale

@@ -23,7 +23,14 @@ from triton.compiler import ASTSource
 
 _TYPES = dict(Q="*bf16", K="*bf16", V="*bf16", KLocal="*bf16", KAnchor="*bf16", Idx="*i32", SeqLens="*i32",
               OPart="*fp32", LSEPart="*fp32", GateEst="*fp32", Scores="*fp32", LSE="*fp32", Out="*fp32",
-              Hist="*i32", Counts="*i32", sm_scale="fp32", tau="fp32")
+              Hist="*i32", Counts="*i32", sm_scale="fp32", tau="fp32", KS="*fp32", VS="*fp32", KLS="*fp32",
+              KAS="*fp32")
+# FP8 variants (kernels/fp8_kv.py): the caches are float8_e4m3fn, read with the FP8 constexpr; the append kernel
+# writes them through uint8 views
+_FP8_TYPES = dict(K="*fp8e4nv", V="*fp8e4nv", KLocal="*fp8e4nv", KAnchor="*fp8e4nv", KBUF="*u8", VBUF="*u8",
+                  RING="*u8")
+_APPEND_TYPES = dict(POS="*i64", KBUF="*bf16", VBUF="*bf16", RING="*bf16", KEY_HEADS="*i32", KSC="*fp32",
+                     VSC="*fp32", RSC="*fp32")
 
 
 def resource_usage(fn, constexprs, types=None, num_warps=4, num_stages=2):
@@ -45,11 +52,26 @@ def resource_usage(fn, constexprs, types=None, num_warps=4, num_stages=2):
 
 
 def variants():
+    """Every variant of the bf16 caches (FP8=False), then the FP8 variants of the kernels that read K/V."""
+    for name, variant, fn, constexprs, types, num_warps, num_stages in _bf16_variants():
+        if "FP8" in fn.arg_names:
+            constexprs = dict(constexprs, FP8=False)
+        yield name, variant, fn, constexprs, types, num_warps, num_stages
+    for name, variant, fn, constexprs, types, num_warps, num_stages in _bf16_variants():
+        if "FP8" in fn.arg_names and name != "decode_split" or variant == "selection G=4":
+            yield (name, f"{variant} fp8", fn, dict(constexprs, FP8=True), {**types, **_FP8_TYPES}, num_warps,
+                   num_stages)
+
+
+def _bf16_variants():
     from kernels import _decode_topk_split as TS
+    from kernels import triton_cache_append as AP
     from kernels import triton_decode_attention as DA
     from kernels import triton_pod_decode_attention as PD
     from kernels import triton_pod_sparse_decode_attention as PS
     from kernels import triton_sparse_decode_attention as SP
+    yield ("cache_append", "pod ring", AP._append_kv_kernel,
+           dict(HEAD_DIM=128, BLOCK_D=128, MAPPED=True, HAS_RING=True), _APPEND_TYPES, 4, 2)
     tile = dict(BLOCK_N=64, D=128, BLOCK_D=128, IEEE=False)
     for G in (1, 4, 8):
         yield ("decode_split", f"selection G={G}", DA._decode_split_kernel,
