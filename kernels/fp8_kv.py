@@ -15,9 +15,11 @@ Layout (what the caches allocate for every tensor of keys or values that the sch
 so that ``x ~= data.float() * scale[..., None]``. One scale per token and KV head: a key's channels share
 their RoPE rotation and magnitude, while tokens differ (attention sinks carry far larger keys and values than
 the rest), so a per-token scale loses nothing to outliers elsewhere in the sequence, and an appended token needs no
-re-quantisation of its block. Per-block scales (one per 16 tokens) would save 15 of every 16 scales, i.e. under 3%
-of an FP8 cache at D = 128; they were not built: the measurement of quality per layout is part of the cache
-integration (eval/), not of the kernels.
+re-quantisation of its block. Per-block scales (one per 16 tokens) would save 15 of every 16 scales, under 3% of an
+FP8 cache at D = 128, but on the post-RoPE keys and values of SmolLM2-135M (the embedded model, sparse_models/
+smollm2.py; every layer, 2K tokens of prose; 2026-12-03, figures in the commit that added this sentence) both a
+per-block and a per-head scale gave larger attention-output errors than the per-token scale, in the mean over layers
+and in the worst layer. End-task quality (perplexity, RULER) with the FP8 cache is for the cache integration.
 
 Why the scale is fp32, not bf16: bytes per token and KV head, keys + values, are ``2 * (D + 4)`` with fp32 scales,
 ``2 * (D + 2)`` with bf16 ones, against ``4 * D`` in bf16: at D = 128, 264 vs 260 vs 512 bytes (1.94x vs 1.97x).
