@@ -12,14 +12,16 @@ Layout (what the caches allocate for every tensor of keys or values that the sch
     data   [B, Hkv, N, D]  torch.float8_e4m3fn   x / scale, rounded to nearest even, saturated to +-448
     scale  [B, Hkv, N]     torch.float32         max(amax_d |x[..., n, d]| / 448, SCALE_FLOOR)
 
-so that ``x ~= data.float() * scale[..., None]``. One scale per token and KV head: a key's channels share
-their RoPE rotation and magnitude, while tokens differ (attention sinks carry far larger keys and values than
-the rest), so a per-token scale loses nothing to outliers elsewhere in the sequence, and an appended token needs no
-re-quantisation of its block. Per-block scales (one per 16 tokens) would save 15 of every 16 scales, under 3% of an
-FP8 cache at D = 128, but on the post-RoPE keys and values of SmolLM2-135M (the embedded model, sparse_models/
-smollm2.py; every layer, 2K tokens of prose; 2026-12-03, figures in the commit that added this sentence) both a
-per-block and a per-head scale gave larger attention-output errors than the per-token scale, in the mean over layers
-and in the worst layer. End-task quality (perplexity, RULER) with the FP8 cache is for the cache integration.
+so that ``x ~= data.float() * scale[..., None]``. One scale per token and KV head: the decode append computes it
+from the token alone (no earlier token is re-quantised), and tokens differ in magnitude (attention sinks carry larger
+keys and values), so one token's outliers cost no other token precision. Keys also have outlier channels (KIVI,
+arXiv 2402.02750, quantises keys per channel for 2-bit integers); E4M3 keeps its 3 mantissa bits on channels down to
+2^-6 / 448 (about 2^-14.8) of the token's amax, subnormals below, so a per-token scale suffices. Per-block scales (one per 16 tokens) would save 15 of every 16 scales, under 3% of an
+FP8 cache at D = 128, but on the post-RoPE keys and values of SmolLM2-135M (the embedded model,
+sparse_models/smollm2.py; every layer, 2K tokens of prose; 2026-12-03, figures in the commit that added this
+sentence) both a per-block and a per-head scale gave larger attention-output errors than the per-token scale, in
+the mean over layers and in the worst layer. End-task quality (perplexity, RULER) with the FP8 cache is for the
+cache integration.
 
 Why the scale is fp32, not bf16: bytes per token and KV head, keys + values, are ``2 * (D + 4)`` with fp32 scales,
 ``2 * (D + 2)`` with bf16 ones, against ``4 * D`` in bf16: at D = 128, 264 vs 260 vs 512 bytes (1.94x vs 1.97x).
