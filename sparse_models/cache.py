@@ -11,6 +11,9 @@ Per layer it keeps values ``[B, Hkv, N, D]`` and keys, post-RoPE, laid out by th
 - Quest (arXiv 2406.10774): per-page, per-channel key max/min ``[B, Hkv, P, D]`` (fp32) for the
   Quest layers, updated on every append.
 
+- A scheme's own ``StateBuffer``s (``CacheNeeds.buffers``, laid out by ``sparse_models/cache_layout.py``):
+  [B, Hkv, entries, *trailing] per layer of its roles, reordered and grown with the rest.
+
 Cross-layer state that must follow the batch lives here too: ``seq_lens`` (tokens per sequence),
 the TidalDecode indices chosen at the last step (``tidal_indices``, for inspection), and the token ids
 of the last sparse-decoded tokens (for TidalDecode's KV-cache correction).
@@ -69,6 +72,7 @@ class SparseKVCache(Cache):
         self.values: list[torch.Tensor | None] = [None] * self.num_layers
         self.page_max: list[torch.Tensor | None] = [None] * self.num_layers
         self.page_min: list[torch.Tensor | None] = [None] * self.num_layers
+        self.buffers: dict[tuple[int, str], torch.Tensor] = {}  # (layer, name) -> the scheme's StateBuffer
         self.tidal_indices: dict[int, torch.Tensor] = {}
         self.decoded_tokens: torch.Tensor | None = None  # [B, T] token ids of the last T decode steps
         self.steps_since_correction = 0
@@ -135,6 +139,7 @@ class SparseKVCache(Cache):
             for i, t in enumerate(store):
                 if t is not None:
                     store[i] = fn(t)
+        self.buffers = {key: fn(t) for key, t in self.buffers.items()}
         self.tidal_indices = {k: fn(v) for k, v in self.tidal_indices.items()}
         if self.seq_lens is not None:
             self.seq_lens = fn(self.seq_lens)
@@ -161,6 +166,8 @@ class SparseKVCache(Cache):
         self.keys[layer] = torch.zeros(batch, num_full, capacity, d, dtype=dtype, device=device) if num_full else None
         self.local_keys[layer] = (torch.zeros(batch, num_local, self.sink + self.recent, d, dtype=dtype, device=device)
                                   if num_local else None)
+        for buffer in self.layout.buffers_of(layer):
+            self.buffers[(layer, buffer.name)] = buffer.allocate(batch, self.num_kv_heads, capacity, dtype, device)
 
     def reserve(self, batch: int, needed: int, dtype, device) -> None:
         """Allocate on first use and grow (by doubling, 64-slot granules) so that ``needed`` slots fit."""
@@ -184,6 +191,10 @@ class SparseKVCache(Cache):
                 t = store[layer]
                 if t is not None:
                     store[layer] = torch.cat([t, t.new_zeros(*t.shape[:2], grow, t.shape[3])], dim=2)
+            for buffer in self.layout.buffers_of(layer):
+                t = self.buffers[(layer, buffer.name)]
+                more = buffer.allocate(t.shape[0], t.shape[1], capacity, t.dtype, t.device)[:, :, t.shape[2]:]
+                self.buffers[(layer, buffer.name)] = torch.cat([t, more], dim=2)
         self.capacity = capacity
         self._refresh_quest_pages(list(range(self.num_layers)))
 
@@ -214,6 +225,15 @@ class SparseKVCache(Cache):
 
     def _view(self, t: torch.Tensor) -> torch.Tensor:
         return t if self.view_limit is None or self.view_limit >= t.shape[2] else t[:, :, : self.view_limit]
+
+    def state_buffer(self, layer: int, name: str) -> torch.Tensor:
+        """[B, Hkv, E', *trailing]: the scheme's StateBuffer ``name`` of ``layer``, its entries covering the view limit
+        (a view: in-place updates reach the cache)."""
+        if (layer, name) not in self.buffers:
+            raise RuntimeError(f"layer {layer} keeps no state buffer {name!r} (its scheme's CacheNeeds.buffers)")
+        t = self.buffers[(layer, name)]
+        buffer = next(b for b in self.layout.buffers_of(layer) if b.name == name)
+        return t if self.view_limit is None else t[:, :, : buffer.entries(self.view_limit)]
 
     def layer_values(self, layer: int) -> torch.Tensor:
         """[B, Hkv, N', D] values of ``layer`` (N' = the view limit)."""

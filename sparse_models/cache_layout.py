@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 from .schemes.registry import get_scheme
 
 
@@ -31,13 +33,40 @@ class CacheLayout:
     page_layers: tuple[int, ...] = ()
     page_size: int | None = None
     correction_period: int | None = None
+    buffers: tuple[BufferLayout, ...] = ()
+
+    def buffers_of(self, layer: int) -> tuple[BufferLayout, ...]:
+        return tuple(b for b in self.buffers if layer in b.layers)
 
 
-def cache_layout(config, plan) -> CacheLayout:
-    """The layout ``config``'s decode scheme asks for (``Scheme.cache``) over ``plan`` (``build_plan``'s rows)."""
+@dataclass(frozen=True)
+class BufferLayout:
+    """A scheme's ``StateBuffer`` resolved for one model: [B, Hkv, entries(N), *trailing] in ``layers``."""
+
+    name: str
+    layers: tuple[int, ...]
+    slots_per_entry: int
+    trailing: tuple[int, ...]
+    fill: float
+    dtype: torch.dtype | None
+
+    def entries(self, slots: int) -> int:
+        """Entries covering ``slots`` cache slots."""
+        return -(-slots // self.slots_per_entry)
+
+    def allocate(self, batch: int, num_kv_heads: int, slots: int, dtype: torch.dtype, device) -> torch.Tensor:
+        return torch.full((batch, num_kv_heads, self.entries(slots), *self.trailing), self.fill,
+                          dtype=self.dtype or dtype, device=device)
+
+
+def cache_layout(config, plan, head_dim: int = 0) -> CacheLayout:
+    """The layout ``config``'s decode scheme asks for (``Scheme.cache``) over ``plan`` (``build_plan``'s rows);
+    ``head_dim`` D sizes the buffers whose trailing dims depend on it."""
     needs = get_scheme(config.decode_scheme, "decode").cache
     sink, recent = needs.ring_window(config) if needs.ring_window is not None and needs.pod_keys else (0, 1)
     page_layers = tuple(row.layer for row in plan if row.decode in needs.page_roles)
     page_size = needs.page_size(config) if page_layers and needs.page_size is not None else None
     correction = needs.correction_period(config) if needs.correction_period is not None else None
-    return CacheLayout(sink, recent, page_layers, page_size, correction)
+    buffers = tuple(BufferLayout(b.name, tuple(row.layer for row in plan if row.decode in b.roles), b.slots_per_entry,
+                                 tuple(b.trailing(config, head_dim)), b.fill, b.dtype) for b in needs.buffers)
+    return CacheLayout(sink, recent, page_layers, page_size, correction, buffers)

@@ -80,3 +80,6 @@ class CacheDecodeView:
     def key_pages(self) -> tuple[torch.Tensor, torch.Tensor, int]:
         page_max, page_min = self.cache.quest_pages(self.layer)
         return page_max, page_min, self.cache.quest_page_size
+
+    def buffer(self, name: str) -> torch.Tensor:
+        return self.cache.state_buffer(self.layer, name)

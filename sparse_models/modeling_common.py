@@ -76,7 +76,7 @@ class PodkitModelMixin:
         sc = self.sparse_config
         cfg = self.config
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        return SparseKVCache(self.plan, cfg.num_key_value_heads, head_dim, layout=cache_layout(sc, self.plan),
+        return SparseKVCache(self.plan, cfg.num_key_value_heads, head_dim, layout=cache_layout(sc, self.plan, head_dim),
                              capacity=capacity or 0)
 
     # ------------------------------------------------------------------ forward

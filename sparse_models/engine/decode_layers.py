@@ -17,6 +17,7 @@ import torch
 
 import kernels
 
+from .errors import EngineError
 from .static_cache import KeyRun, StaticCache
 
 
@@ -162,6 +163,11 @@ class StaticDecodeView:
 
     def sparse(self, q, indices):
         return sparse_attention(self.cache, self.layer, q, self.lens, self.scale, indices)
+
+    def buffer(self, name: str):
+        if (self.layer, name) not in self.cache.buffers:
+            raise EngineError(f"layer {self.layer} keeps no state buffer {name!r} (its scheme's CacheNeeds.buffers)")
+        return self.cache.buffers[(self.layer, name)][: self.lens.shape[0]]
 
     def key_pages(self):
         batch = self.lens.shape[0]

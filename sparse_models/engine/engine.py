@@ -200,7 +200,7 @@ class GenerationEngine:
             raise EngineError(str(err)) from err
         check_prefill_roles(self.plan, prefill_scheme.name)
         self.cache = StaticCache(self.plan, parts.num_kv_heads, parts.head_dim, max_batch_size, capacity,
-                                 dtype=parts.dtype, device=device, layout=cache_layout(self.config, self.plan),
+                                 dtype=parts.dtype, device=device, layout=cache_layout(self.config, self.plan, parts.head_dim),
                                  fused_append=fused)
         compiled = None
         if compile_layers or fused:

@@ -19,6 +19,9 @@ Layouts (per layer ``l``, chosen by the per-layer plan, ``sparse_models.plan``):
     nothing else, so the memory saving is real.
 * Quest (arXiv 2406.10774) adds, per Quest layer, ``page_max`` / ``page_min``: [Bmax, Hkv, P, D]
   (P = ceil(N / page_size)), the per-channel key max / min of each page, updated on every append.
+* A scheme's own ``StateBuffer``s (``CacheNeeds.buffers``, laid out by ``sparse_models/cache_layout.py``):
+  ``buffers[(layer, name)]`` [Bmax, Hkv, entries, *trailing], reset by a fresh prefill, updated by its decode
+  functions through ``view.buffer``.
 """
 
 from __future__ import annotations
@@ -120,6 +123,9 @@ class StaticCache:
                          for l in self.quest_layers}
         self.page_min = {l: torch.full((max_batch, num_kv_heads, pages, head_dim), float("inf"), **alloc)
                          for l in self.quest_layers}
+        # the schemes' declared state (CacheNeeds.buffers), (layer, name) -> [Bmax, Hkv, E, *trailing]
+        self.buffers = {(layer, b.name): b.allocate(max_batch, num_kv_heads, capacity, dtype, self.device)
+                        for b in layout.buffers for layer in b.layers}
         # kernels.append_kv's key rows of POD layers: head h's unit in key_pool, -1 for a non-anchor head
         self._pool_rows = {p.layer: torch.tensor([self.unit_of.get((p.layer, h), -1) for h in range(num_kv_heads)],
                                                  dtype=torch.int32, device=self.device)
@@ -193,6 +199,9 @@ class StaticCache:
                 buffer.scatter_(2, idx[:, :x.shape[1]], x)
 
         put(self.values[layer][:batch], v)
+        if zero_offsets:  # fresh sequences: the schemes' declared state starts over, as in a new model cache
+            for buffer in self.layout.buffers_of(layer):
+                self.buffers[(layer, buffer.name)][:batch].fill_(buffer.fill)
         for run in self.runs[layer]:
             if run.own:
                 put(self.full_keys(layer, run.h0, run.h1, batch), k[:, run.h0:run.h1])

@@ -62,6 +62,10 @@ class DecodeView(Protocol):
     def key_pages(self) -> tuple[torch.Tensor, torch.Tensor, int]:
         """Per-page key max/min [B, Hkv, P, D] and the page size (layers whose role keeps pages)."""
 
+    def buffer(self, name: str) -> torch.Tensor:
+        """The layer's :class:`StateBuffer` ``name``, [B, Hkv, E, *trailing] (E entries cover at least the slots the
+        view reads), to read and update in place."""
+
 
 class PrefillState(Protocol):
     """What a prefill function reads besides its tensors (the model's ``ForwardState`` in
@@ -133,6 +137,31 @@ class Budget:
 
 
 @dataclass(frozen=True)
+class StateBuffer:
+    """Per-layer cache state a scheme declares (``CacheNeeds.buffers``: an H2O-like accumulated score, ...). Both
+    caches allocate it from this description (``sparse_models/cache_layout.py``) as
+    [B, Hkv, ceil(N / slots_per_entry), *trailing], filled with ``fill``, reorder it with the batch (beams) and grow
+    it with the cache; ``view.buffer(name)`` hands it to the scheme's decode functions, which update it in place
+    (no host syncs: the engine captures them).
+
+    Attributes:
+        name: its key for ``view.buffer``.
+        roles: decode roles whose layers keep it.
+        slots_per_entry: cache slots one entry covers (1: one entry per position).
+        trailing: (config, head_dim) -> the dims after the entry axis (``()``: one number per entry).
+        fill: the value of an entry nothing wrote.
+        dtype: None: the cache's K/V dtype.
+    """
+
+    name: str
+    roles: tuple[str, ...]
+    slots_per_entry: int = 1
+    trailing: Callable[[Any, int], tuple[int, ...]] = lambda config, head_dim: ()
+    fill: float = 0.0
+    dtype: torch.dtype | None = None
+
+
+@dataclass(frozen=True)
 class CacheNeeds:
     """Cache state beyond per-layer K/V.
 
@@ -144,6 +173,7 @@ class CacheNeeds:
         page_roles: decode roles whose layers keep per-page key max/min.
         page_size: config -> page size of those pages.
         correction_period: config -> TidalDecode's KV correction period T, or None.
+        buffers: further per-layer state (:class:`StateBuffer`), allocated by both caches from the description.
     """
 
     pod_keys: bool = False
@@ -151,6 +181,7 @@ class CacheNeeds:
     page_roles: tuple[str, ...] = ()
     page_size: Callable[[Any], int] | None = None
     correction_period: Callable[[Any], int | None] | None = None
+    buffers: tuple[StateBuffer, ...] = ()
 
 
 @dataclass(frozen=True)

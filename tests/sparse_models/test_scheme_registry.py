@@ -139,28 +139,39 @@ def _first_and_current(view, q, row, step):
     return view.sparse(q, idx[:, None, :].expand(-1, view.num_kv_heads, -1).contiguous())
 
 
-def test_a_scheme_added_as_one_object_runs_in_model_and_engine():
-    """One Scheme object + one register() call: config validation, the plan, the model's attention and
-    the engine's decode step all pick it up (nothing else is edited)."""
+def _toy_decode_scheme(name: str, toy_fn, **fields) -> Scheme:
+    """A decode scheme: layer 0 dense, every other layer ``toy_fn`` (role ``toy``)."""
+    return Scheme(name, f"toy: {toy_fn.__doc__.splitlines()[0]}",
+                  decode_roles=lambda config, n, anchors, family: [("dense", None)] + [("toy", None)] * (n - 1),
+                  decode={"dense": registry.SCHEMES["dense"].decode["dense"], "toy": toy_fn}, **fields)
+
+
+def _check_both_paths(scheme: Scheme, model_seed: int, prompt_seed: int, runs: int = 1):
+    """Register ``scheme``; ``model.generate`` and the engine (``runs`` calls) give the same 7 tokens, not dense's.
+    Returns the engine."""
     from test_engine import podkit_model, random_prompts, reference_generate
 
     from sparse_models.engine import GenerationEngine
 
-    toy = Scheme("first_and_current", "toy: position 0 + the current position",
-                 decode_roles=lambda config, n, anchors, family: [("dense", None)] + [("toy", None)] * (n - 1),
-                 decode={"dense": registry.SCHEMES["dense"].decode["dense"], "toy": _first_and_current})
-    registry.register(toy)
+    registry.register(scheme)
     try:
-        model = podkit_model(6, 2, seed=5)
-        prompts = random_prompts([13, 9], seed=3)
-        expected = reference_generate(model, prompts, {"decode_scheme": "first_and_current"})
-        dense = reference_generate(model, prompts, {"decode_scheme": "dense"})
+        model = podkit_model(6, 2, seed=model_seed)
+        prompts = random_prompts([13, 9], seed=prompt_seed)
+        expected = reference_generate(model, prompts, {"decode_scheme": scheme.name})
         engine = GenerationEngine(model, sparse_config=SparseAttentionConfig(), max_batch_size=2, max_seq_len=24,
-                                  decode_scheme="first_and_current")
-        assert engine.generate(prompts, max_new_tokens=7).tokens == expected
-        assert expected != dense
+                                  decode_scheme=scheme.name)
+        for _ in range(runs):
+            assert engine.generate(prompts, max_new_tokens=7).tokens == expected
+        assert expected != reference_generate(model, prompts, {"decode_scheme": "dense"})
+        return engine
     finally:
-        registry.unregister("first_and_current")
+        registry.unregister(scheme.name)
+
+
+def test_a_scheme_added_as_one_object_runs_in_model_and_engine():
+    """One Scheme object + one register() call: config validation, the plan, the model's attention and
+    the engine's decode step all pick it up (nothing else is edited)."""
+    _check_both_paths(_toy_decode_scheme("first_and_current", _first_and_current), model_seed=5, prompt_seed=3)
 
 
 def test_a_registered_prefill_scheme_runs_in_the_engine_through_the_same_function():
@@ -258,3 +269,30 @@ def test_the_generic_core_imports_no_specific_scheme():
                     names = after or [alias.name for alias in node.names]
                     offenders += [f"{path.relative_to(root)}: {name}" for name in names if name not in generic]
     assert not offenders, offenders
+
+
+def _recently_decoded(view, q, row, step):
+    """A toy scheme with its own cache state: a per-position buffer holding the step at which each position was
+    decoded (an H2O-like accumulated score); attend to position 0 and the 3 latest decoded positions."""
+    seen = view.buffer("decoded_at")  # [B, Hkv, E]
+    rows = torch.arange(view.lens.shape[0], device=view.lens.device)
+    seen[rows, :, view.lens - 1] = view.lens.to(seen.dtype)[:, None]
+    value, latest = seen[:, 0].topk(3, dim=-1)  # [B, 3]: never-decoded entries hold 0
+    latest = torch.where(value > 0, latest, torch.full_like(latest, -1))
+    big = torch.iinfo(latest.dtype).max
+    idx = torch.cat([torch.zeros_like(latest[:, :1]), latest], dim=1)
+    idx = torch.where(idx < 0, torch.full_like(idx, big), idx).sort(dim=1).values  # ascending, -1 padding last
+    idx = torch.where(idx == big, torch.full_like(idx, -1), idx)
+    return view.sparse(q, idx[:, None, :].expand(-1, view.num_kv_heads, -1).contiguous())
+
+
+def test_a_scheme_with_its_own_cache_state_is_one_object_in_both_paths():
+    """A StateBuffer declared in CacheNeeds is allocated by the model's cache and the engine's from that one
+    description and reaches the decode function as ``view.buffer``: nothing else is edited, the two paths
+    generate the same tokens, and a second prompt on the engine starts the state over."""
+    from sparse_models.schemes.base import CacheNeeds, StateBuffer
+
+    toy = _toy_decode_scheme("recently_decoded", _recently_decoded,
+                             cache=CacheNeeds(buffers=(StateBuffer("decoded_at", ("toy",), dtype=torch.float32),)))
+    engine = _check_both_paths(toy, model_seed=7, prompt_seed=4, runs=2)
+    assert set(engine.cache.buffers) == {(layer, "decoded_at") for layer in range(1, 4)}
