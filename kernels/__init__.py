@@ -33,6 +33,8 @@ __all__ = [
     "quest_page_minmax",
     "append_kv",
     "decode_linear",
+    "quantize_kv",
+    "dequantize_kv",
     "DECODE_LINEAR_MAX_ROWS",
     "reference",
 ]
@@ -52,6 +54,7 @@ _TRITON_IMPLEMENTATIONS = {
     "pod_prefill_attention": ("triton_pod_prefill_attention", "pod_prefill_attention_triton"),
     "append_kv": ("triton_cache_append", "append_kv_triton"),
     "decode_linear": ("triton_decode_linear", "decode_linear_triton"),
+    "quantize_kv": ("triton_fp8_quantize", "quantize_kv_triton"),
 }
 
 
@@ -106,7 +109,9 @@ token_sparse_scores = _dispatch("token_sparse_scores")
 pod_prefill_attention = _dispatch("pod_prefill_attention")
 append_kv = _dispatch("append_kv")
 decode_linear = _dispatch("decode_linear")
+quantize_kv = _dispatch("quantize_kv")  # FP8 KV cache format: kernels/fp8_kv.py
 
 # Selection and page min/max are cheap torch ops on every device.
 select_topk_positions = reference.select_topk_positions
 quest_page_minmax = reference.quest_page_minmax
+dequantize_kv = reference.dequantize_kv

@@ -30,13 +30,21 @@ def e4m3_bits(x):
 
 
 @triton.jit
-def quantize_row(x, mask):
-    """x: [BLOCK_D] one token's keys or values of one KV head (any float dtype), mask: valid channels.
-    Returns (uint8 E4M3 bytes [BLOCK_D], fp32 scale): scale = max(amax / 448, floor), bytes = RTNE(x / scale)."""
+def quantize_rows(x, mask):
+    """x: [R, BLOCK_D] tokens' keys or values of one KV head each (any float dtype), mask: valid elements.
+    Returns (uint8 E4M3 bytes [R, BLOCK_D], fp32 scales [R]): scale = max(amax / 448, floor), bytes = RTNE(x / scale),
+    as kernels/fp8_kv.quantize_kv (IEEE divisions, then the clamp its cast needs)."""
     xf = tl.where(mask, x.to(tl.float32), 0.0)
-    scale = tl.maximum(tl.math.div_rn(tl.max(tl.abs(xf), axis=0), FP8_MAX), SCALE_FLOOR)
-    y = tl.minimum(tl.maximum(tl.math.div_rn(xf, scale), -FP8_MAX), FP8_MAX)
+    scale = tl.maximum(tl.math.div_rn(tl.max(tl.abs(xf), axis=1), FP8_MAX), SCALE_FLOOR)
+    y = tl.minimum(tl.maximum(tl.math.div_rn(xf, scale[:, None]), -FP8_MAX), FP8_MAX)
     return e4m3_bits(y).to(tl.uint8), scale
+
+
+@triton.jit
+def quantize_row(x, mask):
+    """``quantize_rows`` of one token: x, mask [BLOCK_D] -> (uint8 bytes [BLOCK_D], fp32 scale)."""
+    bits, scale = quantize_rows(x[None, :], mask[None, :])
+    return tl.reshape(bits, [x.shape[0]]), tl.sum(scale, axis=0)
 
 
 @triton.jit

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .fp8_kv import check_scale, dequantize_kv, is_fp8, quantize_kv
+from .fp8_kv import check_scale, dequantize_kv, is_fp8, quantize_kv  # quantize_kv, dequantize_kv: public ops too
 
 __all__ = [
     "decode_attention",
@@ -35,6 +35,8 @@ __all__ = [
     "quest_page_scores",
     "quest_select_pages",
     "quest_page_minmax",
+    "quantize_kv",
+    "dequantize_kv",
 ]
 
 

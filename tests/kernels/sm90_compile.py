@@ -67,11 +67,14 @@ def _bf16_variants():
     from kernels import _decode_topk_split as TS
     from kernels import triton_cache_append as AP
     from kernels import triton_decode_attention as DA
+    from kernels import triton_fp8_quantize as FQ
     from kernels import triton_pod_decode_attention as PD
     from kernels import triton_pod_sparse_decode_attention as PS
     from kernels import triton_sparse_decode_attention as SP
     yield ("cache_append", "pod ring", AP._append_kv_kernel,
            dict(HEAD_DIM=128, BLOCK_D=128, MAPPED=True, HAS_RING=True), _APPEND_TYPES, 4, 2)
+    yield ("fp8_quantize", "", FQ._quantize_kv_kernel, dict(D=128, BLOCK_D=128, BLOCK_R=FQ._BLOCK_R),
+           dict(X="*bf16", Data="*u8", Scale="*fp32"), 4, 2)
     tile = dict(BLOCK_N=64, D=128, BLOCK_D=128, IEEE=False)
     for G in (1, 4, 8):
         yield ("decode_split", f"selection G={G}", DA._decode_split_kernel,

@@ -1,4 +1,7 @@
-"""kernels/fp8_kv.py: the FP8 KV storage format's round trip, its checks and its byte count (CPU, no Triton)."""
+"""kernels/fp8_kv.py: the FP8 KV storage format's round trip, its checks and its byte count; the prefill's Triton
+quantiser (kernels/triton_fp8_quantize.py) against it under the interpreter, and the public ops."""
+
+import os
 
 import pytest
 import torch
@@ -50,3 +53,28 @@ def test_bytes_per_token_and_names():
     assert fp8_kv.kv_storage_dtype("bfloat16", torch.float16) == torch.float16
     with pytest.raises(ValueError, match="kv_cache_dtype must be one of"):
         fp8_kv.kv_storage_dtype("fp8")
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="CPU cases run the Triton interpreter")
+@pytest.mark.parametrize("shape", [(2, 3, 37, 64), (1, 2, 5, 80), (19, 16)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_triton_quantize_matches_reference(shape, dtype):
+    """The prefill's one-pass quantiser writes the reference's bytes and scales (zero rows included)."""
+    from kernels.triton_fp8_quantize import quantize_kv_triton
+
+    x = (torch.randn(shape, generator=torch.Generator().manual_seed(len(shape))) * 30).to(dtype)
+    x[..., 1, :] = 0.0
+    data, scale = quantize_kv_triton(x)
+    ref_data, ref_scale = fp8_kv.quantize_kv(x)
+    assert data.dtype == torch.float8_e4m3fn and data.shape == x.shape and scale.shape == x.shape[:-1]
+    assert torch.equal(data.view(torch.uint8), ref_data.view(torch.uint8)) and torch.equal(scale, ref_scale)
+    strided = x.transpose(-1, -2).contiguous().transpose(-1, -2)  # last stride not 1: copied first
+    assert torch.equal(quantize_kv_triton(strided)[0].view(torch.uint8), ref_data.view(torch.uint8))
+
+
+def test_public_ops_dispatch_to_the_reference_on_cpu():
+    import kernels
+
+    x = torch.randn(2, 2, 7, 16)
+    data, scale = kernels.quantize_kv(x)
+    assert torch.equal(kernels.dequantize_kv(data, scale), fp8_kv.dequantize_kv(*fp8_kv.quantize_kv(x)))

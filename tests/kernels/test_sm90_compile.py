@@ -29,7 +29,7 @@ def test_kernels_compile_for_sm90_without_spills():
     rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     names = {r["kernel"] for r in rows}
     assert {"decode_split", "group_probability", "topk_hist_pass", "topk_count", "topk_write", "pod_decode_split",
-            "pod_sparse_split", "sparse_decode_split", "cache_append"} <= names
+            "pod_sparse_split", "sparse_decode_split", "cache_append", "fp8_quantize"} <= names
     assert {"selection G=4 fp8", "per_group=True fp8", "pod ring fp8"} <= {r["variant"] for r in rows}
     for r in rows:
         # POD decode kept a 40-byte spill at 4 warps (656 before its slot modulo moved to int32); POD sparse decode
