@@ -51,10 +51,12 @@ dot as bf16 keys and apply the scales in fp32 on the products: logits ``(q . k8)
 Rounding (what was verified where): torch's CPU cast float32 -> float8_e4m3fn is round-to-nearest-even with
 subnormals (c10/util/Float8_e4m3fn.h). Triton 3.6's interpreter loads float8_e4m3fn tensors and converts them to
 fp32 exactly, but its fp32 -> tl.float8e4nv cast is not round-to-nearest-even (ties round away, subnormals
-flush: checked on CPU, 2026-12-03). The append kernel therefore rounds in software
-(``kernels/_fp8_device.py``: c10's integer algorithm, the same bits in the interpreter and compiled) and
-stores uint8 bytes through a ``uint8`` view of the cache; the divisions are ``tl.math.div_rn`` (IEEE, as torch).
-The tests check byte equality with this module under the interpreter. Not yet run on an H100 / H200.
+flush: checked on CPU, 2026-12-03). The Triton writers, the decode append (kernels/triton_cache_append.py) and
+the prefill's quantiser (kernels/triton_fp8_quantize.py, the CUDA side of the public op ``kernels.quantize_kv``),
+therefore round in software (``kernels/_fp8_device.py``: c10's integer algorithm, the same bits in the interpreter
+and compiled) and store uint8 bytes through a ``uint8`` view of the cache; the divisions are ``tl.math.div_rn``
+(IEEE, as torch). The tests check byte equality with this module under the interpreter, and every FP8 kernel
+variant compiles for sm_90 without a GPU (tests/kernels/sm90_compile.py). Not yet run on an H100 / H200.
 """
 
 from __future__ import annotations
