@@ -8,7 +8,9 @@ A scheme bundles, for one method:
 * its phases: ``prefill_roles`` and/or ``decode_roles`` say what each layer does (the per-layer plan,
   ``sparse_models/plan.py``), and ``prefill`` / ``decode`` map each of those roles to a function;
 * ``cache``: the cache state it needs beyond K/V (POD's shared keys, key pages per role, the
-  TidalDecode KV correction period);
+  TidalDecode KV correction period, :class:`StateBuffer`s of its own), one description both caches allocate
+  from (``sparse_models/cache_layout.py``);
+* hooks the generic code calls instead of importing it: ``chunk``, ``model_view``, ``prefill_stats``;
 * ``budget``: the one meaning of a ``--budget B`` for it (``generate --budget``, ``eval.schemes``,
   the benchmarks all go through :meth:`Budget.overrides`);
 * ``footprint``: what its layers keep in memory and read per decode query as a function of that budget
