@@ -183,7 +183,7 @@ def fp8_buffers(*buffers):
     gen = torch.Generator().manual_seed(0)
     out = []
     for t in buffers:
-        out.append((t.clamp(-448, 448).to(torch.float8_e4m3fn), torch.rand(t.shape[:-1], generator=gen)))
+        out.append((t.clamp(-448, 448).to(torch.float8_e4m3fn), torch.rand(t.shape[:-1], generator=gen).to(t.device)))
     return out
 
 
