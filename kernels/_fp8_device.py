@@ -1,4 +1,4 @@
-"""Triton device helpers of the FP8 KV cache (format: kernels/fp8_kv.py): quantise one token row, load a tile.
+"""Triton device helpers of the FP8 KV cache (format: kernels/fp8_kv.py): quantise token rows, load a tile.
 
 ``e4m3_bits`` rounds fp32 to E4M3 in integer arithmetic, after c10's ``fp8e4m3fn_from_fp32_value``
 (pytorch c10/util/Float8_e4m3fn.h), so the bytes equal torch's cast under the interpreter (whose own

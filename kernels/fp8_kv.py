@@ -15,13 +15,13 @@ Layout (what the caches allocate for every tensor of keys or values that the sch
 so that ``x ~= data.float() * scale[..., None]``. One scale per token and KV head: the decode append computes it
 from the token alone (no earlier token is re-quantised), and tokens differ in magnitude (attention sinks carry larger
 keys and values), so one token's outliers cost no other token precision. Keys also have outlier channels (KIVI,
-arXiv 2402.02750, quantises keys per channel for 2-bit integers); E4M3 keeps its 3 mantissa bits on channels down to
-2^-6 / 448 (about 2^-14.8) of the token's amax, subnormals below, so a per-token scale suffices. Per-block scales (one per 16 tokens) would save 15 of every 16 scales, under 3% of an
-FP8 cache at D = 128, but on the post-RoPE keys and values of SmolLM2-135M (the embedded model,
-sparse_models/smollm2.py; every layer, 2K tokens of prose; 2026-12-03, figures in the commit that added this
-sentence) both a per-block and a per-head scale gave larger attention-output errors than the per-token scale, in
-the mean over layers and in the worst layer. End-task quality (perplexity, RULER) with the FP8 cache is for the
-cache integration.
+arXiv 2402.02750, quantises keys per channel for 2-bit integers); E4M3 keeps its 3 mantissa bits on channels down
+to 2^-6 / 448 (about 2^-14.8) of the token's amax, subnormals below, so a per-token scale suffices. Per-block
+scales (one per 16 tokens) would save 15 of every 16 scales, under 3% of an FP8 cache at D = 128, but on the
+post-RoPE keys and values of SmolLM2-135M (the embedded model, sparse_models/smollm2.py; every layer, 2K tokens of
+prose; 2026-12-03, figures in the commit that added this sentence) both a per-block and a per-head scale gave
+larger attention-output errors than the per-token scale, in the mean over layers and in the worst layer. End-task
+quality (perplexity, RULER) with the FP8 cache is for the cache integration.
 
 Why the scale is fp32, not bf16: bytes per token and KV head, keys + values, are ``2 * (D + 4)`` with fp32 scales,
 ``2 * (D + 2)`` with bf16 ones, against ``4 * D`` in bf16: at D = 128, 264 vs 260 vs 512 bytes (1.94x vs 1.97x).
@@ -55,8 +55,8 @@ flush: checked on CPU, 2026-12-03). The Triton writers, the decode append (kerne
 the prefill's quantiser (kernels/triton_fp8_quantize.py, the CUDA side of the public op ``kernels.quantize_kv``),
 therefore round in software (``kernels/_fp8_device.py``: c10's integer algorithm, the same bits in the interpreter
 and compiled) and store uint8 bytes through a ``uint8`` view of the cache; the divisions are ``tl.math.div_rn``
-(IEEE, as torch). The tests check byte equality with this module under the interpreter, and every FP8 kernel
-variant compiles for sm_90 without a GPU (tests/kernels/sm90_compile.py). Not yet run on an H100 / H200.
+(IEEE, as torch). The tests check byte equality with this module under the interpreter, and the FP8 variant of
+each kernel path compiles for sm_90 without a GPU (tests/kernels/sm90_compile.py). Not yet run on an H100 / H200.
 """
 
 from __future__ import annotations
@@ -66,8 +66,8 @@ import torch
 KV_CACHE_DTYPES = ("bfloat16", "fp8_e4m3")
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0
-# Smallest scale: an all-zero token gets this instead of 0 (no 0 / 0). Below it a token's values are at most
-# 448 * 2^-64 ~ 2.4e-17 and quantise against the floor (absolute error <= 2^-74); no K/V entry that small matters.
+# Smallest scale: an all-zero token gets this instead of 0 (no 0 / 0). A token whose amax is below 448 * 2^-64
+# (~2.4e-17) is quantised against the floor instead (error <= 2^-4 |x| + 2^-74); no K/V entry that small matters.
 SCALE_FLOOR = 2.0 ** -64
 SCALE_DTYPE = torch.float32
 

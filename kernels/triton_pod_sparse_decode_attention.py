@@ -161,7 +161,8 @@ def pod_sparse_decode_attention_triton(q, k_local, k_anchor, v_cache, indices, s
     k_local_scale, k_anchor_scale, v_scale: FP8 caches' scales (module docstring), else None.
     """
     if k_local is None:
-        raise ValueError("k_local is None: a layer that is its own anchor has no POD split; use sparse_decode_attention")
+        raise ValueError("k_local is None: a layer that is its own anchor has no POD split; use "
+                         "sparse_decode_attention")
     B, Hq, Hkv, N, D, G = _check_pod_inputs(q, k_local, k_anchor, v_cache, seq_lens, sink, recent, gate_tau,
                                             k_local_scale, k_anchor_scale, v_scale)
     _check_gate_estimate(gate_estimate, gate_tau, q)

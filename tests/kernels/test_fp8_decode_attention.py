@@ -193,7 +193,8 @@ def test_fp8_quest_pages_bound_the_dequantised_keys(case):
     valid = torch.arange(N)[None, :] < seq_lens[:, None]  # [B, N]
     for b in range(B):
         kb = keys[b][:, valid[b]]  # [Hkv, n, D]
-        assert (pmax16[b][:, page_of[valid[b]]].float() >= kb).all() and (pmin16[b][:, page_of[valid[b]]].float() <= kb).all()
+        pages_b = page_of[valid[b]]
+        assert (pmax16[b][:, pages_b].float() >= kb).all() and (pmin16[b][:, pages_b].float() <= kb).all()
     scores = quest_page_scores_triton(q.bfloat16().float(), pmax16, pmin16, seq_lens, page_size)  # [B, Hq, P]
     logits = torch.einsum("bhd,bhnd->bhn", q.bfloat16().float(), keys.repeat_interleave(q.shape[1] // Hkv, 1))
     bound = scores.gather(2, page_of[None, None, :].expand(B, q.shape[1], N).clamp(max=pages - 1))
