@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sparse_models.engine.answers import engine_answers
 from eval.runner import apply_overrides, retrieval_generate
+from sparse_models.engine.answers import engine_answers
 
 CONTEXTS = ["The grass is green. " * 5 + "The pass key is 0123. " + "Here we go. " * 6,
             "Call me Ishmael. " * 3 + "There and back again. " * 10,

@@ -7,7 +7,6 @@ Before: TidalDecode built [B, Hs, budget] index lists (11.7 s per token at budge
 import warnings
 
 import pytest
-import torch
 from sm_tiny import left_padded, pod_anchor_map, random_prompts, tiny_model
 
 import kernels
