@@ -38,7 +38,7 @@ cleanly before the call's limit; the same command again continues from the recor
     scripts/peers_env.sh --download .peers-wheels
     # device call, carrying outputs/leaderboard and .peers-wheels:
     scripts/peers_env.sh --offline .peers-wheels && python -m eval.leaderboard --lengths 4096 --samples 10 \
-        --calibration-from eval/results/fidelity_smollm2 --out outputs/leaderboard --peers --time-limit 500; \
+        --calibration-from benchmarks/results/fidelity_smollm2 --out outputs/leaderboard --peers --time-limit 500; \
         cp -r outputs/leaderboard $OUT/
 """
 

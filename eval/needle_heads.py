@@ -27,7 +27,7 @@ pairs whose mean dense needle mass is at least ``--head-threshold``. The states 
 most favourable case for TidalDecode: in a real sparse decode the queries drift as well.
 
     python -m eval.needle_heads --lengths 2048 4096 --depths 10 --budgets 32 64 128 256 \\
-        --out eval/results/fidelity_smollm2/needle_heads
+        --out benchmarks/results/fidelity_smollm2/needle_heads
 
 Writes ``<out>.json`` (format ``podkit.needle_heads/1``) and ``<out>.png`` (heatmaps over layers x
 heads). Shapes: ``Hq`` query heads, ``A`` answer queries, ``S`` keys, ``L`` layers.

@@ -14,7 +14,7 @@ same prefill, so the indices are the ones the forward used) and reports the shar
 kept against the share of all prefix tokens kept.
 
     python -m eval.needle_token_sparse --lengths 2048 4096 8192 --depths 3 \\
-        --out eval/results/fidelity_smollm2/needle_token_sparse
+        --out benchmarks/results/fidelity_smollm2/needle_token_sparse
 
 The summary averages the prompts whose key lies before the scoring window (at depth 1 it sits
 inside the window, which every head keeps); ``summary_with_key_in_window`` averages them all.
@@ -35,7 +35,7 @@ import torch
 
 NEEDLE_TOKEN_SPARSE_FORMAT = "podkit.needle_token_sparse/1"
 PROTOCOLS = ("decode", "prefill")   # where the question goes, as in eval.fidelity --question-phase
-DEFAULT_CALIBRATION = "eval/results/fidelity_smollm2/calibration/summary.json"
+DEFAULT_CALIBRATION = "benchmarks/results/fidelity_smollm2/calibration/summary.json"
 
 
 def kept_shares(indices: torch.Tensor, seq_len: int, window: int, key_positions: list[int]) -> tuple[float, float]:

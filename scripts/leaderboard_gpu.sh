@@ -35,7 +35,7 @@ podkit() {
   for S in $PASSES; do
     T=$(left); [ $T -gt 30 ] || break
     CUDA_VISIBLE_DEVICES=0 timeout $((T + 40)) $PY -m eval.leaderboard --lengths $LENGTHS --samples $S \
-      --calibration-from eval/results/fidelity_smollm2 --out $B --time-limit $T $PODKIT_ARGS >> $LOGS/podkit.log 2>&1
+      --calibration-from benchmarks/results/fidelity_smollm2 --out $B --time-limit $T $PODKIT_ARGS >> $LOGS/podkit.log 2>&1
     say "podkit pass $S: rc=$?"
   done
 }
