@@ -3,7 +3,7 @@
 The test of Mohtashami & Jaggi (2023, "Landmark Attention"), as run by Quest (arXiv 2406.10774,
 Table 1) and TidalDecode (arXiv 2410.05076, Fig. 5): a random 5-digit pass key is stated once inside a
 long haystack and the model is asked to repeat it. The prompt is split in three parts so that a
-runner can put the *question* in the decode phase (see :mod:`eval.quality`):
+runner can put the *question* in the decode phase (see :mod:`eval.harness.quality`):
 
     context  = INTRO + haystack[:d] + NEEDLE + haystack[d:]
     question = "\\n\\nWhat is the pass key? The pass key is"

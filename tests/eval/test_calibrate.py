@@ -11,7 +11,7 @@ import pytest
 @pytest.mark.parametrize("analysis, name, key", [("drift", "token_sparse_drift", "sparse_layers"),
                                                  ("tidal", "tidal_reselection", "selection_layers")])
 def test_calibrate_command_writes_json_and_png(analysis, name, key, tiny_model_dir, tmp_path, fake_text_cache):
-    from eval.calibrate import main
+    from eval.harness.calibrate import main
 
     out = tmp_path / "calibration"
     result = main([analysis, "--model", str(tiny_model_dir), "--device", "cpu", "--length", "96", "--samples", "1",

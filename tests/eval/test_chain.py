@@ -1,4 +1,4 @@
-"""eval.chain on a tiny exported POD checkpoint (CPU, fp32): the engine's teacher-forced POD decode reproduces
+"""eval.harness.chain on a tiny exported POD checkpoint (CPU, fp32): the engine's teacher-forced POD decode reproduces
 the pipeline's perplexity, the trust_remote_code load gives the same perplexity, and the card shows the chain."""
 
 import json
@@ -14,7 +14,7 @@ from tiny_setup import make_texts, make_tiny_model, tiny_recipe, write_recipe  #
 
 @pytest.mark.slow
 def test_chain_on_a_tiny_export(tmp_path, monkeypatch):
-    from eval import chain
+    from eval.harness import chain
 
     model_dir = make_tiny_model(tmp_path / "model")
     train_text, held_out = make_texts(tmp_path / "text")
@@ -36,7 +36,7 @@ def test_chain_on_a_tiny_export(tmp_path, monkeypatch):
 
 
 def test_chain_rejects_a_folder_without_a_checkpoint(tmp_path, capsys):
-    from eval import chain
+    from eval.harness import chain
 
     with pytest.raises(SystemExit):
         chain.main([str(tmp_path), "--out", str(tmp_path / "o")])
@@ -50,7 +50,7 @@ def test_remote_code_child_gets_absolute_paths(tmp_path, monkeypatch):
 
     import torch
 
-    from eval import chain
+    from eval.harness import chain
 
     export = tmp_path / "run" / "export"
     export.mkdir(parents=True)

@@ -81,10 +81,10 @@ def test_bad_batches_are_refused(deep_model):
 
 
 def test_leaderboard_engine_and_loop_write_the_same_records(deep_model_dir, tmp_path):
-    """eval.leaderboard end to end on a samples file (no generation): --engine and --no-engine agree."""
+    """eval.harness.leaderboard end to end on a samples file (no generation): --engine and --no-engine agree."""
     import json
 
-    from eval import leaderboard
+    from eval.harness import leaderboard
     from train.long_context_eval.ruler import RulerSample
 
     samples = [RulerSample(task="vt", index=i, seed=0, max_length=2048, input=c + "\nQuestion: Find all variables" + q,

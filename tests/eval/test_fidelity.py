@@ -1,4 +1,4 @@
-"""eval.fidelity end to end on a tiny random podkit Llama: calibration, settings, records, resume, outputs."""
+"""eval.harness.fidelity end to end on a tiny random podkit Llama: calibration, settings, records, resume, outputs."""
 
 import json
 
@@ -23,7 +23,7 @@ def tiny_podkit_dir(tmp_path_factory, tiny_tokenizer):
 
 
 def test_reduced_sweep_runs_and_resumes(tiny_podkit_dir, tmp_path, fake_text_cache):
-    from eval.fidelity import main
+    from eval.harness.fidelity import main
 
     out = tmp_path / "fidelity"
     argv = ["--reduced", "--model", str(tiny_podkit_dir), "--device", "cpu", "--out", str(out), "--lengths", "160",
@@ -57,7 +57,7 @@ def test_reduced_sweep_runs_and_resumes(tiny_podkit_dir, tmp_path, fake_text_cac
 def test_ablation_settings_and_more_windows_extend_a_run(tiny_podkit_dir, tmp_path, fake_text_cache):
     """--tidal-ablation adds labelled TidalDecode settings with their selection layers; a rerun with
     more --ppl-windows adds only the new windows."""
-    from eval.fidelity import main
+    from eval.harness.fidelity import main
 
     out = tmp_path / "fidelity"
     argv = ["--reduced", "--model", str(tiny_podkit_dir), "--device", "cpu", "--out", str(out), "--lengths", "160",
@@ -78,7 +78,7 @@ def test_ablation_settings_and_more_windows_extend_a_run(tiny_podkit_dir, tmp_pa
 
 @pytest.mark.parametrize("spec", ["0", "2,x", "99", ""])
 def test_bad_ablation_spec_is_refused_before_the_sweep(tiny_podkit_dir, tmp_path, spec):
-    from eval.fidelity import main
+    from eval.harness.fidelity import main
 
     out = tmp_path / "fidelity"
     with pytest.raises(SystemExit, match="--tidal-ablation"):
@@ -87,7 +87,7 @@ def test_bad_ablation_spec_is_refused_before_the_sweep(tiny_podkit_dir, tmp_path
 
 
 def test_a_failing_setting_is_reported_and_the_others_run(tiny_podkit_dir, tmp_path, fake_text_cache, monkeypatch):
-    import eval.fidelity as fidelity
+    import eval.harness.fidelity as fidelity
 
     real = fidelity.run_perplexity
 
@@ -107,7 +107,7 @@ def test_a_failing_setting_is_reported_and_the_others_run(tiny_podkit_dir, tmp_p
 
 
 def test_question_phase_is_recorded_and_not_mixed_in_one_out(tiny_podkit_dir, tmp_path, fake_text_cache):
-    from eval.fidelity import main
+    from eval.harness.fidelity import main
 
     out = tmp_path / "fidelity"
     argv = ["--reduced", "--model", str(tiny_podkit_dir), "--device", "cpu", "--out", str(out), "--lengths", "160",
@@ -122,7 +122,7 @@ def test_question_phase_is_recorded_and_not_mixed_in_one_out(tiny_podkit_dir, tm
 
 
 def test_markdown_names_the_devices_of_a_resumed_sweep(tmp_path):
-    from eval.fidelity import write_outputs
+    from eval.harness.fidelity import write_outputs
 
     def record(setting, device, correct):
         return {"task": "passkey", "setting": setting, "length": 2048, "depth": 0.5, "seed": 0, "correct": correct,
@@ -139,7 +139,7 @@ def test_markdown_names_the_devices_of_a_resumed_sweep(tmp_path):
 
 
 def test_variants_add_labelled_settings_and_bad_ones_fail_first(tiny_podkit_dir, tmp_path, fake_text_cache):
-    from eval.fidelity import main
+    from eval.harness.fidelity import main
 
     out = tmp_path / "fidelity"
     argv = ["--reduced", "--model", str(tiny_podkit_dir), "--device", "cpu", "--out", str(out), "--lengths", "160",

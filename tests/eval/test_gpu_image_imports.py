@@ -6,10 +6,10 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 BLOCKED = ("lm_eval", "datasets", "deepspeed", "pydantic")
-MODULES = ("eval.fidelity", "eval.quality", "eval.runner", "eval.calibrate", "eval.models", "eval.schemes",
-           "eval.plots", "eval.tasks.passkey", "eval.tasks.needle", "eval.tasks.perplexity", "eval.data.texts",
+MODULES = ("eval.harness.fidelity", "eval.harness.quality", "eval.runner", "eval.harness.calibrate", "eval.models",
+           "eval.schemes", "eval.harness.plots", "eval.tasks.passkey", "eval.tasks.needle", "eval.tasks.perplexity", "eval.data.texts",
            "sparse_models.calibration.token_sparse_drift", "sparse_models.calibration.tidal_reselection",
-           "eval.leaderboard", "eval.leaderboard_records", "train.long_context_eval.ruler")
+           "eval.harness.leaderboard", "eval.harness.leaderboard_records", "train.long_context_eval.ruler")
 
 SCRIPT = f"""
 import importlib, sys
@@ -17,8 +17,8 @@ for blocked in {BLOCKED!r}:
     sys.modules[blocked] = None  # import raises ImportError, find_spec says absent
 for name in {MODULES!r}:
     importlib.import_module(name)
-import eval.fidelity, eval.leaderboard
-for command in (eval.fidelity.main, eval.leaderboard.main):
+import eval.harness.fidelity, eval.harness.leaderboard
+for command in (eval.harness.fidelity.main, eval.harness.leaderboard.main):
     try:
         command(['--help'])
     except SystemExit as e:

@@ -1,5 +1,5 @@
-"""The RULER leaderboard (eval/leaderboard.py, eval/leaderboard_records.py) on fake records, and the
-peers' record format (eval/peers_kvpress.py, which normally runs in .venv-peers)."""
+"""The RULER leaderboard (eval/harness/leaderboard.py, eval/harness/leaderboard_records.py) on fake records, and the
+peers' record format (eval/harness/peers_kvpress.py, which normally runs in .venv-peers)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from eval import leaderboard, peers_kvpress
-from eval import leaderboard_records as lr
+from eval.harness import leaderboard, peers_kvpress
+from eval.harness import leaderboard_records as lr
 from train.long_context_eval.ruler import RulerSample
 
 TASKS = {"niah_single_1": "retrieval", "vt": "multi-hop tracing", "cwe": "aggregation", "qa_1": "question answering"}

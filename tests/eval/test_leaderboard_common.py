@@ -1,4 +1,4 @@
-"""The leaderboard's common-samples view (eval/leaderboard_records.py ``common_samples``, eval/leaderboard.py's
+"""The leaderboard's common-samples view (eval/harness/leaderboard_records.py ``common_samples``, eval/harness/leaderboard.py's
 tables and plot) on synthetic records: rows scored on different sample indices, one row missing a task."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from eval import leaderboard
-from eval import leaderboard_records as lr
+from eval.harness import leaderboard
+from eval.harness import leaderboard_records as lr
 
 CATEGORY = {"niah_single_1": "retrieval", "vt": "multi-hop tracing", "cwe": "aggregation", "qa_1": "question answering"}
 

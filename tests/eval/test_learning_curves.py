@@ -1,10 +1,10 @@
-"""eval.learning_curves: first-tokens-to-target, the summary and the CLI on hand-made curves."""
+"""eval.studies.learning_curves: first-tokens-to-target, the summary and the CLI on hand-made curves."""
 
 import json
 
 import pytest
 
-from eval import learning_curves
+from eval.studies import learning_curves
 
 
 def _curve(objective, gaps):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from eval.lm_eval import TASKS_DIR, with_podkit_tasks
+from eval.harness.lm_eval import TASKS_DIR, with_podkit_tasks
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -22,7 +22,7 @@ def test_include_path_added_once():
 
 def test_budget_shorthand_expands_per_scheme():
     pytest.importorskip("lm_eval")
-    from eval.lm_eval_model import split_model_args
+    from eval.harness.lm_eval_model import split_model_args
 
     overrides, rest = split_model_args({"decode_scheme": "tidal", "budget": 128, "batch_size": 2})
     assert overrides == {"decode_scheme": "tidal", "tidal_budget": 128} and rest == {"batch_size": 2}
@@ -36,7 +36,7 @@ def test_passkey_task_through_wrapper(tiny_model_dir, tmp_path, fake_text_cache)
     pytest.importorskip("lm_eval")
     out = tmp_path / "results"
     env = dict(os.environ, PODKIT_TEXT_CACHE=str(fake_text_cache), PYTHONPATH=str(REPO))
-    command = [sys.executable, "-m", "eval.lm_eval", "run", "--model", "podkit",
+    command = [sys.executable, "-m", "eval.harness.lm_eval", "run", "--model", "podkit",
                "--model_args", f"pretrained={tiny_model_dir}", "--tasks", "podkit_passkey", "podkit_ppl",
                "--metadata", json.dumps({"lengths": [160], "num_depths": 3, "ppl_windows": 2}),
                "--device", "cpu", "--batch_size", "2", "--output_path", str(out), "--log_samples"]
@@ -52,7 +52,7 @@ def test_passkey_task_through_wrapper(tiny_model_dir, tmp_path, fake_text_cache)
 
 def test_default_pretrained_is_rewritten_to_the_folder(monkeypatch):
     import sparse_models.smollm2 as smollm2
-    from eval.lm_eval import resolve_default_pretrained
+    from eval.harness.lm_eval import resolve_default_pretrained
 
     monkeypatch.setattr(smollm2, "default_model_path", lambda: Path("/models/smollm2"))
     assert resolve_default_pretrained(["--model_args", "pretrained=default", "budget=64"]) == \
@@ -69,7 +69,7 @@ def test_wrapper_builds_without_spurious_warnings(tiny_model_dir):
     pytest.importorskip("lm_eval")
     import logging
 
-    from eval.lm_eval_model import PodkitLM
+    from eval.harness.lm_eval_model import PodkitLM
 
     messages = []
 
@@ -90,7 +90,7 @@ def test_wrapper_builds_without_spurious_warnings(tiny_model_dir):
     assert not logging.getLogger("lm_eval.models.huggingface").filters  # the filter is scoped to the build
 
 
-# issue 33: a bad eval.lm_eval input is one line on stderr and exit 2, before any model work.
+# issue 33: a bad eval.harness.lm_eval input is one line on stderr and exit 2, before any model work.
 BAD_RUNS = {
     "misspelled override": ("decode_scheme=tidal,tidal_budgt=128", {}, None, "did you mean tidal_budget?"),
     "misspelled podkit argument": ("budgt=64", {}, None, "did you mean budget?"),
@@ -106,20 +106,20 @@ BAD_RUNS = {
 @pytest.mark.parametrize("case", list(BAD_RUNS))
 def test_bad_input_is_one_line_and_exit_2(case, tiny_model_dir, monkeypatch, capsys):
     pytest.importorskip("lm_eval")
-    import eval.lm_eval as wrapper
-    import eval.lm_eval_model
+    import eval.harness.lm_eval as wrapper
+    import eval.harness.lm_eval_model
 
     extra, metadata, task, message = BAD_RUNS[case]
     built = []
-    monkeypatch.setattr(eval.lm_eval_model, "load_model", lambda *a, **k: built.append(a) or 1 / 0)
+    monkeypatch.setattr(eval.harness.lm_eval_model, "load_model", lambda *a, **k: built.append(a) or 1 / 0)
     pretrained = "/nonexistent/model" if extra is None else str(tiny_model_dir)
     model_args = ",".join(x for x in (f"pretrained={pretrained}", extra) if x)
     argv = ["run", "--model", "podkit", "--model_args", model_args, "--tasks", task or "podkit_passkey",
             "--metadata", json.dumps({"lengths": [160], "num_depths": 1} | metadata), "--device", "cpu",
             "--limit", "1"]
-    monkeypatch.setattr(sys, "argv", ["eval.lm_eval"])
+    monkeypatch.setattr(sys, "argv", ["eval.harness.lm_eval"])
     assert wrapper.main(argv) == 2
-    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("eval.lm_eval: error:")]
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("eval.harness.lm_eval: error:")]
     assert len(err) == 1 and message in err[0], err
     assert not built
 
@@ -128,7 +128,7 @@ def test_python_api_refuses_a_misspelled_argument(tiny_model_dir):
     """PodkitLM (lm-eval's Python API: simple_evaluate(model="podkit", model_args=...)) checks its arguments
     with the same validation as from_pretrained: the close match, before any model is loaded."""
     pytest.importorskip("lm_eval")
-    from eval.lm_eval_model import PodkitLM
+    from eval.harness.lm_eval_model import PodkitLM
     from sparse_models.config import ConfigError
 
     with pytest.raises(ConfigError, match=r"tidal_budgt=128 is not .*did you mean tidal_budget\?"):

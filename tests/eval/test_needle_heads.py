@@ -1,4 +1,4 @@
-"""eval.needle_heads: key-token location, selection masks against the kernels' reference selection,
+"""eval.studies.needle_heads: key-token location, selection masks against the kernels' reference selection,
 selection sources from the layer plan, and the kept-mass bookkeeping on hand-made and real forwards."""
 
 import json
@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from eval.needle_heads import (
+from eval.studies.needle_heads import (
     SELECTIONS,
     NeedleMassAccumulator,
     analyse_prompts,
@@ -132,7 +132,7 @@ def test_cli_rejects_bad_input_before_loading(capsys):
 
 
 def test_json_round_trip_and_replot(tmp_path, tiny_podkit, tiny_tokenizer):
-    from eval.needle_heads import plot_needle_heads, write_needle_heads_json
+    from eval.studies.needle_heads import plot_needle_heads, write_needle_heads_json
 
     prompts = [teacher_forced_prompt(tiny_tokenizer, make_passkey_sample(tiny_tokenizer, 150, 0.3))]
     result = analyse_prompts(tiny_podkit, prompts, budgets=[4, 8], selection_layers=[2], full_layers=[0, 1],

@@ -1,10 +1,10 @@
-"""eval.needle_token_sparse: the kept-share bookkeeping, and that the recomputed Token Sparse indices
+"""eval.studies.needle_token_sparse: the kept-share bookkeeping, and that the recomputed Token Sparse indices
 are the ones the model's own prefill used (same kept counts as model.token_sparse_stats)."""
 
 import pytest
 import torch
 
-from eval.needle_token_sparse import PROTOCOLS, analyse_prompts, build_prompts, kept_shares, main, summarise
+from eval.studies.needle_token_sparse import PROTOCOLS, analyse_prompts, build_prompts, kept_shares, main, summarise
 from eval.tasks.passkey import passkey_grid
 
 
@@ -58,7 +58,7 @@ def test_recomputed_indices_match_the_prefill_stats(tiny_token_sparse, tiny_toke
 
 
 def test_replot_recomputes_the_summaries(tmp_path):
-    from eval.needle_token_sparse import NEEDLE_TOKEN_SPARSE_FORMAT, write_outputs
+    from eval.studies.needle_token_sparse import NEEDLE_TOKEN_SPARSE_FORMAT, write_outputs
 
     pytest.importorskip("matplotlib")
     layers = {"3": {"key": 0.5, "prefix": 0.8, "sparse": True}}

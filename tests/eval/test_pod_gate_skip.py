@@ -1,4 +1,4 @@
-"""eval.pod_gate_skip and sparse_models.schemes.pod_skip_stats: skip fractions, recording, the CLI."""
+"""eval.studies.pod_gate_skip and sparse_models.schemes.pod_skip_stats: skip fractions, recording, the CLI."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from eval import pod_gate_skip as pgs
+from eval.studies import pod_gate_skip as pgs
 from sparse_models.schemes.pod_skip_stats import (
     GateSkipRecorder,
     active_recorder,

@@ -9,7 +9,7 @@ pytest.importorskip("sparse_models")
 
 
 def test_all_tasks_two_settings(tmp_path, tiny_tokenizer, fake_text_cache):
-    from eval.quality import main
+    from eval.harness.quality import main
     from sparse_models import PodkitLlamaConfig, PodkitLlamaForCausalLM
 
     torch.manual_seed(0)
@@ -37,7 +37,7 @@ def test_all_tasks_two_settings(tmp_path, tiny_tokenizer, fake_text_cache):
 
 def test_help_names_the_module_and_documents_every_option(capsys):
     """issue 16: ``python -m eval.quality --help`` showed ``quality.py`` and bare options."""
-    from eval.quality import build_parser, main
+    from eval.harness.quality import build_parser, main
 
     parser = build_parser()
     undocumented = [action.dest for action in parser._actions if not action.help]

@@ -1,9 +1,9 @@
-"""eval.retrieval_units: block splitting, the unit list, and the teacher-forced answer score."""
+"""eval.studies.retrieval_units: block splitting, the unit list, and the teacher-forced answer score."""
 
 import pytest
 import torch
 
-from eval import retrieval_units as ru
+from eval.studies import retrieval_units as ru
 
 ANCHORS = [[0, 0], [0, 1], [0, 1], [3, 1], [3, 4]]  # 5 layers x 2 KV heads
 

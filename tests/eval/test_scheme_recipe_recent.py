@@ -59,7 +59,10 @@ SCHEME = Scheme("recent", "the latest positions only (decode)", config_key="rece
 SCRIPT = '''
 import argparse
 import torch
-from eval import fidelity, leaderboard, plots, schemes
+from eval.harness import fidelity
+from eval.harness import leaderboard
+from eval.harness import plots
+from eval import schemes
 from sparse_models import PodkitLlamaConfig, PodkitLlamaForCausalLM, SparseAttentionConfig
 from sparse_models.engine import GenerationEngine
 from sparse_models.generate import parse_args, scheme_overrides
