@@ -40,7 +40,7 @@ PEERS_VENV ?= .venv-peers
 peers:
 	@scripts/peers_env.sh $(PEERS_VENV) >/dev/null
 
-# RULER leaderboard smoke run on CPU (eval/leaderboard.py; the full sweep is a GPU run, see BENCHMARKS.md).
+# RULER leaderboard smoke run on CPU (eval/harness/leaderboard.py; the full sweep is a GPU run, see BENCHMARKS.md).
 leaderboard: install peers
 	$(PY) -m eval.leaderboard --lengths 2048 --samples 1 --tasks niah_single_1 vt cwe qa_1 \
 		--settings dense tidal@1/8 --max-new-tokens 24 --no-calibrate --out outputs/leaderboard_smoke \

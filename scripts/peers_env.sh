@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The peers' virtualenv for the RULER leaderboard (eval/peers_kvpress.py): NVIDIA kvpress, which pins
+# The peers' virtualenv for the RULER leaderboard (eval/harness/peers_kvpress.py): NVIDIA kvpress, which pins
 # transformers < 5.3, so it never shares podkit's environment (transformers >= 5.17).
 # Usage:
 #   scripts/peers_env.sh [VENV]                      online: CPU torch pinned in the same command (else pip
@@ -26,7 +26,7 @@ if [ "${1:-}" = "--download" ]; then
   # What the GPU image (torch 2.11, transformers 5.17 and their deps) lacks for kvpress 0.5.5: kvpress,
   # the transformers it admits and the tokenizers that one admits, cachetools. kvpress also imports
   # datasets, fire and requests at package import, for two presses the leaderboard does not run (DuoAttention,
-  # ExpectedAttentionStats); eval/peers_kvpress.py stands in for them where they are missing (pyarrow
+  # ExpectedAttentionStats); eval/harness/peers_kvpress.py stands in for them where they are missing (pyarrow
   # alone would be 55 MB, over the device machine's 64 MiB carry). Binary wheels for the device's
   # interpreter (tokenizers is compiled), not this machine's.
   PLATFORMS=()

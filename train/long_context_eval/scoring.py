@@ -1,6 +1,6 @@
 """RULER scores of a podkit model under its current schemes, through the generation engine.
 
-The protocol is the leaderboard's (eval/leaderboard.py, after kvpress's RULER protocol): the context is prefilled
+The protocol is the leaderboard's (eval/harness/leaderboard.py, after kvpress's RULER protocol): the context is prefilled
 with the model's prefill scheme, the question is fed token by token through the decode path, and the answer is
 decoded greedily (sparse_models/engine/answers.py), ``batch_size`` prompts per engine. Scores are RULER's
 (``ruler.score``): percent of the references found, per sample.
