@@ -237,7 +237,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="run only these labels (dense tidal@1/8 quest@1/8 streaming@1/8 token_sparse@0.005 "
                              "pod_zero_shot pod_adapted)")
     parser.add_argument("--pod-adapted", default=None, help="the POD adaptation's exported checkpoint folder")
-    parser.add_argument("--calibration-from", default=None, help="an eval.harness.fidelity --out folder to reuse")
+    parser.add_argument("--calibration-from", default=None, help="an eval.fidelity --out folder to reuse")
     parser.add_argument("--no-calibrate", action="store_true", help="config defaults; POD zero-shot is skipped")
     parser.add_argument("--plain", action="store_true", help="no chat template (default: the model's template)")
     parser.add_argument("--max-new-tokens", type=int, default=None, help="cap RULER's answer lengths (smoke runs)")

@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         cli.execute(args)
     except (ConfigError, ValueError, FileNotFoundError, NotADirectoryError) as error:
         # lm-eval's own input errors (unknown task, bad --metadata) are ValueErrors too
-        print(f"eval.harness.lm_eval: error: {error}", file=sys.stderr)
+        print(f"eval.lm_eval: error: {error}", file=sys.stderr)
         return 2
     return 0
 

@@ -206,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     if chosen is not None:
         k, protected = chosen
         write_blocks_json(args.out / "blocks_protected.json", protected, source_blocks=str(blocks_path or args.model),
-                          protected_by="eval.studies.retrieval_units", splits=[list(u) for u in order[:k]])
+                          protected_by="eval.retrieval_units", splits=[list(u) for u in order[:k]])
         report["protected"] = {"splits": k, "shared_units": len(shared_units(protected)),
                                "units": [list(unit) for unit in order[:k]],
                                "file": str(args.out / "blocks_protected.json")}

@@ -36,7 +36,7 @@ def test_passkey_task_through_wrapper(tiny_model_dir, tmp_path, fake_text_cache)
     pytest.importorskip("lm_eval")
     out = tmp_path / "results"
     env = dict(os.environ, PODKIT_TEXT_CACHE=str(fake_text_cache), PYTHONPATH=str(REPO))
-    command = [sys.executable, "-m", "eval.harness.lm_eval", "run", "--model", "podkit",
+    command = [sys.executable, "-m", "eval.lm_eval", "run", "--model", "podkit",
                "--model_args", f"pretrained={tiny_model_dir}", "--tasks", "podkit_passkey", "podkit_ppl",
                "--metadata", json.dumps({"lengths": [160], "num_depths": 3, "ppl_windows": 2}),
                "--device", "cpu", "--batch_size", "2", "--output_path", str(out), "--log_samples"]
@@ -119,7 +119,7 @@ def test_bad_input_is_one_line_and_exit_2(case, tiny_model_dir, monkeypatch, cap
             "--limit", "1"]
     monkeypatch.setattr(sys, "argv", ["eval.harness.lm_eval"])
     assert wrapper.main(argv) == 2
-    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("eval.harness.lm_eval: error:")]
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("eval.lm_eval: error:")]
     assert len(err) == 1 and message in err[0], err
     assert not built
 
