@@ -132,5 +132,7 @@ def _chunk(layer, q, k, v, state):
         return chunk(layer, q, k, v, state)
     cache.write(layer, k, v, state.old_lens, state.num_new)
     cache.update_quest_pages(layer, state.old_lens, state.new_lens)
-    return kernels.prefill_attention(q, cache.layer_keys(layer), cache.layer_values(layer), state.old_lens,
-                                     state.new_lens)
+    # an FP8 cache reads back dequantised (fp32) K/V: the chunk attends over them in its own dtype, as the engine's
+    # continuing chunks do (engine/prefill.py); a no-op cast for a cache of the model's dtype
+    return kernels.prefill_attention(q, cache.layer_keys(layer).to(q.dtype), cache.layer_values(layer).to(q.dtype),
+                                     state.old_lens, state.new_lens)

@@ -14,6 +14,14 @@ Per layer it keeps values ``[B, Hkv, N, D]`` and keys, post-RoPE, laid out by th
 - A scheme's own ``StateBuffer``s (``CacheNeeds.buffers``, laid out by ``sparse_models/cache_layout.py``):
   [B, Hkv, entries, *trailing] per layer of its roles, reordered and grown with the rest.
 
+- ``kv_cache_dtype="fp8_e4m3"`` (``layout.fp8``; kernels/fp8_kv.py): values, keys and POD's ring hold
+  float8_e4m3fn, each with fp32 scales [B, H, N] (``value_scale``, ``key_scale``, ``local_scale``: one per token or
+  ring slot and KV head); :meth:`write` quantises (``kernels.quantize_kv``). This is the research / CPU path: its
+  readers (:meth:`layer_keys`, :meth:`layer_values`, :meth:`anchor_keys`, :meth:`local_key_view`) return the
+  dequantised K/V in fp32, exactly what the reference ops compute from FP8 + scales (the engine's static cache
+  passes the scales to the kernels, which dequantise in registers); on CUDA (Triton kernels, which take K/V in
+  q's dtype) in the model's dtype, one more rounding than the engine. Quest's pages bound the dequantised keys.
+
 Cross-layer state that must follow the batch lives here too: ``seq_lens`` (tokens per sequence),
 the TidalDecode indices chosen at the last step (``tidal_indices``, for inspection), and the token ids
 of the last sparse-decoded tokens (for TidalDecode's KV-cache correction).
@@ -30,12 +38,18 @@ import torch
 from transformers.cache_utils import Cache
 
 import kernels
+from kernels.fp8_kv import FP8_DTYPE, SCALE_DTYPE, kv_storage_dtype
 
 from .cache_layout import CacheLayout
 from .key_pages import fold_token
 from .kv_bytes import KVBytes
 from .plan import LayerPlan
 from .ring import local_slot_positions, written_ring
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    """An FP8 tensor as its uint8 bytes (torch's CPU scatter / gather have no float8 kernels); others unchanged."""
+    return t.view(torch.uint8) if t.dtype == FP8_DTYPE else t
 
 
 class SparseKVCache(Cache):
@@ -70,6 +84,12 @@ class SparseKVCache(Cache):
         self.keys: list[torch.Tensor | None] = [None] * self.num_layers
         self.local_keys: list[torch.Tensor | None] = [None] * self.num_layers
         self.values: list[torch.Tensor | None] = [None] * self.num_layers
+        self.fp8 = layout.fp8
+        self.model_dtype: torch.dtype | None = None  # the K/V dtype the forward writes (set at allocation)
+        # FP8 scales [B, H, N] of keys / local_keys / values (None per layer in the model's dtype)
+        self.key_scale: list[torch.Tensor | None] = [None] * self.num_layers
+        self.local_scale: list[torch.Tensor | None] = [None] * self.num_layers
+        self.value_scale: list[torch.Tensor | None] = [None] * self.num_layers
         self.page_max: list[torch.Tensor | None] = [None] * self.num_layers
         self.page_min: list[torch.Tensor | None] = [None] * self.num_layers
         self.buffers: dict[tuple[int, str], torch.Tensor] = {}  # (layer, name) -> the scheme's StateBuffer
@@ -135,7 +155,8 @@ class SparseKVCache(Cache):
         self.__init__(self.plan, self.num_kv_heads, self.head_dim, layout=self.layout, capacity=self.initial_capacity)
 
     def _map_batch(self, fn) -> None:
-        for store in (self.keys, self.local_keys, self.values, self.page_max, self.page_min):
+        for store in (self.keys, self.local_keys, self.values, self.page_max, self.page_min, self.key_scale,
+                      self.local_scale, self.value_scale):
             for i, t in enumerate(store):
                 if t is not None:
                     store[i] = fn(t)
@@ -162,10 +183,16 @@ class SparseKVCache(Cache):
         num_full = sum(1 for kind, _ in row if kind == "full")
         num_local = len(row) - num_full
         d = self.head_dim
-        self.values[layer] = torch.zeros(batch, self.num_kv_heads, capacity, d, dtype=dtype, device=device)
-        self.keys[layer] = torch.zeros(batch, num_full, capacity, d, dtype=dtype, device=device) if num_full else None
-        self.local_keys[layer] = (torch.zeros(batch, num_local, self.sink + self.recent, d, dtype=dtype, device=device)
+        self.model_dtype = dtype
+        buffers = dict(dtype=kv_storage_dtype(self.layout.kv_cache_dtype, dtype), device=device)
+        self.values[layer] = torch.zeros(batch, self.num_kv_heads, capacity, d, **buffers)
+        self.keys[layer] = torch.zeros(batch, num_full, capacity, d, **buffers) if num_full else None
+        self.local_keys[layer] = (torch.zeros(batch, num_local, self.sink + self.recent, d, **buffers)
                                   if num_local else None)
+        if self.fp8:
+            for data, scale in self._scaled_stores():
+                scale[layer] = (None if data[layer] is None
+                                else torch.ones(data[layer].shape[:-1], dtype=SCALE_DTYPE, device=device))
         for buffer in self.layout.buffers_of(layer):
             self.buffers[(layer, buffer.name)] = buffer.allocate(batch, self.num_kv_heads, capacity, dtype, device)
 
@@ -187,10 +214,10 @@ class SparseKVCache(Cache):
         capacity = -(-max(needed, 2 * self.capacity) // 64) * 64
         grow = capacity - self.capacity
         for layer in range(self.num_layers):
-            for store in (self.keys, self.values):
+            for store in (self.keys, self.values, self.key_scale, self.value_scale):
                 t = store[layer]
                 if t is not None:
-                    store[layer] = torch.cat([t, t.new_zeros(*t.shape[:2], grow, t.shape[3])], dim=2)
+                    store[layer] = torch.cat([t, t.new_zeros(*t.shape[:2], grow, *t.shape[3:])], dim=2)
             for buffer in self.layout.buffers_of(layer):
                 t = self.buffers[(layer, buffer.name)]
                 more = buffer.allocate(t.shape[0], t.shape[1], capacity, t.dtype, t.device)[:, :, t.shape[2]:]
@@ -208,16 +235,25 @@ class SparseKVCache(Cache):
         batch, _, s, d = k_new.shape
         slots = (start[:, None] + torch.arange(s, device=start.device)[None, :])  # [B, S]
         index = slots[:, None, :, None].expand(-1, self.num_kv_heads, -1, d)
-        self.values[layer].scatter_(2, index, v_new.to(self.values[layer].dtype))
+        if self.fp8:  # one scale per (token, KV head), kernels/fp8_kv.py
+            (k_new, k_sc), (v_new, v_sc) = kernels.quantize_kv(k_new), kernels.quantize_kv(v_new)
+            self.value_scale[layer].scatter_(2, index[..., 0], v_sc)
+        _bytes(self.values[layer]).scatter_(2, index, _bytes(v_new.to(self.values[layer].dtype)))
         row = self.key_slot[layer]
         full = [h for h, (kind, _) in enumerate(row) if kind == "full"]
         local = [h for h, (kind, _) in enumerate(row) if kind == "local"]
         if full:
             k_full = k_new if len(full) == self.num_kv_heads else k_new[:, full]
-            self.keys[layer].scatter_(2, index[:, : len(full)], k_full.to(self.keys[layer].dtype))
+            _bytes(self.keys[layer]).scatter_(2, index[:, : len(full)], _bytes(k_full.to(self.keys[layer].dtype)))
+            if self.fp8:
+                self.key_scale[layer].scatter_(2, index[:, : len(full), :, 0], k_sc[:, full])
         if local:
-            self.local_keys[layer] = written_ring(self.local_keys[layer], k_new[:, local], start, start + num_new,
-                                                  self.sink, self.recent)
+            ring = written_ring(_bytes(self.local_keys[layer]), _bytes(k_new[:, local].to(self.local_keys[layer].dtype)),
+                                start, start + num_new, self.sink, self.recent)
+            self.local_keys[layer] = ring.view(self.local_keys[layer].dtype)
+            if self.fp8:
+                self.local_scale[layer] = written_ring(self.local_scale[layer][..., None], k_sc[:, local, :, None],
+                                                       start, start + num_new, self.sink, self.recent)[..., 0]
 
     def set_view_limit(self, longest: int) -> None:
         """Readers see slots [0, N') with N' = ``longest`` rounded up to 64 (not the whole capacity)."""
@@ -225,6 +261,24 @@ class SparseKVCache(Cache):
 
     def _view(self, t: torch.Tensor) -> torch.Tensor:
         return t if self.view_limit is None or self.view_limit >= t.shape[2] else t[:, :, : self.view_limit]
+
+    def _scaled_stores(self):
+        return ((self.keys, self.key_scale), (self.local_keys, self.local_scale), (self.values, self.value_scale))
+
+    def _read(self, store: list, scales: list, layer: int, view: bool = True) -> torch.Tensor:
+        """``store[layer]`` (its view when ``view``) as attention reads it: FP8 dequantised to fp32 with its scales."""
+        t = store[layer]
+        if not self.fp8:
+            return self._view(t) if view else t
+        scale = scales[layer]
+        if view:
+            t, scale = self._view(t), self._view(scale)
+        # fp32 for the reference ops (what they compute from FP8 + scales); the Triton kernels take K/V in q's dtype
+        return kernels.dequantize_kv(t, scale, self.model_dtype if kernels.use_triton(t) else torch.float32)
+
+    def view_slots(self, layer: int) -> int:
+        """Cache slots readers of ``layer`` see (the view limit, or the capacity)."""
+        return int(self._view(self.values[layer]).shape[2])
 
     def state_buffer(self, layer: int, name: str) -> torch.Tensor:
         """[B, Hkv, E', *trailing]: the scheme's StateBuffer ``name`` of ``layer``, its entries covering the view limit
@@ -237,26 +291,26 @@ class SparseKVCache(Cache):
 
     def layer_values(self, layer: int) -> torch.Tensor:
         """[B, Hkv, N', D] values of ``layer`` (N' = the view limit)."""
-        return self._view(self.values[layer])
+        return self._read(self.values, self.value_scale, layer)
 
     def layer_keys(self, layer: int) -> torch.Tensor:
         """[B, Hkv, N, D] keys of a layer that keeps every head's keys (not POD-shared)."""
         if self.local_keys[layer] is not None:
             raise RuntimeError(f"layer {layer} keeps POD-shared heads' keys for sinks + ring only; "
                                f"use anchor_keys / local_key_view")
-        return self._view(self.keys[layer])
+        return self._read(self.keys, self.key_scale, layer)
 
     def _full_head(self, layer: int, head: int) -> torch.Tensor:
         kind, i = self.key_slot[layer][head]
         if kind != "full":
             raise RuntimeError(f"layer {layer} KV head {head} is not an anchor: its distant keys are not stored")
-        return self._view(self.keys[layer])[:, i]
+        return self._read(self.keys, self.key_scale, layer)[:, i]
 
     def anchor_keys(self, layer: int) -> torch.Tensor:
         """[B, Hkv, N, D]: per KV head, the full keys of its anchor layer (its own for anchor heads)."""
         anchors = self.plan[layer].anchors
         if all(a == layer for a in anchors):
-            return self._view(self.keys[layer])
+            return self._read(self.keys, self.key_scale, layer)
         return torch.stack([self._full_head(a, h) for h, a in enumerate(anchors)], dim=1)
 
     def local_key_view(self, layer: int, lens: torch.Tensor) -> torch.Tensor:
@@ -264,11 +318,14 @@ class SparseKVCache(Cache):
         (anchor heads, which keep every key, are gathered into the same layout)."""
         pos = local_slot_positions(lens, self.sink, self.recent).clamp(min=0)
         heads = []
+        local = self._read(self.local_keys, self.local_scale, layer, view=False) if self.local_keys[layer] is not None \
+            else None
+        full = self._read(self.keys, self.key_scale, layer) if self.keys[layer] is not None else None
         for h, (kind, i) in enumerate(self.key_slot[layer]):
             if kind == "local":
-                heads.append(self.local_keys[layer][:, i])
+                heads.append(local[:, i])
             else:
-                k = self._view(self.keys[layer])[:, i]  # [B, N', D]
+                k = full[:, i]  # [B, N', D]
                 heads.append(torch.gather(k, 1, pos[:, :, None].expand(-1, -1, self.head_dim)))
         return torch.stack(heads, dim=1)
 
@@ -295,7 +352,7 @@ class SparseKVCache(Cache):
         for layer in layers:
             if layer in self.page_layers:
                 self.page_max[layer], self.page_min[layer] = kernels.quest_page_minmax(
-                    self.keys[layer], self.seq_lens, self.quest_page_size)
+                    self.keys[layer], self.seq_lens, self.quest_page_size, k_scale=self.key_scale[layer])
 
     def quest_pages(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(page_max, page_min) [B, Hkv, P', D] of ``layer``, P' covering the view limit."""
@@ -308,10 +365,13 @@ class SparseKVCache(Cache):
             return
         ps = self.quest_page_size
         if not bool(((new_lens - old_lens) == 1).all()):
-            self.page_max[layer], self.page_min[layer] = kernels.quest_page_minmax(self.keys[layer], new_lens, ps)
+            self.page_max[layer], self.page_min[layer] = kernels.quest_page_minmax(self.keys[layer], new_lens, ps,
+                                                                                   k_scale=self.key_scale[layer])
             return
         rows = torch.arange(new_lens.shape[0], device=new_lens.device)
         k = self.keys[layer][rows, :, new_lens - 1]  # [B, Hkv, D]: the appended token's key as stored
+        if self.fp8:
+            k = kernels.dequantize_kv(k, self.key_scale[layer][rows, :, new_lens - 1])
         fold_token(self.page_max[layer], self.page_min[layer], k, new_lens - 1, ps, rows)
 
     # ------------------------------------------------------------------ bookkeeping
@@ -327,5 +387,7 @@ class SparseKVCache(Cache):
         self.steps_since_correction += 1
 
     def kv_bytes(self) -> KVBytes:
-        """Bytes allocated for keys, values and page metadata, and a dense cache's bytes (same capacity)."""
-        return KVBytes.of(self.keys + self.local_keys, self.values, self.page_max + self.page_min)
+        """Bytes allocated for keys, values and page metadata, and a dense cache's bytes (same capacity); FP8: the
+        float8 data and the fp32 scales."""
+        return KVBytes.of(self.keys + self.local_keys + self.key_scale + self.local_scale,
+                          self.values + self.value_scale, self.page_max + self.page_min)

@@ -26,6 +26,9 @@ class CacheLayout:
         page_size: tokens per page of those layers (None: no page layers).
         correction_period: every T decode steps the last T tokens are re-run (TidalDecode's KV correction), so
             the cache remembers their ids; None: off.
+        kv_cache_dtype: "bfloat16" (K/V in the model's dtype) or "fp8_e4m3": keys, values and POD's ring as
+            float8_e4m3fn with one fp32 scale per (token or ring slot, KV head), [B, Hkv, N] next to each
+            [B, Hkv, N, D] buffer (kernels/fp8_kv.py); Quest's page max / min stay in the model's dtype.
     """
 
     ring_sink: int = 0
@@ -34,6 +37,12 @@ class CacheLayout:
     page_size: int | None = None
     correction_period: int | None = None
     buffers: tuple[BufferLayout, ...] = ()
+    kv_cache_dtype: str = "bfloat16"
+
+    @property
+    def fp8(self) -> bool:
+        """Whether K/V are stored as FP8 with scales."""
+        return self.kv_cache_dtype == "fp8_e4m3"
 
     def buffers_of(self, layer: int) -> tuple[BufferLayout, ...]:
         return tuple(b for b in self.buffers if layer in b.layers)
@@ -69,4 +78,5 @@ def cache_layout(config, plan, head_dim: int = 0) -> CacheLayout:
     correction = needs.correction_period(config) if needs.correction_period is not None else None
     buffers = tuple(BufferLayout(b.name, tuple(row.layer for row in plan if row.decode in b.roles), b.slots_per_entry,
                                  tuple(b.trailing(config, head_dim)), b.fill, b.dtype) for b in needs.buffers)
-    return CacheLayout(sink, recent, page_layers, page_size, correction, buffers)
+    return CacheLayout(sink, recent, page_layers, page_size, correction, buffers,
+                       getattr(config, "kv_cache_dtype", "bfloat16"))

@@ -22,6 +22,8 @@ from dataclasses import field
 from pathlib import Path
 from typing import Any
 
+from kernels.fp8_kv import KV_CACHE_DTYPES
+
 from .schemes import registry
 from .validation import ConfigError, fail
 
@@ -36,6 +38,9 @@ class _SparseAttentionConfigBase:
     """Methods of :class:`SparseAttentionConfig` (whose fields come from the registry)."""
 
     def __post_init__(self) -> None:
+        if not isinstance(self.kv_cache_dtype, str) or self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            fail("kv_cache_dtype", self.kv_cache_dtype, f"expected one of {', '.join(KV_CACHE_DTYPES)} (the KV cache's "
+                 f"storage: the model's dtype, or FP8 E4M3 with one fp32 scale per token and KV head, kernels/fp8_kv.py)")
         registry.get_scheme(self.prefill_scheme, "prefill")
         registry.get_scheme(self.decode_scheme, "decode")
         for name, cls in _SECTIONS.items():
@@ -64,7 +69,7 @@ class _SparseAttentionConfigBase:
     def with_overrides(self, **overrides: Any) -> "SparseAttentionConfig":
         """A copy with flat overrides applied, e.g. ``decode_scheme="tidal", tidal_budget=256``.
 
-        Keys are ``prefill_scheme``, ``decode_scheme`` or ``<section>_<field>`` for a config section
+        Keys are ``prefill_scheme``, ``decode_scheme``, ``kv_cache_dtype`` or ``<section>_<field>`` for a config section
         (pod, tidal, token_sparse, quest, streaming). Unknown keys raise ConfigError.
         """
         data = self.to_dict()
@@ -82,14 +87,17 @@ class _SparseAttentionConfigBase:
 
 SparseAttentionConfig = dataclasses.make_dataclass(
     "SparseAttentionConfig",
-    [("prefill_scheme", str, field(default="dense")), ("decode_scheme", str, field(default="dense"))]
+    [("prefill_scheme", str, field(default="dense")), ("decode_scheme", str, field(default="dense")),
+     ("kv_cache_dtype", str, field(default="bfloat16"))]
     + [(key, cls, field(default_factory=cls)) for key, cls in _SECTIONS.items()],
     bases=(_SparseAttentionConfigBase,),
     namespace={"__doc__": """Which scheme runs in each phase, and every method's parameters.
 
     ``prefill_scheme`` / ``decode_scheme``: a registered scheme that runs in that phase
     (``sparse_models.schemes.registry.scheme_names(phase)``; "pod+tidal" = POD's shared-key cache with
-    TidalDecode selection on top). One field per config section of the registered schemes.
+    TidalDecode selection on top). ``kv_cache_dtype`` (vLLM's and transformers' name): "bfloat16" (default: K/V in
+    the model's dtype) or "fp8_e4m3" (K/V, POD's ring, FP8 with one fp32 scale per token and KV head; kernels/fp8_kv.py).
+    One field per config section of the registered schemes.
     """},
 )
 SparseAttentionConfig.__module__ = __name__
@@ -102,7 +110,7 @@ def is_override_key(key: str) -> bool:
 
 def override_keys() -> list[str]:
     """Every flat override :meth:`SparseAttentionConfig.with_overrides` understands, sorted."""
-    keys = ["prefill_scheme", "decode_scheme"]
+    keys = list(_TOP_LEVEL)
     for section, cls in _SECTIONS.items():
         keys += [f"{section}_{f.name}" for f in dataclasses.fields(cls)]
     return sorted(keys)
@@ -111,7 +119,7 @@ def override_keys() -> list[str]:
 def looks_like_override(key: str) -> bool:
     """Whether ``key`` is meant as a flat override (``<method>_...``, ``prefill_...``, ``decode_...``), valid or
     not: ``from_pretrained`` sends such keys to validation instead of transformers' keyword arguments."""
-    prefixes = ("prefill_", "decode_") + tuple(f"{section}_" for section in _SECTIONS)
+    prefixes = ("prefill_", "decode_", "kv_cache_") + tuple(f"{section}_" for section in _SECTIONS)
     return key.startswith(prefixes)
 
 
@@ -124,7 +132,7 @@ def unknown_option_error(key: str, value: Any, *, also_known=(), what: str = "a 
     close = difflib.get_close_matches(key, override_keys() + list(also_known), n=3, cutoff=0.75)
     hint = f" (did you mean {' or '.join(close)}?)" if close else ""
     if expected is None:
-        expected = (f"expected prefill_scheme, decode_scheme or <method>_<field> with method in "
+        expected = (f"expected prefill_scheme, decode_scheme, kv_cache_dtype or <method>_<field> with method in "
                     f"{', '.join(_SECTIONS)} (e.g. tidal_budget, pod_recent_window)")
     return ConfigError(f"{key}={value!r} is not {what}{hint}: {expected}")
 
@@ -142,8 +150,11 @@ def parse_override_value(text: str) -> Any:
     return None if text.lower() == "none" else text
 
 
+_TOP_LEVEL = ("prefill_scheme", "decode_scheme", "kv_cache_dtype")
+
+
 def _override_target(key: str) -> tuple[str | None, str] | None:
-    if key in ("prefill_scheme", "decode_scheme"):
+    if key in _TOP_LEVEL:
         return None, key
     for section, cls in sorted(_SECTIONS.items(), key=lambda item: -len(item[0])):
         prefix = section + "_"

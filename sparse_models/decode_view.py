@@ -52,7 +52,7 @@ class CacheDecodeView:
     @property
     def capacity(self) -> int:
         """Cache slots this step reads (the view's width: the longest sequence rounded up to 64)."""
-        return int(self.values.shape[2])
+        return self.cache.view_slots(self.layer)
 
     def full(self, q: torch.Tensor) -> torch.Tensor:
         return kernels.decode_attention(q, self.keys, self.values, self.lens)

@@ -28,6 +28,8 @@ import sys
 import warnings
 from pathlib import Path
 
+from kernels.fp8_kv import KV_CACHE_DTYPES
+
 from .config import ConfigError, parse_override_value
 from .model_files import check_model_folder
 from .schemes.registry import SCHEMES, budget_overrides, budgeted_schemes, scheme_names
@@ -42,6 +44,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     src.add_argument("--prompt-file", type=Path, help="text file (one prompt) or .jsonl with {'prompt': ...} lines")
     p.add_argument("--decode-scheme", default=None, help=f"one of {', '.join(scheme_names('decode'))} (default: the checkpoint's)")
     p.add_argument("--prefill-scheme", default=None, help=f"one of {', '.join(scheme_names('prefill'))} (default: the checkpoint's)")
+    p.add_argument("--kv-cache-dtype", default=None, choices=list(KV_CACHE_DTYPES),
+                   help="KV cache storage: bfloat16 (the model's dtype) or fp8_e4m3 (FP8 E4M3 + one fp32 scale per "
+                        "token and KV head, kernels/fp8_kv.py; default: the checkpoint's)")
     p.add_argument("--budget", type=int, default=None,
                    help="positions one decode query reads, current token included: "
                         + "; ".join(f"{name}: {SCHEMES[name].budget.meaning}" for name in budgeted_schemes()))
@@ -98,6 +103,8 @@ def scheme_overrides(args) -> dict:
             raise ConfigError(f"--prefill-scheme={args.prefill_scheme!r} is not a known scheme: expected one of "
                               f"{', '.join(scheme_names('prefill'))}")
         overrides["prefill_scheme"] = args.prefill_scheme
+    if getattr(args, "kv_cache_dtype", None) is not None:
+        overrides["kv_cache_dtype"] = args.kv_cache_dtype
     for item in args.set:
         if "=" not in item:
             raise ConfigError(f"--set {item!r} is invalid: expected KEY=VALUE, e.g. tidal_selection=kv_group")
@@ -260,7 +267,7 @@ def _main(argv=None) -> int:
             print(prompt + out)
     t = dict(result.timings, warmup_s=warmup_s)
     print(f"[podkit engine: decode={engine.config.decode_scheme} prefill={engine.config.prefill_scheme} "
-          f"graphs={engine.use_cuda_graphs} device={device} | {timing_line(t)}]", file=sys.stderr)
+          f"kv_cache_dtype={engine.config.kv_cache_dtype} graphs={engine.use_cuda_graphs} device={device} | {timing_line(t)}]", file=sys.stderr)
     if args.json:
         args.json.write_text(json.dumps({"prompts": prompts, "outputs": outputs, "tokens": result.tokens,
                                          "finish_reasons": result.finish_reasons, "timings": t,

@@ -9,6 +9,10 @@ non-anchor heads reading proximal keys from the ring and distant keys from the a
 2412.02252; ``select``: + TidalDecode's top-k positions, arXiv 2410.05076; ``sparse``: attention over
 slot lists; ``key_pages``: Quest's page max/min, arXiv 2406.10774). Which of them a layer runs is the
 decode scheme's business (``sparse_models/schemes/<method>.py``).
+
+On an FP8 cache (``kv_cache_dtype="fp8_e4m3"``) every op gets the scales of the buffers it reads
+(``k_scale`` / ``v_scale``, POD's ``k_local_scale`` / ``k_anchor_scale``) and dequantises in registers; the
+scales are None in the model's dtype, which is the bf16 call unchanged.
 """
 
 from __future__ import annotations
@@ -27,6 +31,17 @@ def _heads(run: KeyRun, group: int) -> slice:
 
 def _cat(parts: list[torch.Tensor]) -> torch.Tensor:
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+
+
+def _scales(cache: StaticCache, layer: int, run: KeyRun, batch: int):
+    """(k_scale, v_scale) of a run's full keys (its anchor layer's) and values: None on a cache of the model's dtype."""
+    return cache.full_key_scale(run.anchor, run.h0, run.h1, batch), cache.value_scales(layer, run.h0, run.h1, batch)
+
+
+def _local_scale(cache: StaticCache, layer: int, run: KeyRun, batch: int) -> dict:
+    """POD's ``k_local_scale`` of a non-anchor run's ring ({} on a cache of the model's dtype)."""
+    scale = cache.local_scales(layer, run.h0, run.h1, batch)
+    return {} if scale is None else {"k_local_scale": scale}
 
 
 def gate_anchor_layers(cache: StaticCache) -> frozenset[int]:
@@ -57,18 +72,23 @@ def full_attention(cache: StaticCache, layer: int, q, lens, scale, gate_tau=None
         hq = _heads(run, group)
         v = cache.values[layer][:batch, run.h0:run.h1]
         k_full = cache.full_keys(run.anchor, run.h0, run.h1, batch)
+        ks, vs = _scales(cache, layer, run, batch)
+        fp8 = {} if vs is None else dict(k_anchor_scale=ks, v_scale=vs)
         if run.own and stores_gate:
-            out, gate = kernels.pod_decode_attention(q[:, hq], None, k_full, v, lens, return_gate=True, **pod)
+            out, gate = kernels.pod_decode_attention(q[:, hq], None, k_full, v, lens, return_gate=True, **pod, **fp8)
         elif run.own:
-            out, gate = kernels.decode_attention(q[:, hq], k_full, v, lens, scale=scale), None
+            out, gate = kernels.decode_attention(q[:, hq], k_full, v, lens, scale=scale, k_scale=ks, v_scale=vs), None
         elif estimate and run.anchor in gates:
             k_local = cache.local_keys[layer][:batch, run.h0:run.h1]
+            fp8.update(_local_scale(cache, layer, run, batch))
             out, gate = kernels.pod_decode_attention(q[:, hq], k_local, k_full, v, lens, gate_tau=gate_tau,
-                                                     gate_estimate=gates[run.anchor][:, hq], return_gate=True, **pod)
+                                                     gate_estimate=gates[run.anchor][:, hq], return_gate=True, **pod,
+                                                     **fp8)
         else:
             k_local = cache.local_keys[layer][:batch, run.h0:run.h1]
+            fp8.update(_local_scale(cache, layer, run, batch))
             out, gate = kernels.pod_decode_attention(q[:, hq], k_local, k_full, v, lens, gate_tau=gate_tau,
-                                                     **pod), None
+                                                     **pod, **fp8), None
         outs.append(out)
         layer_gates.append(gate)
     if stores_gate:
@@ -87,17 +107,19 @@ def selection_attention(cache: StaticCache, layer: int, q, lens, scale, budget: 
     for run in cache.runs[layer]:
         hq = _heads(run, group)
         v = cache.values[layer][:batch, run.h0:run.h1]
+        ks, vs = _scales(cache, layer, run, batch)
         if run.own:
             k_full = cache.full_keys(run.anchor, run.h0, run.h1, batch)
             out, idx = kernels.selection_decode_attention(q[:, hq], k_full, v, lens, budget, scale=scale,
-                                                          per_kv_group=per_kv_group)
+                                                          per_kv_group=per_kv_group, k_scale=ks, v_scale=vs)
         else:
             # a POD non-anchor run: one read gives the output and the logit of every position by the key it is
             # attended with (ring key if proximal, anchor key if distant), which the top-k ranks
             k_local = cache.local_keys[layer][:batch, run.h0:run.h1]
             k_anchor = cache.full_keys(run.anchor, run.h0, run.h1, batch)
+            fp8 = {} if vs is None else dict(k_anchor_scale=ks, v_scale=vs, **_local_scale(cache, layer, run, batch))
             out, scores = kernels.pod_decode_attention(q[:, hq], k_local, k_anchor, v, lens, sink=cache.sink,
-                                                       recent=cache.recent, scale=scale, return_scores=True)
+                                                       recent=cache.recent, scale=scale, return_scores=True, **fp8)
             idx = kernels.select_topk_positions(scores, lens, budget, group_size=group, per_kv_group=per_kv_group)
         outs.append(out)
         indices.append(idx)
@@ -113,8 +135,10 @@ def _pod_sparse_run(cache: StaticCache, layer: int, run: KeyRun, q_run, indices,
     k_local = cache.local_keys[layer][:batch, run.h0:run.h1]
     k_anchor = cache.full_keys(run.anchor, run.h0, run.h1, batch)
     v = cache.values[layer][:batch, run.h0:run.h1]
+    ks, vs = _scales(cache, layer, run, batch)
+    fp8 = {} if vs is None else dict(k_anchor_scale=ks, v_scale=vs, **_local_scale(cache, layer, run, batch))
     return kernels.pod_sparse_decode_attention(q_run, k_local, k_anchor, v, indices, lens, sink=cache.sink,
-                                               recent=cache.recent, scale=scale)
+                                               recent=cache.recent, scale=scale, **fp8)
 
 
 def sparse_attention(cache: StaticCache, layer: int, q, lens, scale, indices):
@@ -129,7 +153,8 @@ def sparse_attention(cache: StaticCache, layer: int, q, lens, scale, indices):
         if run.own:
             k_full = cache.full_keys(run.anchor, run.h0, run.h1, batch)
             v = cache.values[layer][:batch, run.h0:run.h1]
-            outs.append(kernels.sparse_decode_attention(q[:, hq], k_full, v, idx, scale=scale))
+            ks, vs = _scales(cache, layer, run, batch)
+            outs.append(kernels.sparse_decode_attention(q[:, hq], k_full, v, idx, scale=scale, k_scale=ks, v_scale=vs))
         else:
             outs.append(_pod_sparse_run(cache, layer, run, q[:, hq], idx, lens, scale))
     return _cat(outs)

@@ -10,6 +10,12 @@ cache: the anchor layers' keys for the scheme's ``anchor_key_roles`` (POD's ``po
 A chunk that continues earlier ones (nonzero offsets: TidalDecode's KV correction) and ``mode="full"``
 run exact causal attention over the cache (``kernels.prefill_attention`` reading the cached prefix).
 Prefill is eager (variable shapes) and may sync with the host.
+
+FP8 cache (``kv_cache_dtype="fp8_e4m3"``): the prefill attends in the model's dtype, as vLLM does, and the
+model's ``generate()`` path alike (``sparse_models/attention.py``): a fresh chunk attends over its own unquantised
+K/V (POD's anchor keys included: this chunk's keys of the anchor layers, kept while the chunk runs, not the FP8
+cache), and a chunk that continues the cache attends over the dequantised cache (its own tokens included, as
+stored). The cache write quantises.
 """
 
 from __future__ import annotations
@@ -66,20 +72,25 @@ def forward_chunk(parts: ModelParts, plan, cache: StaticCache, config: SparseAtt
     hidden = parts.embed_tokens(tokens)
     cos, sin = rope_tables(parts, hidden, position_ids)
     kv_max = int(lens.max())
+    # FP8: the fresh keys of the layers another layer's POD heads read as anchors (attention reads them unquantised)
+    anchor_layers = {a for p in plan for a in p.anchors if a != p.layer} if cache.fp8 else set()
+    fresh_keys: dict[int, torch.Tensor] = {}
     for layer_idx, layer in enumerate(parts.layers):
         role = plan[layer_idx].prefill
         residual = hidden
         x = rms_norm(layer.input_layernorm, hidden)
         q, k, v = project_qkv(parts, layer, x, cos, sin)
         cache.write_chunk(layer_idx, k, v, offsets, lens)
+        if layer_idx in anchor_layers:
+            fresh_keys[layer_idx] = k
         if fresh and mode == "scheme":
-            k_anchor = _anchor_keys(cache, plan, layer_idx, k, batch, s) if role in scheme.anchor_key_roles else None
+            k_anchor = (_anchor_keys(cache, plan, layer_idx, k, batch, s, fresh_keys)
+                        if role in scheme.anchor_key_roles else None)
             out = scheme.prefill[role](layer_idx, q, k, v, state, k_anchor, None)
         elif fresh:
             out = kernels.prefill_attention(q, k, v, offsets, lens, scale=parts.scale)
         else:
-            keys = cache.full_keys(layer_idx, 0, parts.num_kv_heads, batch)[:, :, :kv_max]
-            values = cache.values[layer_idx][:batch, :, :kv_max]
+            keys, values = cache.dequantized(layer_idx, batch, kv_max, q.dtype)
             out = kernels.prefill_attention(q, keys, values, offsets, lens, scale=parts.scale)
         hidden = finish_layer(layer, residual, out.transpose(1, 2).reshape(batch, s, -1).to(hidden.dtype))
     if stats is not None and state.stats is not None and state.stats.layers:
@@ -89,9 +100,14 @@ def forward_chunk(parts: ModelParts, plan, cache: StaticCache, config: SparseAtt
     return parts.lm_head(rms_norm(parts.norm, hidden)).float()
 
 
-def _anchor_keys(cache: StaticCache, plan, layer: int, k: torch.Tensor, batch: int, s: int) -> torch.Tensor:
+def _anchor_keys(cache: StaticCache, plan, layer: int, k: torch.Tensor, batch: int, s: int,
+                 fresh_keys: dict[int, torch.Tensor] | None = None) -> torch.Tensor:
     """[B, Hkv, S, D]: per KV head, the fresh keys of its anchor layer (its own where it is the anchor), read
-    from the static cache, which already holds the earlier layers' keys of this prompt."""
+    from the static cache, which already holds the earlier layers' keys of this prompt (FP8: from ``fresh_keys``,
+    this chunk's unquantised keys by layer)."""
+    if fresh_keys:
+        return torch.cat([k[:, h:h + 1] if a == layer else fresh_keys[a][:, h:h + 1]
+                          for h, a in enumerate(plan[layer].anchors)], dim=1)
     if _has_shared(cache, layer):
         return torch.cat([k[:, r.h0:r.h1] if r.own else cache.full_keys(r.anchor, r.h0, r.h1, batch)[:, :, :s]
                           for r in cache.runs[layer]], dim=1)

@@ -22,6 +22,12 @@ Layouts (per layer ``l``, chosen by the per-layer plan, ``sparse_models.plan``):
 * A scheme's own ``StateBuffer``s (``CacheNeeds.buffers``, laid out by ``sparse_models/cache_layout.py``):
   ``buffers[(layer, name)]`` [Bmax, Hkv, entries, *trailing], reset by a fresh prefill, updated by its decode
   functions through ``view.buffer``.
+* ``kv_cache_dtype="fp8_e4m3"`` (``layout.fp8``; kernels/fp8_kv.py): ``values``, ``keys``, ``key_pool`` and
+  ``local_keys`` hold float8_e4m3fn, and each has its fp32 scales [Bmax, H, N] (``value_scale``, ``key_scale``,
+  ``key_pool_scale``, ``local_scale``: one per token or ring slot and KV head). The prefill quantises
+  (``kernels.quantize_kv``), the decode append writes data and scales (``kernels.append_kv`` or the same
+  assignments), and the decode kernels take the scales and dequantise in registers. Quest's pages stay in the model's
+  dtype, computed from the dequantised keys and rounded outward.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from dataclasses import dataclass
 import torch
 
 import kernels
+from kernels.fp8_kv import FP8_DTYPE, SCALE_DTYPE, kv_storage_dtype, round_outward
 
 from ..cache_layout import CacheLayout
 from ..key_pages import fold_token
@@ -96,7 +103,8 @@ class StaticCache:
         self.page_size = layout.page_size or 1  # unused without page layers
         self.fused_append = fused_append  # decode appends through kernels.append_kv (one launch per layer)
         shape = (max_batch, num_kv_heads, capacity, head_dim)
-        alloc = dict(dtype=dtype, device=self.device)
+        self.fp8 = layout.fp8
+        alloc = dict(dtype=kv_storage_dtype(layout.kv_cache_dtype, dtype), device=self.device)
         self.runs = [key_runs(p.anchors if p.pod_keys else (p.layer,) * num_kv_heads, p.layer) for p in plan]
         self.values = [torch.zeros(shape, **alloc) for _ in plan]
         self.keys: list[torch.Tensor | None] = [None] * self.num_layers
@@ -117,6 +125,15 @@ class StaticCache:
                                                            **alloc)
             else:
                 self.keys[p.layer] = torch.zeros(shape, **alloc)
+        # FP8: one fp32 scale per (token or ring slot, KV head) next to each K/V buffer; None in the model's dtype
+        def scales(t):
+            return (torch.ones(t.shape[:-1], dtype=SCALE_DTYPE, device=self.device)
+                    if self.fp8 and t is not None else None)
+        self.value_scale = [scales(t) for t in self.values]
+        self.key_scale = [scales(t) for t in self.keys]
+        self.local_scale = [scales(t) for t in self.local_keys]
+        self.key_pool_scale = scales(self.key_pool)
+        alloc = dict(dtype=dtype, device=self.device)
         pages = -(-capacity // self.page_size)
         self.quest_layers = tuple(layout.page_layers)
         self.page_max = {l: torch.full((max_batch, num_kv_heads, pages, head_dim), float("-inf"), **alloc)
@@ -150,6 +167,34 @@ class StaticCache:
             raise EngineError(f"layer {layer} heads [{h0}, {h1}) keep no full keys in POD's cache (not anchors)")
         return self.key_pool[:batch, u0:u0 + h1 - h0]
 
+    def full_key_scale(self, layer: int, h0: int, h1: int, batch: int) -> torch.Tensor | None:
+        """[batch, h1 - h0, N] FP8 scales of :meth:`full_keys` (None in the model's dtype)."""
+        if not self.fp8:
+            return None
+        if self.keys[layer] is not None:
+            return self.key_scale[layer][:batch, h0:h1]
+        u0 = self.unit_of[(layer, h0)]
+        return self.key_pool_scale[:batch, u0:u0 + h1 - h0]
+
+    def value_scales(self, layer: int, h0: int, h1: int, batch: int) -> torch.Tensor | None:
+        """[batch, h1 - h0, N] FP8 scales of ``values[layer]`` (None in the model's dtype)."""
+        return self.value_scale[layer][:batch, h0:h1] if self.fp8 else None
+
+    def local_scales(self, layer: int, h0: int, h1: int, batch: int) -> torch.Tensor | None:
+        """[batch, h1 - h0, sink + recent] FP8 scales of ``local_keys[layer]`` (None in the model's dtype)."""
+        return self.local_scale[layer][:batch, h0:h1] if self.fp8 else None
+
+    def dequantized(self, layer: int, batch: int, kv_max: int, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """(keys, values) [batch, Hkv, kv_max, D] of a layer in the dense layout as attention over the cache reads
+        them (a chunk that continues the cache: TidalDecode's correction), dequantised to ``dtype`` when FP8."""
+        keys = self.full_keys(layer, 0, self.num_kv_heads, batch)[:, :, :kv_max]
+        values = self.values[layer][:batch, :, :kv_max]
+        if not self.fp8:
+            return keys, values
+        return (kernels.dequantize_kv(keys, self.full_key_scale(layer, 0, self.num_kv_heads, batch)[:, :, :kv_max],
+                                      dtype),
+                kernels.dequantize_kv(values, self.value_scale[layer][:batch, :, :kv_max], dtype))
+
     def ring_slots(self, pos: torch.Tensor) -> torch.Tensor:
         """Slot in ``local_keys`` of key position ``pos`` (sinks first, then the ring)."""
         return ring_slots(pos, self.sink, self.recent)
@@ -164,11 +209,15 @@ class StaticCache:
         b = self._batch_index[:batch]
         runs = self.runs[layer]
         local = self.local_keys[layer]
-        if self.fused_append:  # one launch: values, the heads' full keys (dense or POD's pool) and POD's ring
+        if self.fp8 and not self.fused_append:
+            self._append_fp8(layer, k, v, positions, b)
+        elif self.fused_append:  # one launch: values, the heads' full keys (dense or POD's pool) and POD's ring
             pooled = self.keys[layer] is None
+            fp8 = dict(key_scale=self.key_pool_scale if pooled else self.key_scale[layer],
+                       value_scale=self.value_scale[layer], ring_scale=self.local_scale[layer]) if self.fp8 else {}
             kernels.append_kv(self.key_pool if pooled else self.keys[layer], self.values[layer], k, v, positions,
                               key_heads=self._pool_rows[layer] if pooled else None, ring=local, sink=self.sink,
-                              recent=self.recent)
+                              recent=self.recent, **fp8)
         else:
             self.values[layer][b, :, positions] = v
             for run in runs:
@@ -177,7 +226,25 @@ class StaticCache:
             if local is not None:
                 local[b, :, self.ring_slots(positions)] = k
         if layer in self.page_max:
+            if self.fp8:  # the page bound covers the key as stored (dequantised), kernels/fp8_kv.py
+                k = kernels.dequantize_kv(self.keys[layer][b, :, positions], self.key_scale[layer][b, :, positions])
             fold_token(self.page_max[layer], self.page_min[layer], k, positions, self.page_size, b)
+
+    def _append_fp8(self, layer: int, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor, b) -> None:
+        """The unfused decode append of an FP8 cache: the token's K/V quantised per KV head (kernels.quantize_kv),
+        data and scales stored where the bf16 path stores K/V."""
+        kq, ks = kernels.quantize_kv(k)  # [B, Hkv, D], [B, Hkv]
+        vq, vs = kernels.quantize_kv(v)
+        self.values[layer][b, :, positions] = vq
+        self.value_scale[layer][b, :, positions] = vs
+        for run in self.runs[layer]:
+            if run.own:
+                self.full_keys(layer, run.h0, run.h1, self.max_batch)[b, :, positions] = kq[:, run.h0:run.h1]
+                self.full_key_scale(layer, run.h0, run.h1, self.max_batch)[b, :, positions] = ks[:, run.h0:run.h1]
+        if self.local_keys[layer] is not None:
+            slots = self.ring_slots(positions)
+            self.local_keys[layer][b, :, slots] = kq
+            self.local_scale[layer][b, :, slots] = ks
 
     def write_chunk(self, layer: int, k: torch.Tensor, v: torch.Tensor, offsets: torch.Tensor,
                     lens: torch.Tensor) -> None:
@@ -193,11 +260,17 @@ class StaticCache:
         idx = pos.clamp(max=self.capacity - 1)[:, None, :, None].expand(batch, k.shape[1], s, d)
 
         def put(buffer: torch.Tensor, x: torch.Tensor) -> None:
+            if buffer.dtype == FP8_DTYPE:  # torch's CPU scatter has no float8 kernel: write the bytes
+                buffer, x = buffer.view(torch.uint8), x.view(torch.uint8)
             if zero_offsets:
                 buffer[:, :, :s] = x
+            elif buffer.dim() == 3:  # FP8 scales [B, H, N]
+                buffer.scatter_(2, idx[:, :x.shape[1], :, 0], x)
             else:
                 buffer.scatter_(2, idx[:, :x.shape[1]], x)
 
+        if self.fp8:
+            return self._write_chunk_fp8(layer, k, v, offsets, lens, put)
         put(self.values[layer][:batch], v)
         if zero_offsets:  # fresh sequences: the schemes' declared state starts over, as in a new model cache
             for buffer in self.layout.buffers_of(layer):
@@ -213,15 +286,53 @@ class StaticCache:
             self.page_max[layer][:batch] = pmax.to(self.dtype)
             self.page_min[layer][:batch] = pmin.to(self.dtype)
 
+    def _write_chunk_fp8(self, layer: int, k, v, offsets, lens, put) -> None:
+        """``write_chunk`` of an FP8 cache: K/V quantised per (token, KV head) and stored with their scales; the ring
+        takes the quantised keys and their scales; Quest's pages bound the dequantised keys, rounded outward."""
+        batch = k.shape[0]
+        kq, ks = kernels.quantize_kv(k)  # [B, Hkv, S, D], [B, Hkv, S]
+        vq, vs = kernels.quantize_kv(v)
+        put(self.values[layer][:batch], vq)
+        put(self.value_scale[layer][:batch], vs)
+        if not bool(offsets.any()):
+            for buffer in self.layout.buffers_of(layer):
+                self.buffers[(layer, buffer.name)][:batch].fill_(buffer.fill)
+        for run in self.runs[layer]:
+            if run.own:
+                put(self.full_keys(layer, run.h0, run.h1, batch), kq[:, run.h0:run.h1])
+                put(self.full_key_scale(layer, run.h0, run.h1, batch), ks[:, run.h0:run.h1])
+        local = self.local_keys[layer]
+        if local is not None:
+            local.view(torch.uint8)[:batch] = written_ring(local.view(torch.uint8)[:batch], kq.view(torch.uint8),
+                                                           offsets, lens, self.sink, self.recent)
+            self.local_scale[layer][:batch] = written_ring(self.local_scale[layer][:batch, :, :, None], ks[..., None],
+                                                           offsets, lens, self.sink, self.recent)[..., 0]
+        if layer in self.page_max:
+            pmax, pmin = kernels.quest_page_minmax(self.keys[layer][:batch], lens, self.page_size,
+                                                   k_scale=self.key_scale[layer][:batch])
+            self.page_max[layer][:batch], self.page_min[layer][:batch] = round_outward(pmax, pmin, self.dtype)
+
     def fill_random(self, lens: torch.Tensor, generator: torch.Generator | None = None) -> None:
         """Benchmarks: put random keys/values in every buffer and set positions = lens (no model run)."""
         batch = lens.shape[0]
-        for t in [*self.values, *[x for x in self.keys if x is not None], *[x for x in self.local_keys if x is not None]]:
-            t.normal_(generator=generator)
-        if self.key_pool is not None:
-            self.key_pool.normal_(generator=generator)
+        stores = [(self.values, self.value_scale), (self.keys, self.key_scale), (self.local_keys, self.local_scale),
+                  ([self.key_pool], [self.key_pool_scale])]
+        for data, scale in stores:
+            for i, t in enumerate(data):
+                if t is None:
+                    continue
+                if self.fp8:  # random normals, quantised as the prefill would
+                    x = torch.empty(t.shape, dtype=self.dtype, device=t.device).normal_(generator=generator)
+                    xq, xs = kernels.quantize_kv(x)
+                    t.copy_(xq)
+                    scale[i].copy_(xs)
+                else:
+                    t.normal_(generator=generator)
         for layer in self.quest_layers:
-            pmax, pmin = kernels.quest_page_minmax(self.keys[layer][:batch], lens, self.page_size)
+            k_scale = self.key_scale[layer][:batch] if self.fp8 else None
+            pmax, pmin = kernels.quest_page_minmax(self.keys[layer][:batch], lens, self.page_size, k_scale=k_scale)
+            if self.fp8:
+                pmax, pmin = round_outward(pmax, pmin, self.dtype)
             self.page_max[layer][:batch] = pmax.to(self.dtype)
             self.page_min[layer][:batch] = pmin.to(self.dtype)
         self.positions[:batch] = lens.to(self.device)
@@ -231,6 +342,8 @@ class StaticCache:
     # ------------------------------------------------------------------------------------------
 
     def kv_bytes(self) -> KVBytes:
-        """Bytes really allocated for keys and values (+ Quest metadata) against a dense cache of the same size."""
-        return KVBytes.of([*self.keys, self.key_pool, *self.local_keys], self.values,
+        """Bytes really allocated for keys and values (+ Quest metadata) against a dense cache of the same size
+        (FP8: the float8 data and the fp32 scales)."""
+        return KVBytes.of([*self.keys, self.key_pool, *self.local_keys, *self.key_scale, self.key_pool_scale,
+                           *self.local_scale], [*self.values, *self.value_scale],
                           [*self.page_max.values(), *self.page_min.values()])

@@ -22,6 +22,7 @@ for shared heads (``[causal ; none]`` for own-anchor heads), in fp32 math like p
 Differences from podkit's classes (same logits; tests/train/test_standalone_export.py checks it):
   * keys of every layer stay in the ``DynamicCache``: the math is POD's, the KV memory saving is
     not (podkit's ``SparseKVCache`` drops non-anchor distant keys);
+  * no FP8 KV cache (``kv_cache_dtype`` other than "bfloat16" is refused at load time);
   * no Triton kernels, no TidalDecode / Token Sparse / Quest / StreamingLLM schemes (the export's
     schemes are ``pod`` or ``dense``; anything else is refused at load time);
   * ``pod.gate_tau`` (decode compute skipping) is not applied: a warning says so, and decode
@@ -72,6 +73,11 @@ def pod_settings(sparse_attention: dict | None, num_layers: int, num_kv_heads: i
         if value not in SUPPORTED_SCHEMES:
             raise ValueError(f"sparse_attention.{name}={value!r} is not implemented by the standalone modeling file "
                              f"(expected one of {', '.join(SUPPORTED_SCHEMES)}); install podkit to use it")
+    kv_cache_dtype = sa.get("kv_cache_dtype", "bfloat16")
+    if kv_cache_dtype != "bfloat16":
+        raise ValueError(f"sparse_attention.kv_cache_dtype={kv_cache_dtype!r} is not implemented by the standalone "
+                         f"modeling file (expected 'bfloat16': its DynamicCache keeps K/V in the model's dtype); "
+                         f"install podkit for the FP8 cache ('fp8_e4m3')")
     if prefill != decode:
         raise ValueError(f"sparse_attention.prefill_scheme={prefill!r} and decode_scheme={decode!r}: the standalone "
                          f"modeling file runs one scheme for both phases; install podkit for mixed schemes")
