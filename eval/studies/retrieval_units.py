@@ -31,10 +31,20 @@ import time
 from pathlib import Path
 
 import torch
+from tqdm import tqdm
 
+from eval.models import load_model, load_tokenizer
+from eval.runner import apply_overrides
+from eval.schemes import dense, pod_zero_shot
 from eval.tasks.needle import needle_grid
 from eval.tasks.passkey import passkey_grid
-from sparse_models.calibration.pod_similarity import protect_units, shared_units, split_block
+from sparse_models.calibration.pod_similarity import (
+    protect_units,
+    read_blocks_json,
+    shared_units,
+    split_block,
+    write_blocks_json,
+)
 
 TASK_GRIDS = {"passkey": (passkey_grid, "filler"), "needle": (needle_grid, "pride_and_prejudice")}
 
@@ -80,7 +90,7 @@ def curve_points(num_units: int) -> list[int]:
 
 
 def plot_gains(gains: dict[tuple[int, int], float], num_layers: int, num_kv_heads: int, path: Path) -> Path:
-    import matplotlib
+    import matplotlib  # lazy: plotting only (an optional dependency), after the scoring
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -108,7 +118,7 @@ def plot_gains(gains: dict[tuple[int, int], float], num_layers: int, num_kv_head
     return path
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m eval.retrieval_units", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", required=True, help="a POD export (train/pod.py's export folder) or 'default'")
     parser.add_argument("--blocks", default=None, help="blocks JSON (default: the export's pod_blocks.json)")
@@ -129,6 +139,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--out", type=Path, required=True)
+    return parser
+
+
+def parse_args(argv: list[str] | None, parser: argparse.ArgumentParser) -> tuple[argparse.Namespace, Path | None]:
+    """The arguments, checked (``parser.error`` on a bad one), and the blocks file if one was given."""
     args = parser.parse_args(argv)
     if args.sink_tokens is not None and args.sink_tokens < 0:
         parser.error(f"--sink-tokens {args.sink_tokens} is invalid: expected an integer >= 0")
@@ -139,13 +154,60 @@ def main(argv: list[str] | None = None) -> int:
     blocks_path = Path(args.blocks) if args.blocks else None
     if blocks_path is not None and not blocks_path.is_file():
         parser.error(f"--blocks {blocks_path} does not exist: expected a POD blocks JSON (train/pod.py writes one)")
+    return args, blocks_path
 
-    from tqdm import tqdm
 
-    from eval.models import load_model, load_tokenizer
-    from eval.runner import apply_overrides
-    from eval.schemes import dense, pod_zero_shot
-    from sparse_models.calibration.pod_similarity import read_blocks_json, write_blocks_json
+def split_gains(score, anchors: list[list[int]], pod_logprob: float) -> dict[tuple[int, int], float]:
+    """Each shared unit's answer log-prob gain over POD when its block is split there alone."""
+    gains = {}
+    for layer, head in tqdm(shared_units(anchors), desc="split each shared unit"):
+        result = score(split_block(anchors, layer, head))
+        gains[(layer, head)] = result["logprob"] - pod_logprob
+    return gains
+
+
+def cumulative_curve(score, anchors: list[list[int]], order: list[tuple[int, int]], target_exact: float):
+    """The scores of protecting the first k units of ``order`` (k = ``curve_points``), and the first (k, map) whose
+    exact match reaches ``target_exact`` (None if none does)."""
+    curve, chosen = [], None
+    for k in tqdm(curve_points(len(order)), desc="cumulative splits"):
+        current, _ = protect_units(anchors, order[:k])
+        result = score(current)
+        curve.append({"splits": k, "shared_units": len(shared_units(current)), **result,
+                      "units": [list(unit) for unit in order[:k]],  # usable as the recipe's pod.protect_units
+                      "anchor_layers": current})  # every point usable as a block map (write_blocks_json)
+        if chosen is None and result["exact"] >= target_exact:
+            chosen = (k, current)
+    return curve, chosen
+
+
+def write_report(args: argparse.Namespace, report: dict, gains: dict, anchors: list[list[int]], order: list,
+                 chosen, blocks_path: Path | None) -> None:
+    """``retrieval_units.json``, the protected map (if one reached the target), the gains plot, and the summary."""
+    curve = report["curve"]
+    dense_exact = report["dense"]["exact"]
+    args.out.mkdir(parents=True, exist_ok=True)
+    if chosen is not None:
+        k, protected = chosen
+        write_blocks_json(args.out / "blocks_protected.json", protected, source_blocks=str(blocks_path or args.model),
+                          protected_by="eval.retrieval_units", splits=[list(u) for u in order[:k]])
+        report["protected"] = {"splits": k, "shared_units": len(shared_units(protected)),
+                               "units": [list(unit) for unit in order[:k]],
+                               "file": str(args.out / "blocks_protected.json")}
+    (args.out / "retrieval_units.json").write_text(json.dumps(report, indent=1))
+    plot_gains(gains, len(anchors), len(anchors[0]), args.out / "retrieval_units.png")
+    for point in curve:
+        print(f"[units] {point['splits']:>3} splits ({point['shared_units']} shared): log-prob "
+              f"{point['logprob']:.3f}, exact {100 * point['exact']:.0f}%")
+    print(f"[units] dense exact {100 * dense_exact:.0f}%; protected map: "
+          f"{report.get('protected', 'none reaches the target')} -> {args.out}")
+    if "protected" in report:  # the re-adaptation step: train/pod.py RECIPE pod.protect_units=... (README, POD)
+        print(f"[units] re-adapt with: pod.protect_units={json.dumps(report['protected']['units'], separators=(',', ':'))}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args, blocks_path = parse_args(argv, parser)
 
     tokenizer = load_tokenizer(args.model)
     model = load_model(args.model, device=args.device, dtype=getattr(torch, args.dtype))
@@ -182,43 +244,14 @@ def main(argv: list[str] | None = None) -> int:
                     "device": args.device, "dtype": args.dtype}
     report["dense"] = score(None)
     report["pod"] = score(anchors)
-    units = shared_units(anchors)
-    print(f"[units] dense {report['dense']}, POD {report['pod']}, {len(units)} shared units")
-    gains = {}
-    for layer, head in tqdm(units, desc="split each shared unit"):
-        result = score(split_block(anchors, layer, head))
-        gains[(layer, head)] = result["logprob"] - report["pod"]["logprob"]
+    print(f"[units] dense {report['dense']}, POD {report['pod']}, {len(shared_units(anchors))} shared units")
+    gains = split_gains(score, anchors, report["pod"]["logprob"])
     report["splits"] = [{"layer": l, "kv_head": h, "gain": g} for (l, h), g in sorted(gains.items())]
     order = greedy_order(gains)
-    curve, chosen = [], None
-    dense_exact = report["dense"]["exact"]
-    for k in tqdm(curve_points(len(order)), desc="cumulative splits"):
-        current, _ = protect_units(anchors, order[:k])
-        result = score(current)
-        curve.append({"splits": k, "shared_units": len(shared_units(current)), **result,
-                      "units": [list(unit) for unit in order[:k]],  # usable as the recipe's pod.protect_units
-                      "anchor_layers": current})  # every point usable as a block map (write_blocks_json)
-        if chosen is None and result["exact"] >= args.target * dense_exact:
-            chosen = (k, current)
+    curve, chosen = cumulative_curve(score, anchors, order, args.target * report["dense"]["exact"])
     report["curve"] = curve
     report["seconds"] = time.time() - start
-    args.out.mkdir(parents=True, exist_ok=True)
-    if chosen is not None:
-        k, protected = chosen
-        write_blocks_json(args.out / "blocks_protected.json", protected, source_blocks=str(blocks_path or args.model),
-                          protected_by="eval.retrieval_units", splits=[list(u) for u in order[:k]])
-        report["protected"] = {"splits": k, "shared_units": len(shared_units(protected)),
-                               "units": [list(unit) for unit in order[:k]],
-                               "file": str(args.out / "blocks_protected.json")}
-    (args.out / "retrieval_units.json").write_text(json.dumps(report, indent=1))
-    plot_gains(gains, len(anchors), len(anchors[0]), args.out / "retrieval_units.png")
-    for point in curve:
-        print(f"[units] {point['splits']:>3} splits ({point['shared_units']} shared): log-prob "
-              f"{point['logprob']:.3f}, exact {100 * point['exact']:.0f}%")
-    print(f"[units] dense exact {100 * dense_exact:.0f}%; protected map: "
-          f"{report.get('protected', 'none reaches the target')} -> {args.out}")
-    if "protected" in report:  # the re-adaptation step: train/pod.py RECIPE pod.protect_units=... (README, POD)
-        print(f"[units] re-adapt with: pod.protect_units={json.dumps(report['protected']['units'], separators=(',', ':'))}")
+    write_report(args, report, gains, anchors, order, chosen, blocks_path)
     return 0 if all(math.isfinite(p["logprob"]) for p in curve) else 1
 
 
