@@ -47,8 +47,13 @@ from typing import Any
 import torch
 
 from eval import schemes
+from eval.harness import plots
 from eval.harness.quality import record_key, retrieval_samples, run_perplexity, run_retrieval, summarise
+from eval.models import load_model, load_tokenizer
 from eval.runner import apply_overrides
+from eval.tasks.perplexity import perplexity_windows
+from sparse_models import capture_attention_inputs
+from sparse_models.calibration import pod_similarity, tidal_reselection, token_sparse_drift
 
 CALIBRATION_TEXT = "persuasion"   # not Emma (the perplexity text), not the passkey filler
 POD_SINK, POD_RECENT = 16, 240    # recipes/smollm2_135m.yaml
@@ -143,10 +148,6 @@ def variant_settings(specs: list[str] | None, model, base) -> list[schemes.Setti
 
 def calibrate(model, tokenizer, plan: SweepPlan, out: Path) -> dict[str, Any]:
     """Run the three calibration analyses on the dense model; return what the settings need."""
-    from eval.tasks.perplexity import perplexity_windows
-    from sparse_models import capture_attention_inputs
-    from sparse_models.calibration import pod_similarity, tidal_reselection, token_sparse_drift
-
     device = next(model.parameters()).device
     windows = perplexity_windows(tokenizer, plan.calibration_length, plan.calibration_samples, text=CALIBRATION_TEXT)
     batches = [torch.tensor([w], device=device) for w in windows]
@@ -237,7 +238,7 @@ def check_targets(summary: dict) -> list[str]:
     return lines
 
 
-def main(argv: list[str] | None = None) -> dict:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m eval.fidelity", description="podkit fidelity sweep (passkey + perplexity) on SmolLM2-135M")
     parser.add_argument("--reduced", action="store_true", help="the `make eval` sweep: minutes on CPU")
     parser.add_argument("--out", default="outputs/fidelity")
@@ -265,10 +266,11 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--no-calibrate", action="store_true", help="use config defaults instead of calibrating")
     parser.add_argument("--pod-blocks", default=None, help="POD blocks JSON (skips the POD calibration's use)")
     parser.add_argument("--replot", action="store_true", help="only redraw PNGs / tables from --out (no model)")
-    args = parser.parse_args(argv)
-    if args.replot:
-        return replot(Path(args.out))
+    return parser
 
+
+def sweep_plan(args: argparse.Namespace) -> SweepPlan:
+    """The reduced or full plan with the command line's overrides."""
     plan = copy.deepcopy(REDUCED if args.reduced else FULL)
     if args.lengths:
         plan.passkey_lengths = plan.ppl_lengths = list(args.lengths)
@@ -284,21 +286,19 @@ def main(argv: list[str] | None = None) -> dict:
         plan.calibration_length = args.calibration_length
     if args.calibration_samples:
         plan.calibration_samples = args.calibration_samples
-    out = Path(args.out)
+    return plan
+
+
+def check_question_phase(out: Path, question_phase: str) -> None:
+    """A resumed sweep keeps the question phase of the passkey records already in ``out``."""
     earlier = {r.get("question_phase", "decode") for r in load_records(out / "records.jsonl") if r["task"] == "passkey"}
-    if earlier - {args.question_phase}:
-        raise SystemExit(f"--question-phase {args.question_phase} differs from the passkey records already in {out} "
+    if earlier - {question_phase}:
+        raise SystemExit(f"--question-phase {question_phase} differs from the passkey records already in {out} "
                          f"({', '.join(sorted(earlier))}): use another --out")
-    out.mkdir(parents=True, exist_ok=True)
 
-    from eval.models import load_model, load_tokenizer
 
-    started = time.time()
-    model = load_model(args.model, device=args.device, dtype=args.dtype)
-    tokenizer = load_tokenizer(args.model)
-    base = model.sparse_config
-    extra = tidal_ablation_settings(args.tidal_ablation, model.config.num_hidden_layers, base.tidal.full_layers)
-    extra += variant_settings(args.variants, model, base)
+def sweep_calibration(args: argparse.Namespace, model, tokenizer, plan: SweepPlan, out: Path, base) -> dict[str, Any]:
+    """The calibration the settings use: none (``--no-calibrate``), ``out``'s cached one, or a fresh one (cached)."""
     calibration_path = out / "calibration" / "summary.json"
     if args.no_calibrate:
         calibration: dict[str, Any] = {}
@@ -310,18 +310,21 @@ def main(argv: list[str] | None = None) -> dict:
         calibration_path.write_text(json.dumps(calibration, indent=1))
     if args.pod_blocks:
         calibration["pod_blocks_file"] = args.pod_blocks
-    print("calibration:", json.dumps(calibration))
+    return calibration
 
+
+def sweep_settings(plan: SweepPlan, calibration: dict[str, Any], extra: list, wanted: list[str] | None):
+    """(passkey + ppl settings, ppl-only settings), only the ``wanted`` labels if given."""
     both, ppl_only = build_settings(plan, calibration, extra=extra)
-    if args.settings:
-        wanted = set(args.settings)
+    if wanted:
+        wanted = set(wanted)
         both = [s for s in both if s.label in wanted]
         ppl_only = [s for s in ppl_only if s.label in wanted]
-    records_path = out / "records.jsonl"
-    records = load_records(records_path)
-    done = {record_key(r) for r in records}
+    return both, ppl_only
 
-    device_name = _device_name(args.device)
+
+def record_writer(records: list[dict], records_path: Path, device_name: str, started: float):
+    """``emit(record)``: tag it with the device, keep it, append it to ``records_path`` and print one line."""
 
     def emit(record: dict) -> None:
         record["device"] = device_name   # a resumed sweep may finish on another machine
@@ -332,7 +335,13 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"[{time.time() - started:7.0f}s] {record['task']:8s} {record['setting']:20s} {record['length']:5d} "
               f"{record.get('depth', record.get('window'))} {label} ({record['seconds']:.1f}s)", flush=True)
 
-    samples = retrieval_samples("passkey", tokenizer, plan.passkey_lengths, plan.depths) if "passkey" in args.tasks else []
+    return emit
+
+
+def run_settings(model, tokenizer, base, settings: tuple[list, list], samples: list, plan: SweepPlan,
+                 args: argparse.Namespace, done: set, emit) -> dict[str, str]:
+    """Every setting's passkey and perplexity records; a setting that fails is kept as its traceback."""
+    both, ppl_only = settings
     failures: dict[str, str] = {}
     for setting in both + ppl_only:
         # One setting that breaks (a kernel error, out of memory) must not cost the rest of a long
@@ -348,6 +357,39 @@ def main(argv: list[str] | None = None) -> dict:
         except Exception:  # noqa: BLE001 - reported below and in fidelity.json
             failures[setting.label] = traceback.format_exc()
             print(f"setting {setting.label} FAILED:\n{failures[setting.label]}", file=sys.stderr, flush=True)
+    return failures
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.replot:
+        return replot(Path(args.out))
+
+    plan = sweep_plan(args)
+    out = Path(args.out)
+    check_question_phase(out, args.question_phase)
+    out.mkdir(parents=True, exist_ok=True)
+
+    started = time.time()
+    model = load_model(args.model, device=args.device, dtype=args.dtype)
+    tokenizer = load_tokenizer(args.model)
+    base = model.sparse_config
+    extra = tidal_ablation_settings(args.tidal_ablation, model.config.num_hidden_layers, base.tidal.full_layers)
+    extra += variant_settings(args.variants, model, base)
+    calibration = sweep_calibration(args, model, tokenizer, plan, out, base)
+    print("calibration:", json.dumps(calibration))
+
+    both, ppl_only = sweep_settings(plan, calibration, extra, args.settings)
+    records_path = out / "records.jsonl"
+    records = load_records(records_path)
+    done = {record_key(r) for r in records}
+
+    device_name = _device_name(args.device)
+    emit = record_writer(records, records_path, device_name, started)
+
+    samples = retrieval_samples("passkey", tokenizer, plan.passkey_lengths, plan.depths) if "passkey" in args.tasks else []
+    failures = run_settings(model, tokenizer, base, (both, ppl_only), samples, plan, args, done, emit)
     apply_overrides(model, base, {})
 
     command = "python -m eval.fidelity " + " ".join(argv if argv is not None else sys.argv[1:])
@@ -373,8 +415,6 @@ def _device_name(device: str) -> str:
 
 def write_outputs(out: Path, records: list[dict], meta: dict) -> dict:
     """fidelity.json, fidelity.md and the sweep PNGs from the records (and the run's metadata)."""
-    from eval.harness import plots
-
     summary = summarise(records)
     targets = check_targets(summary)
     result = meta | {"summary": summary, "targets": targets}
@@ -405,8 +445,6 @@ def _provenance(records: list[dict]) -> str:
 
 def replot(out: Path) -> dict:
     """Redraw every PNG and rewrite fidelity.md/json from ``out``'s records and JSONs (no model needed)."""
-    from sparse_models.calibration import pod_similarity, tidal_reselection, token_sparse_drift
-
     folder = out / "calibration"
     if (folder / "pod" / "blocks.json").exists():
         data = json.loads((folder / "pod" / "blocks.json").read_text())
