@@ -40,11 +40,18 @@ import datetime
 import gc
 import json
 import math
+import os
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import torch
+from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
+
+from eval.bench.kernels_decode import copy_bandwidth
+from sparse_models.engine import GenerationEngine
+from sparse_models.schemes.registry import get_scheme, scheme_names
 
 LLAMA3_8B = dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
                  num_attention_heads=32, num_key_value_heads=8, rope_theta=500000.0, max_position_embeddings=139264,
@@ -75,8 +82,6 @@ def scheme_overrides(name: str, num_layers: int, num_kv_heads: int, budget: int,
     """Flat overrides of a benchmark row: ``podkit-dense`` or a registered decode scheme, with this
     model shape's POD blocks and TidalDecode layers for the config sections it reads, and ``budget``
     in its scheme's meaning (``sparse_models.schemes.registry``)."""
-    from sparse_models.schemes.registry import get_scheme
-
     if name == "podkit-dense":
         return {"decode_scheme": "dense"}
     shape_settings = {
@@ -94,8 +99,6 @@ def scheme_overrides(name: str, num_layers: int, num_kv_heads: int, budget: int,
 
 
 def build_model(shape: dict, device: str, dtype: torch.dtype):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     config = LlamaConfig(**shape, attn_implementation="sdpa")
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
@@ -144,8 +147,6 @@ def is_oom(err: BaseException) -> bool:
 def time_engine_decode(model, context: int, batch: int, overrides: dict, steps: int, use_graphs: bool,
                        compile_layers: bool = False) -> dict:
     """ms per decode step of the engine with a full random cache of ``context`` tokens per sequence."""
-    from sparse_models.engine import GenerationEngine
-
     device = next(model.parameters()).device
     engine = GenerationEngine(model, max_batch_size=batch, max_seq_len=context + steps + 8,
                               use_cuda_graphs=use_graphs, compile_layers=compile_layers, **overrides)
@@ -187,8 +188,6 @@ def time_engine_decode(model, context: int, batch: int, overrides: dict, steps: 
 def time_transformers_decode(model, context: int, batch: int, steps: int) -> dict:
     """ms per token of transformers' generate() continuing from a random DynamicCache of ``context``
     tokens (sdpa, greedy): (time of generate(n2) - time of generate(n1)) / (n2 - n1)."""
-    from transformers import DynamicCache
-
     device = next(model.parameters()).device
     cfg = model.config
     d = cfg.hidden_size // cfg.num_attention_heads
@@ -209,7 +208,6 @@ def time_transformers_decode(model, context: int, batch: int, steps: int) -> dic
         synchronize(device)
         return time.perf_counter() - t
 
-    import warnings
     warnings.filterwarnings("ignore", message=".*past_key_values.*deprecated", category=FutureWarning)
     try:
         run(2)  # warm-up
@@ -228,8 +226,6 @@ def time_transformers_decode(model, context: int, batch: int, steps: int) -> dic
 
 def time_prefill(model, context: int, overrides: dict, keep_ratio: float | None, repeats: int,
                  warmup: bool = True) -> dict:
-    from sparse_models.engine import GenerationEngine
-
     device = next(model.parameters()).device
     engine = GenerationEngine(model, max_batch_size=1, max_seq_len=context + 1, use_cuda_graphs=False,
                               token_sparse_keep_ratio=keep_ratio, **overrides)
@@ -260,8 +256,6 @@ def time_prefill(model, context: int, overrides: dict, keep_ratio: float | None,
 
 def kv_per_sequence(model, context: int, overrides: dict):
     """The engine's ``KVBytes`` for one sequence of ``context`` slots (sparse_models/kv_bytes.py)."""
-    from sparse_models.engine import GenerationEngine
-
     engine = GenerationEngine(model, max_batch_size=1, max_seq_len=context, use_cuda_graphs=False, **overrides)
     try:
         return engine.kv_bytes()
@@ -271,8 +265,6 @@ def kv_per_sequence(model, context: int, overrides: dict):
 
 
 def check_fit(model, context: int, batch: int, overrides: dict) -> bool:
-    from sparse_models.engine import GenerationEngine
-
     try:
         engine = GenerationEngine(model, max_batch_size=batch, max_seq_len=context, use_cuda_graphs=False, **overrides)
         del engine
@@ -389,7 +381,7 @@ def markdown_table(result: dict) -> str:
 
 
 def plot(result: dict, path: Path) -> str | None:
-    try:
+    try:  # matplotlib is optional (the H200 image has none): --plot-only redraws elsewhere
         import matplotlib
 
         matplotlib.use("Agg")
@@ -426,9 +418,7 @@ def plot(result: dict, path: Path) -> str | None:
     return None
 
 
-def main(argv=None) -> int:
-    from sparse_models.schemes.registry import scheme_names
-
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m eval.bench e2e", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="outputs/bench/e2e.json")
     ap.add_argument("--png", default=None, help="default: the JSON path with .png")
@@ -463,81 +453,43 @@ def main(argv=None) -> int:
                          "append)")
     ap.add_argument("--no-compile", action="store_true",
                     help="do not torch.compile the non-attention parts of the decode step (engine compile_layers)")
-    args = ap.parse_args(argv)
+    return ap
 
-    if args.plot_only:
-        result = json.loads(Path(args.plot_only).read_text())
-        png = Path(args.png or Path(args.plot_only).with_suffix(".png"))
-        err = plot(result, png)
-        print(err or f"wrote {png}")
-        print(markdown_table(result))
-        return 1 if err else 0
 
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cpu" and not args.tiny:
-        raise SystemExit("eval.bench e2e measures the H200 engine: no CUDA GPU here (use --tiny for a CPU smoke test)")
-    shape_name, full_shape = SHAPES[args.shape]
-    shape = dict(TINY if args.tiny else full_shape)
-    if args.num_layers:
-        shape["num_hidden_layers"] = args.num_layers
-    if args.tiny:
-        args.rows = ["256x1", "512x2"]
-        args.hf_rows = ["256x1"]
-        args.prefill_contexts = [384]
-        args.memory_context = 512
-        args.budget = 32
-        args.steps = min(args.steps, 4)
-    dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    png = Path(args.png or out.with_suffix(".png"))
+class Run:
+    """One run's result dict, saved to ``out`` after every measurement, and its wall-time budget."""
 
-    import os
-    os.environ.setdefault("PODKIT_SKIP_VALUE_CHECKS", "1")  # no host syncs inside timed steps
-    result = {"benchmark": "e2e", "date": datetime.datetime.now().isoformat(timespec="seconds"),
-              "command": "python -m eval.bench e2e " + " ".join(argv if argv is not None else sys.argv[1:]),
-              "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
-              "torch": torch.__version__, "model": "random-init " + ("tiny Llama" if args.tiny else shape_name),
-              "shape": shape, "dtype": str(dtype).replace("torch.", ""), "budget": args.budget,
-              "pod_anchor_layers": pod_anchor_layers(shape["num_hidden_layers"], shape["num_key_value_heads"],
-                                                     2 if args.tiny else 9),
-              "decode_kernels": args.decode_kernels, "decode": {}, "prefill": {}, "memory": {}, "errors": []}
-    try:
-        import transformers
-        result["transformers"] = transformers.__version__
-    except ImportError:
-        pass
+    def __init__(self, result: dict, out: Path, time_budget_s: float):
+        self.result, self.out, self.time_budget_s = result, out, time_budget_s
+        self.started = time.perf_counter()
+        result["skipped"] = []
 
-    def save():
-        result["targets"] = evaluate_targets(result)
-        out.write_text(json.dumps(result, indent=2))
+    def save(self) -> None:
+        self.result["targets"] = evaluate_targets(self.result)
+        self.out.write_text(json.dumps(self.result, indent=2))
 
-    started = time.perf_counter()
-    result["skipped"] = []
-
-    def out_of_time(what: str) -> bool:
-        if time.perf_counter() - started > args.time_budget_s:
-            result["skipped"].append(what)
-            print(f"skipped {what}: --time-budget-s {args.time_budget_s} spent", flush=True)
+    def out_of_time(self, what: str) -> bool:
+        if time.perf_counter() - self.started > self.time_budget_s:
+            self.result["skipped"].append(what)
+            print(f"skipped {what}: --time-budget-s {self.time_budget_s} spent", flush=True)
             return True
         return False
 
-    print(f"building {result['model']} on {device}...", flush=True)
-    model = build_model(shape, device, dtype)
-    wbytes, wread = weight_bytes(model), decode_weight_bytes(model)
-    result["weight_bytes"] = wbytes
-    if device == "cuda":
-        from eval.bench.kernels_decode import copy_bandwidth
-        bw = copy_bandwidth(torch.device(device))
-    else:
-        bw = None
-    result["copy_bandwidth_TBps"] = round(bw / 1e12, 3) if bw else None
-    print(f"weights {wbytes / GIB:.2f} GiB, copy bandwidth {result['copy_bandwidth_TBps']} TB/s", flush=True)
-    save()
-    elt = torch.empty((), dtype=dtype).element_size()
 
-    # memory first: cheap and independent of timing
-    for name, scheme in (("dense", "podkit-dense"), ("pod", "pod")) if "memory" in args.sections else ():
+def apply_tiny(args: argparse.Namespace) -> None:
+    """``--tiny``: the CPU smoke test's rows, contexts, budget and steps."""
+    args.rows = ["256x1", "512x2"]
+    args.hf_rows = ["256x1"]
+    args.prefill_contexts = [384]
+    args.memory_context = 512
+    args.budget = 32
+    args.steps = min(args.steps, 4)
+
+
+def measure_memory(run: Run, model, args: argparse.Namespace, shape: dict, wbytes: int, device: str) -> None:
+    """KV bytes per sequence and the largest batch that fits, dense and POD (cheap and independent of timing)."""
+    result = run.result
+    for name, scheme in (("dense", "podkit-dense"), ("pod", "pod")):
         try:
             kv = kv_per_sequence(model, args.memory_context, scheme_overrides(scheme, shape["num_hidden_layers"],
                                                                                shape["num_key_value_heads"],
@@ -557,11 +509,16 @@ def main(argv=None) -> int:
                   f"{row['max_batch']}", flush=True)
         except Exception as err:  # noqa: BLE001
             result["errors"].append(f"memory {name}: {type(err).__name__}: {err}")
-        save()
+        run.save()
 
-    for context, batch in parse_rows(args.rows) if "decode" in args.sections else ():
+
+def measure_decode(run: Run, model, args: argparse.Namespace, shape: dict, elt: int, bw, wread: int,
+                   device: str) -> None:
+    """Per row (context x batch): each scheme's engine decode, the bandwidth floor, and transformers' generate()."""
+    result = run.result
+    for context, batch in parse_rows(args.rows):
         key = f"{context}x{batch}"
-        if out_of_time(f"decode {key}"):
+        if run.out_of_time(f"decode {key}"):
             continue
         row = result["decode"].setdefault(key, {})
         kv = dense_kv_bytes(shape, context, batch, elt)
@@ -591,8 +548,8 @@ def main(argv=None) -> int:
                 row[scheme] = {"error": f"{type(err).__name__}: {str(err)[:300]}"}
                 print(f"decode {key} {scheme}: {row[scheme]['error']}", flush=True)
                 free_memory()
-            save()
-        if key in args.hf_rows and not out_of_time(f"decode {key} transformers"):
+            run.save()
+        if key in args.hf_rows and not run.out_of_time(f"decode {key} transformers"):
             try:
                 row["transformers"] = time_transformers_decode(model, context, batch, args.hf_steps)
                 print(f"decode {key} transformers: {row['transformers']['ms_per_token']:.2f} ms/token", flush=True)
@@ -600,11 +557,14 @@ def main(argv=None) -> int:
                 row["transformers"] = {"error": f"{type(err).__name__}: {str(err)[:300]}"}
                 print(f"decode {key} transformers: {row['transformers']['error']}", flush=True)
                 free_memory()
-            save()
+            run.save()
 
+
+def prefill_cases(shape: dict, args: argparse.Namespace) -> dict:
+    """name -> (overrides, Token Sparse keep ratio or None) of the prefill rows."""
     nl, nkv = shape["num_hidden_layers"], shape["num_key_value_heads"]
     sparse_layers = list(range(nl // 2, nl))
-    prefill_cases = {
+    return {
         "dense": (dict(prefill_scheme="dense"), None),
         "token_sparse@0.5": (dict(prefill_scheme="token_sparse", token_sparse_sparse_layers=sparse_layers,
                                   **({"token_sparse_min_tokens": 16, "token_sparse_window": 16} if args.tiny else {})),
@@ -619,10 +579,14 @@ def main(argv=None) -> int:
         "pod": (dict(prefill_scheme="pod", **{k: v for k, v in scheme_overrides("pod", nl, nkv, args.budget,
                                                                                    args.tiny).items()}), None),
     }
-    for context in args.prefill_contexts if "prefill" in args.sections else ():
-        row = result["prefill"].setdefault(str(context), {})
-        for name, (overrides, ratio) in prefill_cases.items():
-            if out_of_time(f"prefill {context} {name}"):
+
+
+def measure_prefill(run: Run, model, args: argparse.Namespace, cases: dict) -> None:
+    """Each prefill case's time at each prefill context."""
+    for context in args.prefill_contexts:
+        row = run.result["prefill"].setdefault(str(context), {})
+        for name, (overrides, ratio) in cases.items():
+            if run.out_of_time(f"prefill {context} {name}"):
                 continue
             try:
                 # kernels compiled at the first (shortest) context serve the longer ones: no warm-up there
@@ -633,9 +597,73 @@ def main(argv=None) -> int:
                 row[name] = {"error": f"{type(err).__name__}: {str(err)[:300]}"}
                 print(f"prefill {context} {name}: {row[name]['error']}", flush=True)
                 free_memory()
-            save()
+            run.save()
 
-    save()
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+
+    if args.plot_only:
+        result = json.loads(Path(args.plot_only).read_text())
+        png = Path(args.png or Path(args.plot_only).with_suffix(".png"))
+        err = plot(result, png)
+        print(err or f"wrote {png}")
+        print(markdown_table(result))
+        return 1 if err else 0
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu" and not args.tiny:
+        raise SystemExit("eval.bench e2e measures the H200 engine: no CUDA GPU here (use --tiny for a CPU smoke test)")
+    shape_name, full_shape = SHAPES[args.shape]
+    shape = dict(TINY if args.tiny else full_shape)
+    if args.num_layers:
+        shape["num_hidden_layers"] = args.num_layers
+    if args.tiny:
+        apply_tiny(args)
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    png = Path(args.png or out.with_suffix(".png"))
+
+    os.environ.setdefault("PODKIT_SKIP_VALUE_CHECKS", "1")  # no host syncs inside timed steps
+    result = {"benchmark": "e2e", "date": datetime.datetime.now().isoformat(timespec="seconds"),
+              "command": "python -m eval.bench e2e " + " ".join(argv if argv is not None else sys.argv[1:]),
+              "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+              "torch": torch.__version__, "model": "random-init " + ("tiny Llama" if args.tiny else shape_name),
+              "shape": shape, "dtype": str(dtype).replace("torch.", ""), "budget": args.budget,
+              "pod_anchor_layers": pod_anchor_layers(shape["num_hidden_layers"], shape["num_key_value_heads"],
+                                                     2 if args.tiny else 9),
+              "decode_kernels": args.decode_kernels, "decode": {}, "prefill": {}, "memory": {}, "errors": []}
+    try:  # kept from when transformers was optional here
+        import transformers
+        result["transformers"] = transformers.__version__
+    except ImportError:
+        pass
+
+    run = Run(result, out, args.time_budget_s)
+
+    print(f"building {result['model']} on {device}...", flush=True)
+    model = build_model(shape, device, dtype)
+    wbytes, wread = weight_bytes(model), decode_weight_bytes(model)
+    result["weight_bytes"] = wbytes
+    if device == "cuda":
+        bw = copy_bandwidth(torch.device(device))
+    else:
+        bw = None
+    result["copy_bandwidth_TBps"] = round(bw / 1e12, 3) if bw else None
+    print(f"weights {wbytes / GIB:.2f} GiB, copy bandwidth {result['copy_bandwidth_TBps']} TB/s", flush=True)
+    run.save()
+    elt = torch.empty((), dtype=dtype).element_size()
+
+    # memory first: cheap and independent of timing
+    if "memory" in args.sections:
+        measure_memory(run, model, args, shape, wbytes, device)
+    if "decode" in args.sections:
+        measure_decode(run, model, args, shape, elt, bw, wread, device)
+    if "prefill" in args.sections:
+        measure_prefill(run, model, args, prefill_cases(shape, args))
+
+    run.save()
     err = plot(result, png)
     print(err or f"wrote {png}")
     table = markdown_table(result)
