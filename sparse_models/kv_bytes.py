@@ -19,10 +19,11 @@ class KVBytes:
     """KV memory actually allocated, against a dense cache of the same capacity (bytes).
 
     Attributes:
-        keys: key buffers (POD: anchor units' full keys + the shared heads' sinks + ring).
-        values: value buffers (always every position of every KV head).
+        keys: key buffers (POD: anchor units' full keys + the shared heads' sinks + ring); with
+            ``kv_cache_dtype="fp8_e4m3"`` the float8 data and their fp32 scales (D + 4 bytes per token and KV head).
+        values: value buffers (always every position of every KV head), FP8 data + scales likewise.
         metadata: scheme state besides K/V (Quest's page max / min).
-        dense: a dense cache of the same batch and capacity: keys stored exactly like values, 2 x ``values``.
+        dense: a dense cache of the same batch, capacity and storage: keys stored exactly like values, 2 x ``values``.
     """
 
     keys: int

@@ -132,3 +132,29 @@ def test_standalone_modeling_file_refuses_fp8():
     with pytest.raises(ValueError, match=r"kv_cache_dtype='fp8_e4m3' is not implemented by the standalone"):
         pod_settings({"kv_cache_dtype": "fp8_e4m3"}, 4, 2)
     pod_settings({"kv_cache_dtype": "bfloat16"}, 4, 2)
+
+
+@pytest.mark.parametrize("scheme", ["dense", "pod"])
+def test_chunk_after_a_past_equals_token_by_token_decode(scheme):
+    """The ``chunk`` phase (several tokens after a past) on an FP8 cache attends over the dequantised cache, its
+    own tokens as stored, as each decode step does: the chunk's logits equal the decode steps'."""
+    model = podkit_model(6, 2, seed=7)
+    prompt = random_prompts([12], seed=7)[0]
+    model.set_sparse_attention(SparseAttentionConfig(), **scheme_overrides(scheme, 2), **FP8)
+    ones = lambda n: torch.ones(1, n, dtype=torch.long)  # noqa: E731
+    chunked, stepped = model.new_cache(), model.new_cache()
+    model(torch.tensor([prompt[:8]]), cache=chunked, use_cache=True)
+    model(torch.tensor([prompt[:8]]), cache=stepped, use_cache=True)
+    chunk = model(torch.tensor([prompt[8:]]), attention_mask=ones(12), cache=chunked, use_cache=True).logits[0]
+    steps = torch.stack([model(torch.tensor([[t]]), attention_mask=ones(9 + i), cache=stepped, use_cache=True)
+                         .logits[0, -1] for i, t in enumerate(prompt[8:])])
+    torch.testing.assert_close(chunk, steps, atol=1e-4, rtol=1e-4)
+
+
+def test_fill_random_quantises_fp8_buffers():
+    model = podkit_model(6, 2, seed=8)
+    for scheme in ("quest", "pod"):
+        engine = GenerationEngine(model, max_batch_size=2, max_seq_len=32, **scheme_overrides(scheme, 2), **FP8)
+        engine.cache.fill_random(torch.tensor([20, 9]), torch.Generator().manual_seed(0))
+        scales = [t for t in engine.cache.value_scale if t is not None]
+        assert all(bool((s > 0).all()) and bool((s < 1).all()) for s in scales)  # normals: amax / 448 < 1
