@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from sparse_models.config import is_override_key, parse_override_value
 from sparse_models.schemes.registry import SCHEMES, budgeted_schemes
 from sparse_models.schemes.registry import budget_overrides as _scheme_budget_overrides
 
@@ -112,7 +113,6 @@ def variant(setting: Setting, name: str, **overrides: Any) -> Setting:
 def parse_variant(spec: str) -> Setting:
     """``"quest@128:quest_page_size=1"`` -> quest@128 with that flat override, labelled
     ``quest@128[quest_page_size=1]``; several overrides are joined by ``+``."""
-    from sparse_models.config import is_override_key, parse_override_value
 
     base, _, rest = spec.partition(":")
     overrides: dict[str, Any] = {}

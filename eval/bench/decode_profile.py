@@ -42,6 +42,17 @@ from pathlib import Path
 
 import torch
 
+from eval.bench.e2e import (
+    SHAPES,
+    TINY,
+    build_model,
+    decode_weight_bytes,
+    dense_kv_bytes,
+    parse_rows,
+    scheme_overrides,
+)
+from sparse_models.engine import GenerationEngine
+
 # First match wins: attention before "topk"-like names elsewhere, matrix products before generic names, norms
 # (Inductor fuses rsqrt/mean into reductions) before fused elementwise.
 CATEGORIES = (
@@ -118,7 +129,6 @@ def profile_row(model, context: int, batch: int, overrides: dict, *, use_graphs:
     """(median step ms, per-kernel times) of the engine's decode step with a full random cache."""
     from torch.profiler import ProfilerActivity, profile
 
-    from sparse_models.engine import GenerationEngine
 
     device = next(model.parameters()).device
     on_gpu = device.type == "cuda"
@@ -213,16 +223,6 @@ def markdown(result: dict) -> str:
 
 
 def main(argv=None) -> int:
-    from eval.bench.e2e import (
-        SHAPES,
-        TINY,
-        build_model,
-        decode_weight_bytes,
-        dense_kv_bytes,
-        parse_rows,
-        scheme_overrides,
-    )
-
     ap = argparse.ArgumentParser(prog="python -m eval.bench decode-profile", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="outputs/bench/decode_profile.json")
     ap.add_argument("--rows", nargs="+", default=["32768x1", "131072x1"], help="CONTEXTxBATCH")

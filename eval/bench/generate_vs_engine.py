@@ -47,6 +47,9 @@ from pathlib import Path
 
 import torch
 
+from eval.models import load_tokenizer
+from eval.tasks.passkey import make_passkey_sample
+
 PATHS = ("generate default", "generate bf16", "engine bf16", "engine default")
 TINY = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=False)
@@ -72,9 +75,6 @@ def build_prompts(args) -> list[dict]:
         generator = torch.Generator().manual_seed(0)
         return [{"index": i, "target": n, "ids": torch.randint(3, TINY["vocab_size"], (n,), generator=generator).tolist(),
                  "passkey": None, "depth": None} for i, n in enumerate(lengths)]
-    from eval.models import load_tokenizer
-    from eval.tasks.passkey import make_passkey_sample
-
     tokenizer = load_tokenizer(args.model)
     prompts = []
     for i, n in enumerate(lengths):

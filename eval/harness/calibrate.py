@@ -26,12 +26,15 @@ from pathlib import Path
 
 import torch
 
+from eval.models import load_model, load_tokenizer
+from eval.tasks.perplexity import perplexity_windows
+from sparse_models import capture_attention_inputs
+from sparse_models.calibration import tidal_reselection as reselection
+from sparse_models.calibration import token_sparse_drift as drift
+from train.explore import run_exploration
+
 
 def pod_command(args) -> dict:
-    from eval.models import load_model, load_tokenizer
-    from eval.tasks.perplexity import perplexity_windows
-    from train.explore import run_exploration
-
     model = load_model(args.model, device=args.device)
     windows = perplexity_windows(load_tokenizer(args.model), args.length, args.samples, text=args.text)
     return run_exploration(model, torch.tensor(windows), last_queries=args.last_queries, delta=args.delta,
@@ -41,10 +44,6 @@ def pod_command(args) -> dict:
 
 def drift_command(args) -> dict:
     """Token Sparse sparse layers by representation drift -> ``token_sparse_drift.json|png``."""
-    from eval.models import load_model, load_tokenizer
-    from eval.tasks.perplexity import perplexity_windows
-    from sparse_models.calibration import token_sparse_drift as drift
-
     model = load_model(args.model, device=args.device)
     windows = perplexity_windows(load_tokenizer(args.model), args.length, args.samples, text=args.text)
     result = drift.calibrate(model, (torch.tensor([w]) for w in windows), delta=args.delta)
@@ -59,11 +58,6 @@ def drift_command(args) -> dict:
 
 def tidal_command(args) -> dict:
     """TidalDecode re-selection layer by top-k recall -> ``tidal_reselection.json|png``."""
-    from eval.models import load_model, load_tokenizer
-    from eval.tasks.perplexity import perplexity_windows
-    from sparse_models import capture_attention_inputs
-    from sparse_models.calibration import tidal_reselection as reselection
-
     model = load_model(args.model, device=args.device)
     windows = perplexity_windows(load_tokenizer(args.model), args.length, args.samples, text=args.text)
     result = reselection.analyse((torch.tensor([w], device=args.device) for w in windows),

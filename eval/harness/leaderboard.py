@@ -56,8 +56,17 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
+from eval.harness import fidelity
 from eval.harness import leaderboard_records as lr
+from eval.models import load_model, load_tokenizer
+from eval.runner import apply_overrides, retrieval_generate
 from eval.schemes import budget_sweep_methods, method_rank
+from sparse_models.calibration.outputs import save_figure, write_json
+from sparse_models.engine import GenerationEngine
+from sparse_models.engine.answers import engine_answers, slots_needed
+from sparse_models.plan import build_plan, model_family
+from sparse_models.schemes.footprint import kv_fractions as scheme_kv_fractions
+from sparse_models.smollm2 import default_model_path
 from train.long_context_eval import ruler
 
 FRACTIONS = ["1/2", "1/4", "1/8", "1/16"]   # kvpress's 0.5 / 0.75 / 0.875 / 0.9375 compression
@@ -87,7 +96,6 @@ def budget_label(method: str, fraction: str) -> str:
 def podkit_settings(length: int, fractions: list[str], coverages: list[float], calibration: dict[str, Any]):
     """eval.harness.fidelity's settings (calibrated TidalDecode selection layers, Token Sparse layers, POD blocks)
     with budgets ``fraction * length``, labelled by fraction so that one line spans the lengths."""
-    from eval.harness import fidelity
 
     plan = copy.deepcopy(fidelity.FULL)
     plan.coverages, plan.ppl_only_tidal_budgets, plan.methods = list(coverages), [], list(budget_sweep_methods())
@@ -108,9 +116,6 @@ def kv_fractions(model, num_tokens: int) -> tuple[float, float]:
     """(kept, read): the fraction of a ``num_tokens`` context's KV cache held after prefill and read by one
     decode step, averaged over layers (and KV heads), from the model's current per-layer plan and what its
     decode scheme declares (``Scheme.footprint``, ``sparse_models/schemes/footprint.py``)."""
-    from sparse_models.plan import build_plan, model_family
-    from sparse_models.schemes.footprint import kv_fractions as scheme_kv_fractions
-
     config, sc = model.config, model.sparse_config
     plan = build_plan(sc, config.num_hidden_layers, config.num_key_value_heads, model_family(config))
     return scheme_kv_fractions(sc, plan, config.num_key_value_heads, num_tokens)
@@ -125,7 +130,6 @@ def run_setting(model, tokenizer, setting, samples: list[ruler.RulerSample], rec
     False if ``deadline`` (a ``time.time()``) came first."""
     from tqdm import tqdm
 
-    from eval.runner import retrieval_generate
 
     todo = [s for s in samples if (setting.label, s.task, s.max_length, s.index, s.seed) not in records.done]
     for sample in tqdm(todo, desc=setting.label, leave=False):
@@ -155,9 +159,6 @@ def run_setting_engine(model, tokenizer, setting, samples: list[ruler.RulerSampl
     """:func:`run_setting` through podkit's generation engine (sparse_models/engine/answers.py): the same protocol,
     ``batch_size`` prompts at a time, CUDA-graph decode steps on a GPU; False if ``deadline`` came first."""
     import torch
-
-    from sparse_models.engine import GenerationEngine
-    from sparse_models.engine.answers import engine_answers, slots_needed
 
     todo = [s for s in samples if (setting.label, s.task, s.max_length, s.index, s.seed) not in records.done]
     for start in range(0, len(todo), batch_size):
@@ -194,9 +195,6 @@ def run_setting_engine(model, tokenizer, setting, samples: list[ruler.RulerSampl
 def calibration_for(model, tokenizer, out: Path, args) -> dict[str, Any]:
     """eval.harness.fidelity's calibration (POD blocks, Token Sparse layers, TidalDecode selection layers), cached
     in ``out/calibration/summary.json`` or read from ``--calibration-from`` (an eval.harness.fidelity output)."""
-    from eval.harness import fidelity
-    from eval.runner import apply_overrides
-
     for folder in ([Path(args.calibration_from)] if args.calibration_from else []) + [out]:
         path = folder / "calibration" / "summary.json"
         if path.exists():
@@ -299,9 +297,6 @@ def main(argv: list[str] | None = None) -> dict:
         return write_outputs(out, lr.load_all(out), _meta(out))
     out.mkdir(parents=True, exist_ok=True)
 
-    from eval.models import load_model, load_tokenizer
-    from eval.runner import apply_overrides
-
     started = time.time()
     tokenizer = load_tokenizer(args.model)
     samples = {length: load_samples(out, length, args.tasks, args.samples, args.seed, args.model, tokenizer)
@@ -388,7 +383,6 @@ def start_peers(args: argparse.Namespace, seconds_left: float | None = None) -> 
     if not python.exists():
         raise SystemExit(f"--peers: {python} does not exist: create it with `make peers` (kvpress pins "
                          f"transformers < 5.3, so it never shares podkit's environment)")
-    from sparse_models.smollm2 import default_model_path
 
     model = str(default_model_path()) if args.model == "default" else args.model
     common = [str(python), "-m", "eval.harness.peers_kvpress", "--out", args.out, "--model", model,
@@ -424,7 +418,6 @@ def write_outputs(out: Path, records: list[dict], meta: dict) -> dict:
     """leaderboard.json / .md / .png from the merged records of every source: every row on all its samples
     (``summary``, ``losses``), and every row on the samples all rows have scored (``common``, see
     :func:`eval.harness.leaderboard_records.common_samples`), the view in which rows cut short compare fairly."""
-    from sparse_models.calibration.outputs import write_json
 
     summary = lr.summarise(records)
     common = lr.common_samples(records)
@@ -529,7 +522,6 @@ def plot(summary: dict, path: Path, common: dict | None = None) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from sparse_models.calibration.outputs import save_figure
 
     lengths = sorted({int(n) for entries in summary.values() for n in entries})
     panels = [(summary, lambda length: f"RULER at {length} tokens, each row on all its samples")]

@@ -30,11 +30,11 @@ from lm_eval.models.huggingface import HFLM
 
 from eval.models import load_model, load_tokenizer
 from eval.schemes import budget_overrides
+from sparse_models.config import SparseAttentionConfig, is_override_key, unknown_option_error
 
 
 def split_model_args(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """(scheme overrides, remaining HFLM kwargs); ``budget`` expands to the decode scheme's field."""
-    from sparse_models.config import is_override_key
 
     overrides = {key: kwargs[key] for key in kwargs if is_override_key(key)}
     rest = {key: value for key, value in kwargs.items() if key not in overrides and key != "budget"}
@@ -61,7 +61,6 @@ def check_model_args(kwargs: dict[str, Any]) -> None:
     """Refuse a model argument that is neither podkit's, a sparse-attention override nor an HFLM argument
     (``tidal_budgt=128`` would otherwise be dropped and the default settings scored), and bad override values,
     before any model is loaded. The error (sparse_models.config.unknown_option_error) names the close matches."""
-    from sparse_models.config import SparseAttentionConfig, is_override_key, unknown_option_error
 
     known = set(PODKIT_ARGS) | set(hflm_arguments())
     for key, value in kwargs.items():

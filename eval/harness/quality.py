@@ -28,8 +28,12 @@ from typing import Any, Callable, Iterable
 
 import torch
 
+from eval.models import load_model, load_tokenizer
 from eval.runner import apply_overrides, retrieval_generate, window_perplexity
 from eval.schemes import Setting, parse_setting
+from eval.tasks.needle import needle_correct, needle_grid
+from eval.tasks.passkey import passkey_correct, passkey_grid
+from eval.tasks.perplexity import perplexity_windows
 
 RETRIEVAL_TASKS = ("passkey", "passkey_text", "needle")
 TASKS = RETRIEVAL_TASKS + ("ppl",)
@@ -39,9 +43,6 @@ ANSWER_ROOM = 16  # tokens left for the answer so that context + question + answ
 def retrieval_samples(task: str, tokenizer, lengths: list[int], num_depths: int, samples_per_cell: int = 1,
                       seed: int = 0) -> list:
     """The samples of a retrieval task; ``lengths`` count context + question + ANSWER_ROOM tokens."""
-    from eval.tasks.needle import needle_grid
-    from eval.tasks.passkey import passkey_grid
-
     sized = [length - ANSWER_ROOM for length in lengths]
     if task == "passkey":
         return passkey_grid(tokenizer, sized, num_depths, haystack="filler", samples_per_cell=samples_per_cell, seed=seed)
@@ -61,9 +62,6 @@ def run_retrieval(model, tokenizer, task: str, samples: list, setting: Setting,
     ``question_in_decode=False`` prefills the question with the context (TidalDecode's and RULER's
     needle protocol: only the answer is decoded) instead of feeding it through the decode path.
     """
-    from eval.tasks.needle import needle_correct
-    from eval.tasks.passkey import passkey_correct
-
     correct = needle_correct if task == "needle" else passkey_correct
     records = []
     for sample in samples:
@@ -89,7 +87,6 @@ def run_perplexity(model, tokenizer, setting: Setting, lengths: list[int], num_w
                    text: str | None = None, done: set | None = None,
                    emit: Callable[[dict], None] = lambda record: None) -> list[dict]:
     """Perplexity records (one per window) under the current scheme; see eval.runner.window_perplexity."""
-    from eval.tasks.perplexity import perplexity_windows
 
     records = []
     for length in lengths:
@@ -177,7 +174,6 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> dict:
     args = build_parser().parse_args(argv)
 
-    from eval.models import load_model, load_tokenizer
 
     settings = [parse_setting(label, **({"pod_blocks_file": args.pod_blocks} if label.startswith("pod") and
                                         "@" not in label else {})) for label in args.settings]

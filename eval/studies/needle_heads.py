@@ -43,6 +43,14 @@ from pathlib import Path
 
 import torch
 
+from eval.models import load_model, load_tokenizer
+from eval.tasks.haystack import check_haystack
+from eval.tasks.passkey import NEEDLE, passkey_grid
+from sparse_models.calibration.outputs import save_figure, write_json
+from sparse_models.calibration.tidal_reselection import last_query_logits, topk_mask
+from sparse_models.config import SparseAttentionConfig
+from sparse_models.plan import build_plan, model_family
+
 NEEDLE_HEADS_FORMAT = "podkit.needle_heads/1"
 
 
@@ -71,7 +79,6 @@ def key_token_positions(offsets: list[tuple[int, int]], spans: list[tuple[int, i
 def teacher_forced_prompt(tokenizer, sample) -> TeacherForcedPrompt:
     """Tokenise a :class:`eval.tasks.passkey.PasskeySample` as ``retrieval_generate`` does (context
     with the tokenizer's special tokens, question and answer without) and locate the key tokens."""
-    from eval.tasks.passkey import NEEDLE
 
     encoded = tokenizer(sample.context, return_offsets_mapping=True)
     needle = NEEDLE.format(key=sample.passkey)
@@ -95,9 +102,6 @@ def teacher_forced_prompt(tokenizer, sample) -> TeacherForcedPrompt:
 def selection_sources(model, selection_layers: list[int], full_layers: list[int]) -> list[int | None]:
     """Per layer: the TidalDecode selection layer whose positions it reads, or None for layers that
     attend to every key (full and selection layers). Taken from the model's own layer plan."""
-    from sparse_models.config import SparseAttentionConfig
-    from sparse_models.plan import build_plan, model_family
-
     config = SparseAttentionConfig.from_dict({"decode_scheme": "tidal",
                                               "tidal": {"selection_layers": selection_layers,
                                                         "full_layers": full_layers}})
@@ -120,7 +124,6 @@ def selection_masks(logits: torch.Tensor, budget: int, group_size: int) -> dict[
     softmax of the G query heads of each KV head (``tidal.selection="kv_group"``, up to the current
     token's share of each head's normalisation). ``union_of_heads``: any head's top-(k-1).
     """
-    from sparse_models.calibration.tidal_reselection import topk_mask
 
     own = topk_mask(logits, budget - 1)
     batch, num_heads, queries, keys = logits.shape
@@ -188,7 +191,6 @@ def analyse_prompts(model, prompts: list[TeacherForcedPrompt], *, budgets: list[
     """Run the analysis; returns matrices (tensors), retrieval heads and per-prompt records."""
     from tqdm.auto import tqdm
 
-    from sparse_models.calibration.tidal_reselection import last_query_logits
 
     if not prompts:
         raise ValueError("no prompts to analyse")
@@ -258,7 +260,6 @@ def write_needle_heads_json(path: str | Path, result: dict, **metadata) -> Path:
         "kept": {name: {str(b): matrix(x) for b, x in per.items()} for name, per in result["kept"].items()},
         "prompts": result["prompts"],
     }
-    from sparse_models.calibration.outputs import write_json
 
     return write_json(path, payload)
 
@@ -286,7 +287,6 @@ def plot_needle_heads(result: dict, path: str | Path, budget: int = 128) -> Path
     import matplotlib.pyplot as plt
     from matplotlib.patches import Rectangle
 
-    from sparse_models.calibration.outputs import save_figure
 
     if budget not in result["budgets"]:
         budget = result["budgets"][len(result["budgets"]) // 2]
@@ -355,15 +355,11 @@ def main(argv: list[str] | None = None) -> dict:
             parser.error(f"{name} {values} is invalid: every value must be >= {low}")
     if not 0.0 < args.head_threshold <= 1.0:
         parser.error(f"--head-threshold {args.head_threshold} is invalid: expected a number in (0, 1]")
-    from eval.tasks.haystack import check_haystack
 
     try:
         check_haystack(args.haystack)
     except ValueError as error:
         parser.error(str(error))
-
-    from eval.models import load_model, load_tokenizer
-    from eval.tasks.passkey import passkey_grid
 
     model = load_model(args.model, device=args.device)
     tokenizer = load_tokenizer(args.model)

@@ -33,6 +33,13 @@ from pathlib import Path
 
 import torch
 
+from eval.models import load_model, load_tokenizer
+from eval.studies.needle_heads import teacher_forced_prompt
+from eval.tasks.passkey import passkey_grid
+from sparse_models import capture_attention_inputs
+from sparse_models.calibration.outputs import save_figure, write_json
+from sparse_models.schemes.token_sparse import token_sparse_indices, token_sparse_layers
+
 NEEDLE_TOKEN_SPARSE_FORMAT = "podkit.needle_token_sparse/1"
 PROTOCOLS = ("decode", "prefill")   # where the question goes, as in eval.harness.fidelity --question-phase
 DEFAULT_CALIBRATION = "benchmarks/results/fidelity_smollm2/calibration/summary.json"
@@ -59,9 +66,6 @@ def analyse_prompts(model, prompts: list[dict], *, progress: bool = True) -> dic
     """``prompts``: ``{"ids": {protocol: [token ids]}, "key_positions", "length", "depth"}``. The
     model must have ``prefill_scheme="token_sparse"`` set. Returns per-prompt, per-layer shares."""
     from tqdm.auto import tqdm
-
-    from sparse_models import capture_attention_inputs
-    from sparse_models.schemes.token_sparse import token_sparse_indices, token_sparse_layers
 
     config = model.model.sparse_config
     if config.prefill_scheme != "token_sparse":
@@ -118,7 +122,6 @@ def plot_summary(summary: dict, path: str | Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from sparse_models.calibration.outputs import save_figure
 
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
     for ax, grouping, xlabel in zip(axes, ("by_layer", "by_length"), ("sparse layer", "context length (tokens)")):
@@ -145,14 +148,12 @@ def write_outputs(payload: dict, out: Path) -> tuple[Path, Path]:
     """(Re)compute the summaries from ``payload["records"]``, write ``<out>.json`` atomically and the PNG."""
     payload["summary"] = summarise(payload)
     payload["summary_with_key_in_window"] = summarise(payload, include_key_in_window=True)
-    from sparse_models.calibration.outputs import write_json
 
     return write_json(out.with_suffix(".json"), payload), plot_summary(payload["summary"], out.with_suffix(".png"))
 
 
 def build_prompts(tokenizer, samples) -> list[dict]:
     """The two prefills of each passkey sample and the key-token positions (same in both)."""
-    from eval.studies.needle_heads import teacher_forced_prompt
 
     prompts = []
     for sample in samples:
@@ -194,9 +195,6 @@ def main(argv: list[str] | None = None) -> dict:
         if not path.is_file():
             parser.error(f"--calibration {args.calibration}: no such file (use 'none' for the config default)")
         overrides["token_sparse_sparse_layers"] = json.loads(path.read_text())["token_sparse_layers"]
-
-    from eval.models import load_model, load_tokenizer
-    from eval.tasks.passkey import passkey_grid
 
     model = load_model(args.model, device=args.device, **overrides)
     tokenizer = load_tokenizer(args.model)

@@ -49,6 +49,16 @@ import time
 from pathlib import Path
 from typing import Any
 
+from eval.data.texts import TEXT_NAMES
+from eval.harness.fidelity import plot_if_possible
+from eval.harness.plots import _plt
+from eval.harness.quality import run_perplexity, summarise
+from eval.models import is_default_model, load_model, load_tokenizer
+from eval.runner import apply_overrides
+from eval.schemes import Setting, pod_zero_shot
+from sparse_models.calibration.outputs import save_figure
+from sparse_models.schemes.pod_skip_stats import gate_histogram, record_gate_skips, skip_summary
+
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_BLOCKS = "recipes/pod_blocks/smollm2_135m_2k.json"
 DEFAULT_TEXTS = ["emma", "moby_dick"]
@@ -61,7 +71,6 @@ def _fail(option: str, value: Any, allowed: str) -> None:
 
 def _model_pod_config(model: str) -> dict | None:
     """The ``sparse_attention.pod`` section of an export's config.json (None for the embedded default)."""
-    from eval.models import is_default_model
 
     if is_default_model(model):
         return None
@@ -79,7 +88,6 @@ def _model_pod_config(model: str) -> dict | None:
 def check_arguments(args: argparse.Namespace) -> dict:
     """Every check that needs no model (bad input fails here, before any loading); returns the resolved
     POD settings: blocks file, sink, recent, sharing."""
-    from eval.data.texts import TEXT_NAMES
 
     if not args.taus:
         _fail("--taus", args.taus, "expected one or more numbers in (0, 1], e.g. 0.5 0.7 0.9")
@@ -173,8 +181,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _ppl(records: list[dict]) -> float | None:
-    from eval.harness.quality import summarise
-
     table = summarise(records).get("ppl", {})
     cells = [cell for by_length in table.values() for cell in by_length.values()]
     return cells[0]["decode_ppl"] if len(cells) == 1 else None
@@ -196,11 +202,6 @@ def _compact(summary: dict) -> dict:
 def measure(model, tokenizer, settings: dict, args: argparse.Namespace) -> dict:
     """The no-tau run and one run per tau, each recorded; returns the report's measurements."""
     from tqdm import tqdm
-
-    from eval.harness.quality import run_perplexity
-    from eval.runner import apply_overrides
-    from eval.schemes import Setting, pod_zero_shot
-    from sparse_models.schemes.pod_skip_stats import gate_histogram, record_gate_skips, skip_summary
 
     base = model.sparse_config
     overrides = pod_zero_shot(settings["blocks_file"], pod_sink_tokens=settings["sink"],
@@ -256,9 +257,6 @@ def _anchor_map_summary(model) -> dict:
 
 
 def plot_report(report: dict, path: Path) -> Path:
-    from eval.harness.plots import _plt
-    from sparse_models.calibration.outputs import save_figure
-
     plt = _plt()
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.6))
     hist = report["gate_histogram"]
@@ -316,9 +314,6 @@ def main(argv: list[str] | None = None) -> dict:
     settings = check_arguments(args)
 
     import torch
-
-    from eval.harness.fidelity import plot_if_possible
-    from eval.models import is_default_model, load_model, load_tokenizer
 
     started = time.time()
     model = load_model(args.model, device=args.device, dtype=args.dtype)

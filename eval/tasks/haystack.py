@@ -15,12 +15,13 @@ import random
 from functools import lru_cache
 from typing import Any
 
+from eval.data.texts import TEXT_NAMES, load_text
+
 FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
 
 
 def haystack_names() -> tuple[str, ...]:
     """Every accepted haystack name: ``"filler"`` plus the book names of eval.data.texts."""
-    from eval.data.texts import TEXT_NAMES
 
     return ("filler",) + TEXT_NAMES
 
@@ -53,8 +54,6 @@ def haystack_tokens(tokenizer: Any, haystack: str, num_tokens: int, rng: random.
 
 @lru_cache(maxsize=8)
 def _book_tokens(_key: int, tokenizer: Any, name: str) -> list[int]:
-    from eval.data.texts import load_text
-
     return encode(tokenizer, load_text(name))
 
 

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from eval.data.texts import HELD_OUT_TEXT, load_text
 from eval.tasks.haystack import encode
 
 
 def perplexity_windows(tokenizer: Any, length: int, num_windows: int, *, text: str | None = None,
                        skip_fraction: float = 0.05) -> list[list[int]]:
     """``num_windows`` non-overlapping windows of ``length`` token ids from the book ``text``."""
-    from eval.data.texts import HELD_OUT_TEXT, load_text
 
     if isinstance(length, bool) or not isinstance(length, int) or length < 2:
         raise ValueError(f"length={length!r} is invalid: expected an integer >= 2")

@@ -191,12 +191,10 @@ def test_cli_end_to_end_on_a_tiny_export(tiny_export, fake_text_cache, tmp_path)
      "--blocks-file '/nonexistent/blocks.json' is invalid: no such file"),
 ])
 def test_bad_inputs_fail_before_loading_the_model(tiny_export, tmp_path, monkeypatch, extra, message):
-    import eval.models
-
     def no_loading(*args, **kwargs):
         raise AssertionError("the model must not be loaded")
 
-    monkeypatch.setattr(eval.models, "load_model", no_loading)
+    monkeypatch.setattr(pgs, "load_model", no_loading)
     with pytest.raises(SystemExit) as error:
         pgs.main(_args(tiny_export, tmp_path / "out", *extra))
     assert message in str(error.value)
