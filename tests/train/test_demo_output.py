@@ -21,7 +21,7 @@ def _demo(*overrides):
 
 @pytest.mark.parametrize("override, message", [
     ("train.report_to=7", "expected a list of strings, got int"),
-    ("pod.protect_units=3", "expected a list of lists of integers, got int"),
+    ("pod.protect_units=3", "expected a list of lists of integers or a string, got int"),
     ("eval.out_of_domain=5", "expected a list of strings, got int"),
 ])
 def test_recipe_type_errors_read_as_english(override, message):
