@@ -171,7 +171,7 @@ def profile_row(model, context: int, batch: int, overrides: dict, *, use_graphs:
 
 def plot(result: dict, path: Path) -> str | None:
     try:
-        import matplotlib
+        import matplotlib  # lazy: matplotlib is optional (plots only)
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt

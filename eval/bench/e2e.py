@@ -382,7 +382,7 @@ def markdown_table(result: dict) -> str:
 
 def plot(result: dict, path: Path) -> str | None:
     try:  # matplotlib is optional (the H200 image has none): --plot-only redraws elsewhere
-        import matplotlib
+        import matplotlib  # lazy: matplotlib is optional (plots only)
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt

@@ -89,7 +89,7 @@ def build_prompts(args) -> list[dict]:
 def _podkit_kernel_objects():
     """podkit's Triton kernels (autotuners and the JIT functions under them), from the loaded kernels modules."""
     try:
-        from triton.runtime.autotuner import Autotuner
+        from triton.runtime.autotuner import Autotuner  # lazy: Triton (CUDA benchmarks)
         from triton.runtime.jit import JITFunction
     except Exception:  # no triton: nothing compiles
         return [], []
@@ -341,7 +341,7 @@ def _environment(args) -> dict:
     if args.device.startswith("cuda") and torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name(torch.device(args.device))
     try:
-        import triton
+        import triton  # lazy: Triton (CUDA benchmarks)
 
         info["triton"] = triton.__version__
     except Exception:

@@ -59,7 +59,7 @@ SELECTION_BUDGET = 2048  # TidalDecode's budget in the paper's efficiency runs (
 
 
 def _bench(fn, rep=100):
-    import triton.testing
+    import triton.testing  # lazy: Triton (CUDA benchmarks)
     return triton.testing.do_bench(fn, warmup=25, rep=rep, return_mode="median") * 1e3  # us
 
 
@@ -469,7 +469,7 @@ def main(argv=None):
         return 2
     os.environ["PODKIT_SKIP_VALUE_CHECKS"] = "1"
     device = torch.device("cuda")
-    import triton
+    import triton  # lazy: Triton (CUDA benchmarks)
     result = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                   device=torch.cuda.get_device_name(device), torch=torch.__version__, triton=triton.__version__,
                   shape=dict(Hq=HQ, Hkv=HKV, D=D, dtype=str(DTYPE)))

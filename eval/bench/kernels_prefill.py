@@ -38,7 +38,7 @@ from kernels.triton_pod_prefill_attention import POD_ATTENTION_PATHS
 
 
 def _bench(fn, warmup=3, rep=10):
-    import triton.testing
+    import triton.testing  # lazy: Triton (CUDA benchmarks)
 
     return float(triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
 

@@ -31,7 +31,7 @@ def _label(report: dict) -> str:
 def plot_memory_vs_context(reports: dict[str, dict], path: str | Path) -> Path:
     """``reports``: label -> train-multi-gpu report. Writes the PNG; returns its path. Raises ValueError when no
     report has a row with a measured peak (CPU runs measure none)."""
-    import matplotlib
+    import matplotlib  # lazy: matplotlib is optional (plots only)
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

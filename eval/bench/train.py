@@ -106,7 +106,7 @@ def model_flops_per_token(args) -> float:
 
 
 def _deepspeed_engine(model, args):
-    import deepspeed
+    import deepspeed  # lazy: DeepSpeed is heavy (training benchmarks only)
 
     if "RANK" not in os.environ:
         with socket.socket() as s:

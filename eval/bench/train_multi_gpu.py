@@ -170,7 +170,7 @@ def build_model(args, ds_config):
 def run_worker(args) -> int:
     if not torch.cuda.is_available():
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    import deepspeed
+    import deepspeed  # lazy: DeepSpeed is heavy (training benchmarks only)
 
     if not torch.cuda.is_available():
         import deepspeed.ops

@@ -517,7 +517,7 @@ def plot(summary: dict, path: Path, common: dict | None = None) -> Path:
     token (x, log scale); solid lines podkit, dashed kvpress (there kept = read), dense a dotted level.
     With ``common`` (:func:`eval.harness.leaderboard_records.common_samples`) a second row of panels draws the
     same on the samples every complete row has scored."""
-    import matplotlib
+    import matplotlib  # lazy: matplotlib is optional (plots only)
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

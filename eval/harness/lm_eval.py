@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     if repo_root not in sys.path:
         sys.path.insert(0, repo_root)  # task code under eval/tasks imports eval.*
     from lm_eval._cli import HarnessCLI  # what lm_eval.__main__.cli_evaluate runs, with a check in between
-    from lm_eval.utils import setup_logging
+    from lm_eval.utils import setup_logging  # lazy: lm-eval is optional
 
     import eval.harness.lm_eval_model  # noqa: F401  (registers "podkit")
     from sparse_models.config import ConfigError

@@ -63,7 +63,7 @@ def import_kvpress():
                 raise ImportError(f"{_name} is a stand-in (eval/harness/peers_kvpress.py): install {_name.split('.')[0]}")
             setattr(module, function, missing)
         sys.modules[name] = module
-    import kvpress
+    import kvpress  # lazy: kvpress lives in its own virtualenv
 
     return kvpress
 

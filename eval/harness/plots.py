@@ -18,7 +18,7 @@ from sparse_models.calibration.outputs import save_figure
 
 
 def _plt():
-    import matplotlib
+    import matplotlib  # lazy: matplotlib is optional (plots only)
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -281,7 +281,7 @@ def result_from_json(path: str | Path) -> dict:
 def plot_needle_heads(result: dict, path: str | Path, budget: int = 128) -> Path:
     """Three layer x head heatmaps (dense needle mass; share kept by TidalDecode and by own top-k at
     ``budget``, retrieval heads outlined) and the retrieval heads' kept share against the budget."""
-    import matplotlib
+    import matplotlib  # lazy: matplotlib is optional (plots only)
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

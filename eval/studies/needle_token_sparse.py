@@ -117,7 +117,7 @@ def summarise(result: dict, include_key_in_window: bool = False) -> dict:
 
 
 def plot_summary(summary: dict, path: str | Path) -> Path:
-    import matplotlib
+    import matplotlib  # lazy: matplotlib is optional (plots only)
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

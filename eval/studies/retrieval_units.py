@@ -93,7 +93,7 @@ def plot_gains(gains: dict[tuple[int, int], float], num_layers: int, num_kv_head
     import matplotlib  # lazy: plotting only (an optional dependency), after the scoring
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: matplotlib is optional (plots only)
 
     grid = torch.full((num_kv_heads, num_layers), float("nan"))
     for (layer, head), gain in gains.items():

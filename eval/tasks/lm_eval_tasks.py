@@ -41,7 +41,7 @@ def _tokenizer(kwargs: dict[str, Any]):
 
 
 def _as_dataset(rows: list[dict[str, Any]]):
-    import datasets
+    import datasets  # lazy: datasets is optional (lm-eval's)
 
     return {"test": datasets.Dataset.from_list(rows)}
 
