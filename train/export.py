@@ -207,6 +207,8 @@ def write_model_card(export_dir: Path, recipe: Recipe, anchor_layers: list[list[
               "from sparse_models import PodkitLlamaForCausalLM  # registers podkit's config classes: no remote code",
               "model = PodkitLlamaForCausalLM.from_pretrained(REPO)  # POD prefill + POD KV cache",
               "tokenizer = AutoTokenizer.from_pretrained(REPO)",
+              "# an FP8 KV cache (keys, values and POD's ring in float8_e4m3 with per-token scales):",
+              "# PodkitLlamaForCausalLM.from_pretrained(REPO, kv_cache_dtype=\"fp8_e4m3\")",
               "```", ""]
     if (export_dir / "modeling_podkit.py").is_file():
         lines += ["Without podkit (the self-contained `modeling_podkit.py`: torch + transformers only, POD attention "
