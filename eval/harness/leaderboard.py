@@ -61,6 +61,7 @@ from eval.harness import leaderboard_records as lr
 from eval.models import load_model, load_tokenizer
 from eval.runner import apply_overrides, retrieval_generate
 from eval.schemes import budget_sweep_methods, method_rank
+from kernels.fp8_kv import KV_CACHE_DTYPES
 from sparse_models.calibration.outputs import save_figure, write_json
 from sparse_models.engine import GenerationEngine
 from sparse_models.engine.answers import engine_answers, slots_needed
@@ -241,6 +242,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-new-tokens", type=int, default=None, help="cap RULER's answer lengths (smoke runs)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", default="auto", help="auto = bf16 on CUDA, fp32 on CPU")
+    parser.add_argument("--kv-cache-dtype", default=None, choices=list(KV_CACHE_DTYPES),
+                        help="every row's KV cache dtype (default: the model's config; a separate --out per dtype)")
     parser.add_argument("--engine", action=argparse.BooleanOptionalAction, default=None,
                         help="batched answers through podkit's generation engine (default: on CUDA; the same "
                              "protocol as the one-prompt loop, checked in tests/eval/test_engine_runner.py)")
@@ -290,6 +293,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def cache_override(args: argparse.Namespace) -> dict[str, str]:
+    """``--kv-cache-dtype`` as a load-time override (none: the checkpoint's own config decides)."""
+    return {"kv_cache_dtype": args.kv_cache_dtype} if args.kv_cache_dtype else {}
+
+
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     out = Path(args.out)
@@ -305,7 +313,7 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"samples written to {', '.join(str(samples_file(out, n)) for n in args.lengths)}")
         return {}
     peers = start_peers(args, args.time_limit) if args.peers else []
-    model = load_model(args.model, device=args.device, dtype=args.dtype)
+    model = load_model(args.model, device=args.device, dtype=args.dtype, **cache_override(args))
     base = model.sparse_config
     calibration = calibration_for(model, tokenizer, out, args)
     records = lr.RecordFile(out / "records.jsonl")
@@ -347,7 +355,7 @@ def main(argv: list[str] | None = None) -> dict:
     apply_overrides(model, base, {})
     if args.pod_adapted and (not args.settings or "pod_adapted" in args.settings):
         del model
-        adapted = load_model(args.pod_adapted, device=args.device, dtype=args.dtype)
+        adapted = load_model(args.pod_adapted, device=args.device, dtype=args.dtype, **cache_override(args))
         from eval.schemes import Setting
 
         setting = Setting("pod_adapted", "pod_adapted", {})
@@ -361,6 +369,7 @@ def main(argv: list[str] | None = None) -> dict:
         failures["peers"] = f"kvpress processes exited with {codes}: their records so far are kept; rerun to continue"
     meta = {"command": "python -m eval.leaderboard " + " ".join(argv if argv is not None else sys.argv[1:]),
             "model": args.model, "device": name, "dtype": args.dtype, "chat_template": chat,
+            "kv_cache_dtype": base.kv_cache_dtype,
             "date": time.strftime("%Y-%m-%d"), "calibration": calibration, "seconds": round(time.time() - started, 1),
             "samples_per_task": args.samples, "seed": args.seed}
     if failures:

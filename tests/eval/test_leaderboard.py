@@ -145,7 +145,15 @@ def test_bad_arguments_fail_before_work(tmp_path):
         leaderboard.main(["--peers", "--peer-presses", "SnapKVPress", "--out", str(tmp_path)])
     with pytest.raises(SystemExit):
         leaderboard.main(["--peers", "--peer-ratios", "1.5", "--out", str(tmp_path)])
+    with pytest.raises(SystemExit):  # vLLM's "fp8" is spelled fp8_e4m3 here
+        leaderboard.main(["--kv-cache-dtype", "fp8", "--out", str(tmp_path)])
     assert not list(tmp_path.iterdir())
+
+
+def test_kv_cache_dtype_is_a_load_time_override():
+    args = leaderboard.parse_args(["--kv-cache-dtype", "fp8_e4m3"])
+    assert leaderboard.cache_override(args) == {"kv_cache_dtype": "fp8_e4m3"}
+    assert leaderboard.cache_override(leaderboard.parse_args([])) == {}
 
 
 # ---------------------------------------------------------------------------------------------- peers
