@@ -34,6 +34,7 @@ from eval.schemes import Setting, parse_setting
 from eval.tasks.needle import needle_correct, needle_grid
 from eval.tasks.passkey import passkey_correct, passkey_grid
 from eval.tasks.perplexity import perplexity_windows
+from kernels.fp8_kv import KV_CACHE_DTYPES
 
 RETRIEVAL_TASKS = ("passkey", "passkey_text", "needle")
 TASKS = RETRIEVAL_TASKS + ("ppl",)
@@ -166,6 +167,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="cuda or cpu (default: cuda when a GPU is visible)")
     parser.add_argument("--dtype", default="auto",
                         help="auto (bfloat16 on CUDA, float32 on CPU), float32, bfloat16 or float16")
+    parser.add_argument("--kv-cache-dtype", default=None, choices=list(KV_CACHE_DTYPES),
+                        help="every setting's KV cache dtype (default: the model's config)")
     parser.add_argument("--out", default=None, metavar="JSON",
                         help="also write every record and the summary to this JSON file")
     return parser
@@ -177,7 +180,8 @@ def main(argv: list[str] | None = None) -> dict:
 
     settings = [parse_setting(label, **({"pod_blocks_file": args.pod_blocks} if label.startswith("pod") and
                                         "@" not in label else {})) for label in args.settings]
-    model = load_model(args.model, device=args.device, dtype=args.dtype)
+    cache = {"kv_cache_dtype": args.kv_cache_dtype} if args.kv_cache_dtype else {}
+    model = load_model(args.model, device=args.device, dtype=args.dtype, **cache)
     tokenizer = load_tokenizer(args.model)
     base = model.sparse_config
     records: list[dict] = []
@@ -190,7 +194,8 @@ def main(argv: list[str] | None = None) -> dict:
             else:
                 samples = retrieval_samples(task, tokenizer, args.lengths, args.depths, args.samples_per_cell)
                 records += run_retrieval(model, tokenizer, task, samples, setting, emit=lambda r: print(json.dumps(r)))
-    result = {"model": args.model, "device": args.device, "records": records, "summary": summarise(records)}
+    result = {"model": args.model, "device": args.device, "kv_cache_dtype": base.kv_cache_dtype, "records": records,
+              "summary": summarise(records)}
     print(json.dumps(result["summary"], indent=1))
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)

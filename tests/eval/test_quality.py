@@ -47,3 +47,26 @@ def test_help_names_the_module_and_documents_every_option(capsys):
     assert done.value.code == 0
     out = capsys.readouterr().out
     assert out.startswith("usage: python -m eval.quality") and "quality.py" not in out
+
+
+def test_fp8_cache_runs_the_same_tasks_and_moves_decode_perplexity_a_little(tmp_path, tiny_tokenizer, fake_text_cache):
+    """--kv-cache-dtype fp8_e4m3: the decode-phase perplexity is read from the quantised cache (it moves, but by
+    the format's rounding only), and the prefill part, which attends in the model dtype, does not move."""
+    from eval.harness.quality import main
+    from sparse_models import PodkitLlamaConfig, PodkitLlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = PodkitLlamaConfig(vocab_size=len(tiny_tokenizer), hidden_size=48, intermediate_size=64,
+                               num_hidden_layers=2, num_attention_heads=6, num_key_value_heads=2,
+                               max_position_embeddings=1024)
+    PodkitLlamaForCausalLM(config).save_pretrained(tmp_path / "model")
+    tiny_tokenizer.save_pretrained(tmp_path / "model")
+    args = ["ppl", "--model", str(tmp_path / "model"), "--device", "cpu", "--lengths", "200", "--decode-tokens", "6"]
+    bf16, fp8 = main(args), main(args + ["--kv-cache-dtype", "fp8_e4m3"])
+    assert fp8["kv_cache_dtype"] == "fp8_e4m3" and bf16["kv_cache_dtype"] == "bfloat16"
+    dense, quantised = bf16["summary"]["ppl"]["dense"]["200"], fp8["summary"]["ppl"]["dense"]["200"]
+    assert quantised["prefill_ppl"] == pytest.approx(dense["prefill_ppl"], rel=1e-6)
+    assert quantised["decode_ppl"] != dense["decode_ppl"]
+    assert quantised["decode_ppl"] == pytest.approx(dense["decode_ppl"], rel=0.05)
+    with pytest.raises(SystemExit):
+        main(args + ["--kv-cache-dtype", "fp8"])
