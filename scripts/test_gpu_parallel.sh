@@ -15,7 +15,8 @@ if [ "$gpus" -lt 1 ]; then
 fi
 declare -A TEST_GROUPS=(
   [k_prefill]="0|tests/kernels/test_prefill_attention.py tests/kernels/test_gluon_prefill_attention.py tests/kernels/test_pod_prefill_attention.py tests/kernels/test_pod_split_attention.py tests/kernels/test_sparse_prefill_attention.py tests/kernels/test_token_sparse_scores.py"
-  [k_decode]="0|tests/kernels/test_decode_attention.py tests/kernels/test_decode_topk_split.py tests/kernels/test_pod_decode_attention.py tests/kernels/test_pod_sparse_decode_attention.py tests/kernels/test_sparse_decode_attention.py tests/kernels/test_quest_pages.py tests/kernels/test_cache_append.py tests/kernels/test_decode_linear.py tests/kernels/test_fp8_decode_attention.py tests/kernels/test_fp8_pod_decode_attention.py"
+  [k_decode]="0|tests/kernels/test_decode_attention.py tests/kernels/test_decode_topk_split.py tests/kernels/test_pod_decode_attention.py tests/kernels/test_pod_sparse_decode_attention.py tests/kernels/test_sparse_decode_attention.py tests/kernels/test_quest_pages.py"
+  [k_fp8]="0|tests/kernels/test_cache_append.py tests/kernels/test_decode_linear.py tests/kernels/test_fp8_decode_attention.py tests/kernels/test_fp8_pod_decode_attention.py"
   [k_autotuned]="0|tests/kernels/test_autotuned_kernels_gpu.py"
   [engine]="1|tests/sparse_models/test_engine.py"
   [models]="1|tests/sparse_models/test_engine_limits_and_timing.py tests/sparse_models/test_training_on_kernels.py tests/sparse_models/test_calibration_tidal_reselection.py"
