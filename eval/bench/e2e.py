@@ -20,8 +20,18 @@ vocab 128256) in bf16 on one GPU; random weights do not change the time of a ste
   keep ratios 0.5 / 0.25 (second half of the layers sparse, the paper's fallback) and 0.5 with every
   layer but the first two sparse, POD. Only the attention of sparse layers shrinks (Token Sparse does
   not compress the MLPs), so the speedup is bounded by the attention share of the prefill FLOPs.
-* KV bytes per sequence at 32K (really allocated by the engine's static cache) and the largest batch
-  whose KV fits in 120 GB minus the weights, for dense and POD (``--check-fit`` allocates it).
+* KV bytes per sequence and per token at ``--memory-contexts`` (default 32K, 128K; really allocated by the
+  engine's static cache, FP8 scales included) and the largest batch whose KV fits in 120 GB minus the weights,
+  for dense and POD (``--check-fit`` allocates it).
+
+``--kv-cache-dtypes`` (default ``bfloat16``; ``bfloat16 fp8_e4m3`` for both) picks the engine's KV storage
+(kernels/fp8_kv.py: e4m3 data + one fp32 scale per token and KV head, ``2 * (D + 4)`` bytes per token and KV
+head for K + V against ``4 * D`` in bf16). Every memory and decode row runs once per dtype; an FP8 decode cell is
+``<scheme>/fp8_e4m3`` beside the bf16 ``<scheme>``, with ``over_bfloat16`` (its ms / the bf16 cell's ms), and each
+decode row gets the FP8 floor ``floor_fp8_e4m3_ms`` next to ``floor_ms``; FP8 memory rows carry their bytes and
+largest batch over bf16. The default stays bf16 so the full run above still fits one 10-minute call; run the FP8
+rows as separate calls (``--sections memory`` / ``--sections decode --rows ...``). The memory rows are also drawn
+as ``<out>_memory.png`` (eval/bench/memory_plot.py: KV per sequence and largest batch, per dtype).
 
 Targets (BENCHMARKS.md's status table, "Engine"; "Targets that changed" says which replaced which) are evaluated
 in ``targets``: dense within 1.2x of the floor at every row; TidalDecode
@@ -50,6 +60,8 @@ import torch
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
 from eval.bench.kernels_decode import copy_bandwidth
+from eval.bench.memory_plot import plot_kv_memory
+from kernels.fp8_kv import KV_CACHE_DTYPES, bytes_per_token
 from sparse_models.engine import GenerationEngine
 from sparse_models.schemes.registry import get_scheme, scheme_names
 
@@ -123,6 +135,25 @@ def decode_weight_bytes(model) -> int:
 def dense_kv_bytes(shape: dict, context: int, batch: int, elt: int) -> int:
     d = shape["hidden_size"] // shape["num_attention_heads"]
     return 2 * shape["num_hidden_layers"] * batch * shape["num_key_value_heads"] * context * d * elt
+
+
+def dense_kv_bytes_per_token(shape: dict, kv_cache_dtype: str, model_dtype: torch.dtype) -> int:
+    """K + V bytes one token takes in a dense cache, all layers and KV heads: L * Hkv * 2 * (D + 4) in FP8
+    (fp32 scales, kernels/fp8_kv.py), L * Hkv * 2 * D * itemsize in the model's dtype."""
+    d = shape["hidden_size"] // shape["num_attention_heads"]
+    per_head = bytes_per_token(d, kv_cache_dtype, model_dtype)
+    return shape["num_hidden_layers"] * shape["num_key_value_heads"] * per_head
+
+
+def cell_name(scheme: str, kv_cache_dtype: str) -> str:
+    """The decode row's key of a scheme's cell: the scheme's name in bf16 (the keys older JSONs and the targets
+    use), ``<scheme>/<dtype>`` otherwise."""
+    return scheme if kv_cache_dtype == "bfloat16" else f"{scheme}/{kv_cache_dtype}"
+
+
+def memory_key(name: str, kv_cache_dtype: str, context: int) -> str:
+    """``dense@32768``, ``pod/fp8_e4m3@131072``: one memory row per cache, dtype and context."""
+    return f"{cell_name(name, kv_cache_dtype)}@{context}"
 
 
 def synchronize(device):
@@ -290,6 +321,21 @@ def parse_rows(items: list[str]) -> list[tuple[int, int]]:
     return rows
 
 
+def memory_fields(key: str, row: dict) -> tuple[str, str, int]:
+    """(cache name, KV dtype, context) of a memory row; rows of older JSONs (keys ``dense`` / ``pod``, bf16 at one
+    context) carry neither name nor dtype."""
+    name = key.split("@")[0].split("/")[0]
+    return name, row.get("kv_cache_dtype", "bfloat16"), row["context"]
+
+
+def bf16_memory_at_shortest(memory: dict) -> dict:
+    """Cache name -> its bf16 memory row at the shortest context measured (the POD memory targets' rows: 32K)."""
+    rows = [(memory_fields(key, row), row) for key, row in memory.items()]
+    bf16 = [(fields, row) for fields, row in rows if fields[1] == "bfloat16"]
+    shortest = min((fields[2] for fields, _ in bf16), default=None)
+    return {fields[0]: row for fields, row in bf16 if fields[2] == shortest}
+
+
 def evaluate_targets(result: dict) -> dict:
     decode = result.get("decode", {})
     targets = {}
@@ -321,7 +367,7 @@ def evaluate_targets(result: dict) -> dict:
             t = ms(scheme, ctx_short, 1)
             if t:
                 targets[f"{scheme}_speedup_vs_transformers@{ctx_short}x1 (>= 8)"] = round(hf / t, 2)
-    mem = result.get("memory", {})
+    mem = bf16_memory_at_shortest(result.get("memory", {}))
     if "dense" in mem and "pod" in mem:
         targets["pod_kv_bytes_over_dense (<= 0.70)"] = round(mem["pod"]["kv_bytes_per_seq"]
                                                              / mem["dense"]["kv_bytes_per_seq"], 4)
@@ -335,6 +381,35 @@ def evaluate_targets(result: dict) -> dict:
             targets[f"token_sparse@0.5_prefill_speedup@{long_ctx} (>= 1.5)"] = round(
                 row["dense"]["seconds"] / row["token_sparse@0.5"]["seconds"], 3)
     return targets
+
+
+def memory_lines(memory: dict) -> list[str]:
+    """The memory table: per cache, KV dtype and context, bytes per token (FP8 scales included), GiB per sequence,
+    the largest batch in the budget, its ratio to bf16 and whether --check-fit allocated it."""
+    if not memory:
+        return []
+    lines = ["| cache | KV dtype | context | KV bytes / token | KV GiB / sequence | largest batch | batch / bf16 "
+             "| allocates |", "|---|---|---|---|---|---|---|---|"]
+    for key, row in memory.items():
+        name, dtype, context = memory_fields(key, row)
+        per_token = row.get("kv_bytes_per_token", row["kv_bytes_per_seq"] / context)
+        lines.append(f"| {name} | {dtype} | {context} | {per_token:,.0f} | {row['kv_gib_per_seq']} | "
+                     f"{row['max_batch']} | {row.get('max_batch_over_bfloat16', '-')} | "
+                     f"{row.get('max_batch_allocates', '-')} |")
+    return lines + [""]
+
+
+def ratio_lines(decode: dict) -> list[str]:
+    """fp8 ms / bf16 ms per decode row and scheme (the cells' ``over_bfloat16``); none without FP8 cells."""
+    ratios = {key: {name.split("/")[0]: cell["over_bfloat16"] for name, cell in row.items()
+                    if isinstance(cell, dict) and "over_bfloat16" in cell} for key, row in decode.items()}
+    schemes = list(dict.fromkeys(s for row in ratios.values() for s in row))
+    if not schemes:
+        return []
+    lines = ["| fp8_e4m3 / bfloat16 ms | " + " | ".join(schemes) + " |", "|---|" + "---|" * len(schemes)]
+    for key, row in ratios.items():
+        lines.append(f"| {key} | " + " | ".join(f"{row[s]:.3f}" if s in row else "-" for s in schemes) + " |")
+    return lines + [""]
 
 
 def markdown_table(result: dict) -> str:
@@ -358,8 +433,11 @@ def markdown_table(result: dict) -> str:
                 cells.append(f"{cell['ms_per_token']:.2f}" if cell.get("ms_per_token") else
                              ("error" if "error" in cell else "-"))
             floor = f"{row['floor_ms']:.2f}" if row.get("floor_ms") else "-"
+            if row.get("floor_fp8_e4m3_ms"):  # the FP8 cache's floor beside the bf16 one
+                floor += f" / {row['floor_fp8_e4m3_ms']:.2f} fp8"
             lines.append(f"| {key} | {floor} | " + " | ".join(cells) + " |")
         lines.append("")
+        lines += ratio_lines(decode)
     prefill = {ctx: row for ctx, row in result.get("prefill", {}).items() if row}
     names = list(dict.fromkeys(n for row in prefill.values() for n in row))
     if prefill:
@@ -368,12 +446,7 @@ def markdown_table(result: dict) -> str:
             lines.append(f"| {ctx} | " + " | ".join(f"{row[n]['seconds']:.3f}" if row.get(n, {}).get("seconds")
                                                      else "error" for n in names) + " |")
         lines.append("")
-    mem = result.get("memory", {})
-    if mem:
-        lines += ["| cache | KV GiB / sequence | largest batch |", "|---|---|---|"]
-        for name, row in mem.items():
-            lines.append(f"| {name} @ {row['context']} | {row['kv_gib_per_seq']} | {row['max_batch']} |")
-        lines.append("")
+    lines += memory_lines(result.get("memory", {}))
     targets = result.get("targets", {})
     if targets:
         lines += ["| target | measured |", "|---|---|"] + [f"| {k} | {v} |" for k, v in targets.items()]
@@ -397,14 +470,18 @@ def plot(result: dict, path: Path) -> str | None:
                 series.setdefault((scheme, batch), []).append((ctx, cell["ms_per_token"]))
         if row.get("floor_ms"):
             series.setdefault(("floor (dense)", batch), []).append((ctx, row["floor_ms"]))
+        if row.get("floor_fp8_e4m3_ms"):
+            series.setdefault(("floor (dense fp8_e4m3)", batch), []).append((ctx, row["floor_fp8_e4m3_ms"]))
     batches = sorted({b for _, b in series})
+    if not batches:  # a memory-only run: its rows are drawn by plot_kv_memory
+        return None
     fig, axes = plt.subplots(1, len(batches), figsize=(5.5 * len(batches), 4.2), squeeze=False)
     for ax, batch in zip(axes[0], batches):
         for (scheme, b), points in sorted(series.items()):
             if b != batch:
                 continue
             points.sort()
-            style = "--" if scheme.startswith("floor") else "-"
+            style = "--" if scheme.startswith("floor") else (":" if "/fp8" in scheme else "-")
             ax.plot([p[0] / 1024 for p in points], [p[1] for p in points], style, marker="o", label=scheme)
         ax.set_xlabel("context (K tokens)")
         ax.set_ylabel("decode ms / token (step)")
@@ -434,9 +511,13 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--hf-steps", type=int, default=6)
     ap.add_argument("--prefill-contexts", nargs="*", type=int, default=[32768, 131072])
     ap.add_argument("--prefill-repeats", type=int, default=1)
-    ap.add_argument("--memory-context", type=int, default=32768)
+    ap.add_argument("--memory-contexts", "--memory-context", dest="memory_contexts", type=int, nargs="+",
+                    default=[32768, 131072], help="contexts of the memory rows (KV bytes, largest batch)")
     ap.add_argument("--memory-budget-gb", type=float, default=120.0)
     ap.add_argument("--check-fit", action="store_true", help="allocate the largest batch to prove it fits")
+    ap.add_argument("--kv-cache-dtypes", nargs="+", choices=KV_CACHE_DTYPES, default=["bfloat16"],
+                    help="KV cache storage of every memory and decode row (kernels/fp8_kv.py); default bfloat16 "
+                         "only, 'bfloat16 fp8_e4m3' for both and the fp8 / bf16 ratios")
     ap.add_argument("--num-layers", type=int, default=None, help="fewer layers (quick checks; not the benchmark)")
     ap.add_argument("--shape", choices=sorted(SHAPES), default="llama3-8b",
                     help="random-init model shape; llama2-7b (no GQA) is TidalDecode's own e2e setting")
@@ -481,83 +562,139 @@ def apply_tiny(args: argparse.Namespace) -> None:
     args.rows = ["256x1", "512x2"]
     args.hf_rows = ["256x1"]
     args.prefill_contexts = [384]
-    args.memory_context = 512
+    args.memory_contexts = [512, 1024]
     args.budget = 32
     args.steps = min(args.steps, 4)
 
 
+MEMORY_CACHES = (("dense", "podkit-dense"), ("pod", "pod"))  # memory row name -> scheme_overrides' name
+
+
+def memory_row(model, args: argparse.Namespace, shape: dict, wbytes: int, device: str, scheme: str, context: int,
+               kv_cache_dtype: str) -> dict:
+    """One cache's KV bytes per sequence and per token at ``context`` (the engine's own ``kv_bytes``: FP8 data and
+    scales), the largest batch whose KV fits in the budget minus the weights and, with ``--check-fit`` on CUDA,
+    whether that batch really allocates."""
+    overrides = scheme_overrides(scheme, shape["num_hidden_layers"], shape["num_key_value_heads"], args.budget,
+                                 args.tiny) | {"kv_cache_dtype": kv_cache_dtype}
+    kv = kv_per_sequence(model, context, overrides)
+    budget = args.memory_budget_gb * 1e9 - wbytes
+    row = {"scheme": scheme, "kv_cache_dtype": kv_cache_dtype, "context": context, "kv_bytes_per_seq": kv.total,
+           "kv_bytes_per_token": round(kv.total / context, 2), "kv_gib_per_seq": round(kv.total / GIB, 3),
+           "max_batch": int(budget // kv.total),
+           "budget_note": f"{args.memory_budget_gb} GB minus the weights ({wbytes / 1e9:.2f} GB)"}
+    if args.check_fit and device == "cuda":
+        row["max_batch_allocates"] = check_fit(model, context, row["max_batch"], overrides)
+    return row
+
+
+def add_bf16_ratios(memory: dict, name: str, context: int, row: dict) -> None:
+    """An FP8 row's bytes and largest batch over the bf16 row of the same cache and context (when measured)."""
+    base = memory.get(memory_key(name, "bfloat16", context))
+    if row["kv_cache_dtype"] == "bfloat16" or not base:
+        return
+    row["kv_bytes_over_bfloat16"] = round(row["kv_bytes_per_seq"] / base["kv_bytes_per_seq"], 4)
+    if base["max_batch"]:
+        row["max_batch_over_bfloat16"] = round(row["max_batch"] / base["max_batch"], 3)
+
+
 def measure_memory(run: Run, model, args: argparse.Namespace, shape: dict, wbytes: int, device: str) -> None:
-    """KV bytes per sequence and the largest batch that fits, dense and POD (cheap and independent of timing)."""
+    """KV bytes per sequence and token and the largest batch that fits, dense and POD, per context and KV dtype
+    (cheap and independent of timing)."""
     result = run.result
-    for name, scheme in (("dense", "podkit-dense"), ("pod", "pod")):
-        try:
-            kv = kv_per_sequence(model, args.memory_context, scheme_overrides(scheme, shape["num_hidden_layers"],
-                                                                               shape["num_key_value_heads"],
-                                                                               args.budget, args.tiny))
-            budget = args.memory_budget_gb * 1e9 - wbytes
-            row = {"context": args.memory_context, "kv_bytes_per_seq": kv.total,
-                   "kv_gib_per_seq": round(kv.total / GIB, 3),
-                   "max_batch": int(budget // kv.total),
-                   "budget_note": f"{args.memory_budget_gb} GB minus the weights ({wbytes / 1e9:.2f} GB)"}
-            if args.check_fit and device == "cuda":
-                row["max_batch_allocates"] = check_fit(model, args.memory_context, row["max_batch"],
-                                                       scheme_overrides(scheme, shape["num_hidden_layers"],
-                                                                        shape["num_key_value_heads"], args.budget,
-                                                                        args.tiny))
-            result["memory"][name] = row
-            print(f"memory {name}: {row['kv_gib_per_seq']} GiB/seq at {args.memory_context}, max batch "
-                  f"{row['max_batch']}", flush=True)
-        except Exception as err:  # noqa: BLE001
-            result["errors"].append(f"memory {name}: {type(err).__name__}: {err}")
-        run.save()
+    for context in args.memory_contexts:
+        for name, scheme in MEMORY_CACHES:
+            for dtype in args.kv_cache_dtypes:
+                key = memory_key(name, dtype, context)
+                try:
+                    row = memory_row(model, args, shape, wbytes, device, scheme, context, dtype)
+                    add_bf16_ratios(result["memory"], name, context, row)
+                    result["memory"][key] = row
+                    print(f"memory {key}: {row['kv_bytes_per_token']:.0f} B/token, {row['kv_gib_per_seq']} GiB/seq, "
+                          f"max batch {row['max_batch']}" + (f" (allocates: {row['max_batch_allocates']})"
+                                                             if "max_batch_allocates" in row else ""), flush=True)
+                except Exception as err:  # noqa: BLE001
+                    result["errors"].append(f"memory {key}: {type(err).__name__}: {err}")
+                    free_memory()
+                run.save()
 
 
-def measure_decode(run: Run, model, args: argparse.Namespace, shape: dict, elt: int, bw, wread: int,
+def decode_cell(model, args: argparse.Namespace, shape: dict, context: int, batch: int, scheme: str,
+                kv_cache_dtype: str, device: str, errors: list) -> dict:
+    """One scheme's engine decode at (context, batch) with this KV dtype; a torch.compile failure is retried
+    eagerly (recorded in ``errors``) so that it does not cost the row."""
+    overrides = scheme_overrides(scheme, shape["num_hidden_layers"], shape["num_key_value_heads"], args.budget,
+                                 args.tiny) | {"decode_kernels": args.decode_kernels, "kv_cache_dtype": kv_cache_dtype}
+    compile_layers = not args.no_compile and device == "cuda"
+    try:
+        return time_engine_decode(model, context, batch, overrides, args.steps,
+                                  use_graphs=not args.no_graphs and device == "cuda", compile_layers=compile_layers)
+    except Exception as err:  # noqa: BLE001 - a compile failure must not cost the row
+        if not compile_layers or is_oom(err):
+            raise
+        errors.append(f"decode {context}x{batch} {cell_name(scheme, kv_cache_dtype)} with compile_layers: "
+                      f"{type(err).__name__}: {str(err)[:300]}; retried without")
+        free_memory()
+        return time_engine_decode(model, context, batch, overrides, args.steps,
+                                  use_graphs=not args.no_graphs, compile_layers=False)
+
+
+def add_floors(row: dict, shape: dict, context: int, batch: int, model_dtype: torch.dtype, bw, wread: int,
+               kv_cache_dtypes: list[str]) -> None:
+    """The dense step's floor per KV dtype: (weights read + dense KV bytes) / copy bandwidth; ``floor_ms`` is the
+    bf16 one (older JSONs' key), ``floor_fp8_e4m3_ms`` the FP8 one (data + scales)."""
+    if not bw:
+        return
+    for dtype in kv_cache_dtypes:
+        kv = dense_kv_bytes_per_token(shape, dtype, model_dtype) * context * batch
+        suffix = "" if dtype == "bfloat16" else f"_{dtype}"
+        row[f"floor{suffix}_ms"] = 1000 * (wread + kv) / bw
+        row[f"floor{suffix}_bytes"] = wread + kv
+
+
+def measure_decode(run: Run, model, args: argparse.Namespace, shape: dict, model_dtype: torch.dtype, bw, wread: int,
                    device: str) -> None:
-    """Per row (context x batch): each scheme's engine decode, the bandwidth floor, and transformers' generate()."""
+    """Per row (context x batch): each scheme's engine decode in each KV dtype (FP8 cells with their ratio to
+    bf16), the bandwidth floors, and transformers' generate()."""
     result = run.result
     for context, batch in parse_rows(args.rows):
         key = f"{context}x{batch}"
         if run.out_of_time(f"decode {key}"):
             continue
         row = result["decode"].setdefault(key, {})
-        kv = dense_kv_bytes(shape, context, batch, elt)
-        if bw:
-            row["floor_ms"] = 1000 * (wread + kv) / bw
-            row["floor_bytes"] = wread + kv
+        add_floors(row, shape, context, batch, model_dtype, bw, wread, args.kv_cache_dtypes)
         for scheme in args.schemes:
-            try:
-                overrides = scheme_overrides(scheme, shape["num_hidden_layers"], shape["num_key_value_heads"],
-                                             args.budget, args.tiny) | {"decode_kernels": args.decode_kernels}
-                compile_layers = not args.no_compile and device == "cuda"
+            for dtype in args.kv_cache_dtypes:
+                name = cell_name(scheme, dtype)
+                if dtype != args.kv_cache_dtypes[0] and run.out_of_time(f"decode {key} {name}"):
+                    continue
                 try:
-                    row[scheme] = time_engine_decode(model, context, batch, overrides, args.steps,
-                                                     use_graphs=not args.no_graphs and device == "cuda",
-                                                     compile_layers=compile_layers)
-                except Exception as err:  # noqa: BLE001 - a compile failure must not cost the row
-                    if not compile_layers or is_oom(err):
-                        raise
-                    result["errors"].append(f"decode {key} {scheme} with compile_layers: "
-                                            f"{type(err).__name__}: {str(err)[:300]}; retried without")
+                    row[name] = decode_cell(model, args, shape, context, batch, scheme, dtype, device, result["errors"])
+                    base = row.get(scheme, {}).get("ms_per_token")
+                    if name != scheme and base:
+                        row[name]["over_bfloat16"] = round(row[name]["ms_per_token"] / base, 4)
+                    print(f"decode {key} {name}: {row[name]['ms_per_token']:.3f} ms/token "
+                          f"(floor {row.get('floor_ms', float('nan')):.3f})", flush=True)
+                except Exception as err:  # noqa: BLE001 - record and go on
+                    row[name] = {"error": f"{type(err).__name__}: {str(err)[:300]}"}
+                    print(f"decode {key} {name}: {row[name]['error']}", flush=True)
                     free_memory()
-                    row[scheme] = time_engine_decode(model, context, batch, overrides, args.steps,
-                                                     use_graphs=not args.no_graphs, compile_layers=False)
-                print(f"decode {key} {scheme}: {row[scheme]['ms_per_token']:.3f} ms/token "
-                      f"(floor {row.get('floor_ms', float('nan')):.3f})", flush=True)
-            except Exception as err:  # noqa: BLE001 - record and go on
-                row[scheme] = {"error": f"{type(err).__name__}: {str(err)[:300]}"}
-                print(f"decode {key} {scheme}: {row[scheme]['error']}", flush=True)
-                free_memory()
-            run.save()
+                run.save()
         if key in args.hf_rows and not run.out_of_time(f"decode {key} transformers"):
-            try:
-                row["transformers"] = time_transformers_decode(model, context, batch, args.hf_steps)
-                print(f"decode {key} transformers: {row['transformers']['ms_per_token']:.2f} ms/token", flush=True)
-            except Exception as err:  # noqa: BLE001
-                row["transformers"] = {"error": f"{type(err).__name__}: {str(err)[:300]}"}
-                print(f"decode {key} transformers: {row['transformers']['error']}", flush=True)
-                free_memory()
-            run.save()
+            measure_transformers(run, model, args, row, key, context, batch)
+
+
+def measure_transformers(run: Run, model, args: argparse.Namespace, row: dict, key: str, context: int,
+                         batch: int) -> None:
+    """transformers' generate() at one decode row (bf16 DynamicCache: its own KV dtype, whatever the flag)."""
+    try:
+        row["transformers"] = time_transformers_decode(model, context, batch, args.hf_steps)
+        print(f"decode {key} transformers: {row['transformers']['ms_per_token']:.2f} ms/token", flush=True)
+    except Exception as err:  # noqa: BLE001
+        row["transformers"] = {"error": f"{type(err).__name__}: {str(err)[:300]}"}
+        print(f"decode {key} transformers: {row['transformers']['error']}", flush=True)
+        free_memory()
+    run.save()
 
 
 def prefill_cases(shape: dict, args: argparse.Namespace) -> dict:
@@ -600,14 +737,31 @@ def measure_prefill(run: Run, model, args: argparse.Namespace, cases: dict) -> N
             run.save()
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None) -> argparse.Namespace:
+    """The parsed flags, KV dtypes de-duplicated and bf16 first (an FP8 cell's ratio needs its bf16 cell measured
+    before it). A dtype outside KV_CACHE_DTYPES is argparse's one error naming the flag, the value and the choices,
+    before any model is built."""
     args = build_parser().parse_args(argv)
+    args.kv_cache_dtypes = sorted(set(args.kv_cache_dtypes), key=KV_CACHE_DTYPES.index)
+    return args
+
+
+def draw(result: dict, png: Path) -> str | None:
+    """The decode PNG and, when there are memory rows, ``<png stem>_memory.png``; an error line or None."""
+    err = plot(result, png)
+    print(err or f"wrote {png}")
+    if not err and result.get("memory"):
+        memory_png = png.with_name(png.stem + "_memory.png")
+        print(f"wrote {plot_kv_memory(result, memory_png)}")
+    return err
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
 
     if args.plot_only:
         result = json.loads(Path(args.plot_only).read_text())
-        png = Path(args.png or Path(args.plot_only).with_suffix(".png"))
-        err = plot(result, png)
-        print(err or f"wrote {png}")
+        err = draw(result, Path(args.png or Path(args.plot_only).with_suffix(".png")))
         print(markdown_table(result))
         return 1 if err else 0
 
@@ -633,7 +787,7 @@ def main(argv=None) -> int:
               "shape": shape, "dtype": str(dtype).replace("torch.", ""), "budget": args.budget,
               "pod_anchor_layers": pod_anchor_layers(shape["num_hidden_layers"], shape["num_key_value_heads"],
                                                      2 if args.tiny else 9),
-              "decode_kernels": args.decode_kernels, "decode": {}, "prefill": {}, "memory": {}, "errors": []}
+              "decode_kernels": args.decode_kernels, "kv_cache_dtypes": args.kv_cache_dtypes, "decode": {}, "prefill": {}, "memory": {}, "errors": []}
     try:  # kept from when transformers was optional here
         import transformers
         result["transformers"] = transformers.__version__
@@ -653,19 +807,17 @@ def main(argv=None) -> int:
     result["copy_bandwidth_TBps"] = round(bw / 1e12, 3) if bw else None
     print(f"weights {wbytes / GIB:.2f} GiB, copy bandwidth {result['copy_bandwidth_TBps']} TB/s", flush=True)
     run.save()
-    elt = torch.empty((), dtype=dtype).element_size()
 
     # memory first: cheap and independent of timing
     if "memory" in args.sections:
         measure_memory(run, model, args, shape, wbytes, device)
     if "decode" in args.sections:
-        measure_decode(run, model, args, shape, elt, bw, wread, device)
+        measure_decode(run, model, args, shape, dtype, bw, wread, device)
     if "prefill" in args.sections:
         measure_prefill(run, model, args, prefill_cases(shape, args))
 
     run.save()
-    err = plot(result, png)
-    print(err or f"wrote {png}")
+    draw(result, png)
     table = markdown_table(result)
     out.with_suffix(".md").write_text(table + "\n")
     print(table)

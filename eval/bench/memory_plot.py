@@ -8,6 +8,10 @@ one row per doubled length): a line of ``peak_memory_gib_max_rank`` (the largest
 ``torch.cuda.max_memory_allocated``) against ``seq``, and an ``x`` at the first length that failed (out of
 memory), drawn at the top of the axes. ``train-multi-gpu --find-max-context`` draws its own report next to
 its JSON the same way.
+
+:func:`plot_kv_memory` draws the memory rows of ``python -m eval.bench e2e`` (``--sections memory``; e2e writes
+it as ``<out>_memory.png``, and ``e2e --plot-only JSON`` redraws it): per context, a bar per cache (dense, POD) and
+KV dtype (bf16, fp8_e4m3) of the KV GiB one sequence takes, and of the largest batch whose KV fits the budget.
 """
 
 from __future__ import annotations
@@ -64,6 +68,49 @@ def plot_memory_vs_context(reports: dict[str, dict], path: str | Path) -> Path:
     ax.legend(fontsize=8)
     device = next((r.get("device") for report in reports.values() for r in report.get("rows", [])), "")
     ax.set_title(f"POD training memory against context length, {device}", fontsize=9)
+    fig.tight_layout()
+    return save_figure(fig, path)
+
+
+def _kv_bars(memory: dict) -> dict[tuple[str, str], dict[int, dict]]:
+    """(cache, KV dtype) -> context -> memory row; rows of older e2e JSONs (keys ``dense`` / ``pod``) are bf16."""
+    bars: dict[tuple[str, str], dict[int, dict]] = {}
+    for key, row in memory.items():
+        name = row.get("scheme", key.split("@")[0].split("/")[0]).replace("podkit-", "")
+        bars.setdefault((name, row.get("kv_cache_dtype", "bfloat16")), {})[row["context"]] = row
+    return bars
+
+
+def plot_kv_memory(result: dict, path: str | Path) -> Path:
+    """``result``: an e2e JSON with memory rows. Two panels, KV GiB per sequence and the largest batch in the
+    budget, grouped by context with one bar per (cache, KV dtype), FP8 hatched. Raises ValueError without rows."""
+    import matplotlib  # lazy: matplotlib is optional (plots only)
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    bars = _kv_bars(result.get("memory", {}))
+    if not bars:
+        raise ValueError("no memory rows in this e2e result (run it with --sections memory)")
+    contexts = sorted({c for rows in bars.values() for c in rows})
+    width = 0.8 / len(bars)
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4.2))
+    panels = ((axes[0], lambda row: row["kv_bytes_per_seq"] / 2 ** 30, "KV GiB per sequence"),  # unrounded
+              (axes[1], lambda row: row["max_batch"], "largest batch in the budget"))
+    for ax, value, label in panels:
+        for i, ((name, dtype), rows) in enumerate(sorted(bars.items())):
+            xs = [j + (i - (len(bars) - 1) / 2) * width for j, c in enumerate(contexts) if c in rows]
+            ys = [value(rows[c]) for c in contexts if c in rows]
+            drawn = ax.bar(xs, ys, width, label=f"{name} {dtype}", hatch="//" if dtype != "bfloat16" else None,
+                           color=f"C{sorted({n for n, _ in bars}).index(name)}", edgecolor="black", linewidth=0.5)
+            ax.bar_label(drawn, fmt="%.3g", fontsize=7)
+        ax.set_xticks(range(len(contexts)), [f"{c // 1024}K" if c >= 1024 else str(c) for c in contexts])
+        ax.set_xlabel("context (tokens per sequence)")
+        ax.set_ylabel(label)
+        ax.grid(axis="y", alpha=0.3)
+        ax.legend(fontsize=8)
+    note = next(iter(next(iter(bars.values())).values())).get("budget_note", "")
+    fig.suptitle(f"KV cache memory, {result.get('model', '')}, {result.get('device', '')}; budget {note}", fontsize=9)
     fig.tight_layout()
     return save_figure(fig, path)
 
