@@ -2,6 +2,7 @@
 
     python -m eval.bench.kernels_decode --out decode.json [--contexts 8192 32768 131072]
         [--batches 1 8] [--rows decode selection sparse pod quest] [--check] [--tune] [--topk-variants]
+        [--kv-cache-dtypes bfloat16 fp8_e4m3]
 
 Pure torch + triton (runs on the GPU image: no deepspeed / lm-eval / datasets). Shape: Llama-3-8B
 attention (32 query heads, 8 KV heads, D=128, bf16), every sequence full (seq_lens = context).
@@ -31,6 +32,16 @@ Each row times, in the same run, podkit's kernel, torch's closest composition an
 measured here (1.0 = at the copy floor). Bytes: K and V rows read (KV cache, or the listed /
 selected / non-skipped rows), page metadata for Quest; score buffers and partials not counted.
 
+`--kv-cache-dtypes fp8_e4m3` adds the `fp8_*` rows (without `bfloat16` in the list, only them: e.g.
+`--contexts 131072 --batches 1 4 --kv-cache-dtypes fp8_e4m3` is the 128K FP8 set alone): each FP8 variant of a
+decode kernel (kernels/fp8_kv.py: e4m3 K/V, one fp32 scale per token and KV head, dequantised in registers) on the
+bf16 inputs quantised, against the same kernel on the bf16 inputs, both as CUDA-graph replays: fp8_decode,
+fp8_selection_{head,group}, fp8_sparse_{head,group} (k in {256, 2048, 4096}), fp8_pod_decode,
+fp8_pod_sparse_{group,head} and fp8_quest (page scores on bf16 pages that bound the dequantised keys + selection +
+FP8 sparse decode), as `--rows` selects their families. Columns: graph_bf16_us, graph_fp8_us, fp8_over_bf16,
+bytes_bf16 / bytes_fp8 (a K + V row per token and KV head read: 4 * D bytes in bf16, 2 * (D + 4) in FP8, plus
+index lists and page metadata) and their floors and bw_utils.
+
 Eager timings include Python and launch overheads, which dominate the small rows (podkit sparse decode at
 k=256 is two Triton launches against a floor of about a microsecond); `graph_*` columns time one CUDA-graph replay
 (L2 flushed before each), as the engine runs decode.
@@ -52,6 +63,8 @@ import sys
 
 import torch
 import torch.nn.functional as F
+
+from kernels.fp8_kv import KV_CACHE_DTYPES, bytes_per_token, quantize_kv, round_outward
 
 HQ, HKV, D = 32, 8, 128
 DTYPE = torch.bfloat16
@@ -163,85 +176,190 @@ SKIP_FRACTIONS = (0.0, 0.25, 0.5, 0.75, 1.0)
 
 
 def run_bench(contexts, batches, device, bw, tune=False, topk_variants=False, families=ROW_FAMILIES,
-              skip_fractions=SKIP_FRACTIONS):
-    """Rows for every context x batch; `families` picks which ops (the decode row always runs: the
-    others' ratios refer to it)."""
-    DA = importlib.import_module("kernels.triton_decode_attention")
-    from kernels.triton_sparse_decode_attention import sparse_decode_attention_triton
-
+              skip_fractions=SKIP_FRACTIONS, kv_cache_dtypes=("bfloat16",)):
+    """Rows for every context x batch; `families` picks which ops (in bf16 the decode row always runs: the
+    others' ratios refer to it) and `kv_cache_dtypes` which caches: "bfloat16" the rows below, "fp8_e4m3" the
+    `fp8_*` rows (each times its bf16 op too, for the ratio, so they need no bf16 rows)."""
     gen = torch.Generator(device=device)
     gen.manual_seed(0)
     rows = []
     for N in contexts:
         for B in batches:
             q, k, v, seq_lens = _inputs(B, N, device, gen)
-            kv_bytes = 2 * B * HKV * N * D * 2
-            floor = kv_bytes / bw * 1e6
-            sdpa = _bench(lambda: F.scaled_dot_product_attention(q[:, :, None], k, v, enable_gqa=True))
-            full = _bench(lambda: DA.decode_attention_triton(q, k, v, seq_lens))
-            full_scores = _bench(lambda: DA.decode_attention_triton(q, k, v, seq_lens, return_scores=True))
-            sdpa_g = _bench_graph(lambda: F.scaled_dot_product_attention(q[:, :, None], k, v, enable_gqa=True))
-            full_g = _bench_graph(lambda: DA.decode_attention_triton(q, k, v, seq_lens))
-            _row(rows, "decode", N, B, floor_us=floor, sdpa_us=sdpa, podkit_us=full,
-                 podkit_scores_us=full_scores, podkit_over_sdpa=full / sdpa, podkit_over_floor=full / floor,
-                 graph_sdpa_us=sdpa_g, graph_podkit_us=full_g, graph_podkit_over_sdpa=full_g / sdpa_g,
-                 bw_util=floor / full_g, sdpa_bw_util=floor / sdpa_g)
-            if tune:
-                for bn, nw, ns in [(32, 4, 3), (64, 4, 2), (64, 4, 4), (64, 8, 3), (128, 8, 3), (128, 4, 2)]:
-                    t = _bench(lambda: DA._launch_decode(q, k, v, seq_lens, D ** -0.5, None, False,
-                                                         block_n=bn, num_warps=nw, num_stages=ns))
-                    _row(rows, "decode_tune", N, B, block_n=bn, num_warps=nw, num_stages=ns, podkit_us=t,
-                         over_sdpa=t / sdpa)
-            budget = SELECTION_BUDGET
-            for per_group in (False, True) if "selection" in families else ():
-                naive = _bench(lambda: torch_selection(q, k, v, budget, per_group))
-                graphs = {}
-                for impl in DA.TOPK_IMPLS:
-                    sel_fn = lambda impl=impl: DA.selection_decode_attention_triton(  # noqa: E731
-                        q, k, v, seq_lens, budget, per_kv_group=per_group, topk_impl=impl)
-                    graphs[impl] = (_bench(sel_fn), _bench_graph(sel_fn), sel_fn()[1])
-                (sel, sel_g, idx), (old_e, old_g, idx_old) = graphs["split"], graphs["legacy"]
-                agree = (idx == idx_old).all(-1).float().mean().item()
-                _row(rows, "selection_group" if per_group else "selection_head", N, B, budget=budget,
-                     floor_us=floor, torch_us=naive, podkit_us=sel, podkit_full_us=full,
-                     over_podkit_full=sel / full, torch_over_podkit=naive / sel,
-                     graph_podkit_us=sel_g, graph_over_podkit_full=sel_g / full_g, bw_util=floor / sel_g,
-                     legacy_us=old_e, graph_legacy_us=old_g, graph_legacy_over_podkit_full=old_g / full_g,
-                     legacy_over_split=old_g / sel_g, rows_agreeing_with_legacy=agree)
-            if topk_variants:
-                from kernels import _decode_topk as TK
-                _, sc = DA.decode_attention_triton(q, k, v, seq_lens, return_scores=True)
-                sc[torch.arange(B), :, seq_lens.long() - 1] = float("-inf")
-                from kernels import _decode_topk_split as TSP
-                variants = {"torch": lambda: TK.topk_slots_torch(sc, seq_lens, budget),
-                            "split": lambda: TSP.split_topk_slots(sc, seq_lens, budget)}
-                for bits in (2, 4, 8):
-                    variants[f"radix{bits}"] = (lambda bits=bits: TK.topk_slots_with_current(sc, seq_lens, budget, _bits=bits))
-                ref_sel = variants["torch"]()
-                for name, fn in variants.items():
-                    _row(rows, "topk_variant", N, B, impl=name, rows_=B * HQ, graph_us=_bench_graph(fn),
-                         rows_agreeing_with_torch=(fn() == ref_sel).all(-1).float().mean().item())
-            for K in (256, 2048, 4096) if "sparse" in families else ():
-                for Hs, name in ((HQ, "sparse_head"), (HKV, "sparse_group")):
-                    idx = _random_lists(B, Hs, N, K, device, gen)
-                    sp_floor = (2 * B * Hs * K * D * 2 + idx.numel() * 4) / bw * 1e6
-                    ts = _bench(lambda: torch_sparse(q, k, v, idx))
-                    ps = _bench(lambda: sparse_decode_attention_triton(q, k, v, idx))
-                    ts_g = _bench_graph(lambda: torch_sparse(q, k, v, idx))
-                    ps_g = _bench_graph(lambda: sparse_decode_attention_triton(q, k, v, idx))
-                    _row(rows, name, N, B, k=K, floor_us=sp_floor, torch_us=ts, podkit_us=ps,
-                         torch_over_podkit=ts / ps, podkit_over_floor=ps / sp_floor,
-                         graph_torch_us=ts_g, graph_podkit_us=ps_g, graph_torch_over_podkit=ts_g / ps_g,
-                         bw_util=sp_floor / ps_g)
-            if "pod" in families:
-                _pod_rows(rows, q, k, v, seq_lens, full, full_g, bw, gen, skip_fractions=skip_fractions)
-            if "pod_sparse" in families:
-                _pod_sparse_rows(rows, q, k, v, seq_lens, bw, gen)
-            if "quest" in families:
-                _quest_rows(rows, q, k, v, seq_lens, full, bw)
+            if "bfloat16" in kv_cache_dtypes:
+                _bf16_rows(rows, q, k, v, seq_lens, bw, gen, tune, topk_variants, families, skip_fractions)
+            if "fp8_e4m3" in kv_cache_dtypes:
+                _fp8_rows(rows, q, k, v, seq_lens, bw, gen, families)
             q = k = v = None  # free the inputs before the next size
             torch.cuda.empty_cache()
     return rows
+
+
+def _bf16_rows(rows, q, k, v, seq_lens, bw, gen, tune, topk_variants, families, skip_fractions):
+    """The bf16 rows of one context x batch: decode, then the families asked for."""
+    DA = importlib.import_module("kernels.triton_decode_attention")
+    from kernels.triton_sparse_decode_attention import sparse_decode_attention_triton
+    B, N, device = q.shape[0], k.shape[2], q.device
+    kv_bytes = 2 * B * HKV * N * D * 2
+    floor = kv_bytes / bw * 1e6
+    sdpa = _bench(lambda: F.scaled_dot_product_attention(q[:, :, None], k, v, enable_gqa=True))
+    full = _bench(lambda: DA.decode_attention_triton(q, k, v, seq_lens))
+    full_scores = _bench(lambda: DA.decode_attention_triton(q, k, v, seq_lens, return_scores=True))
+    sdpa_g = _bench_graph(lambda: F.scaled_dot_product_attention(q[:, :, None], k, v, enable_gqa=True))
+    full_g = _bench_graph(lambda: DA.decode_attention_triton(q, k, v, seq_lens))
+    _row(rows, "decode", N, B, floor_us=floor, sdpa_us=sdpa, podkit_us=full,
+         podkit_scores_us=full_scores, podkit_over_sdpa=full / sdpa, podkit_over_floor=full / floor,
+         graph_sdpa_us=sdpa_g, graph_podkit_us=full_g, graph_podkit_over_sdpa=full_g / sdpa_g,
+         bw_util=floor / full_g, sdpa_bw_util=floor / sdpa_g)
+    if tune:
+        for bn, nw, ns in [(32, 4, 3), (64, 4, 2), (64, 4, 4), (64, 8, 3), (128, 8, 3), (128, 4, 2)]:
+            t = _bench(lambda: DA._launch_decode(q, k, v, seq_lens, D ** -0.5, None, False,
+                                                 block_n=bn, num_warps=nw, num_stages=ns))
+            _row(rows, "decode_tune", N, B, block_n=bn, num_warps=nw, num_stages=ns, podkit_us=t,
+                 over_sdpa=t / sdpa)
+    budget = SELECTION_BUDGET
+    for per_group in (False, True) if "selection" in families else ():
+        naive = _bench(lambda: torch_selection(q, k, v, budget, per_group))
+        graphs = {}
+        for impl in DA.TOPK_IMPLS:
+            sel_fn = lambda impl=impl: DA.selection_decode_attention_triton(  # noqa: E731
+                q, k, v, seq_lens, budget, per_kv_group=per_group, topk_impl=impl)
+            graphs[impl] = (_bench(sel_fn), _bench_graph(sel_fn), sel_fn()[1])
+        (sel, sel_g, idx), (old_e, old_g, idx_old) = graphs["split"], graphs["legacy"]
+        agree = (idx == idx_old).all(-1).float().mean().item()
+        _row(rows, "selection_group" if per_group else "selection_head", N, B, budget=budget,
+             floor_us=floor, torch_us=naive, podkit_us=sel, podkit_full_us=full,
+             over_podkit_full=sel / full, torch_over_podkit=naive / sel,
+             graph_podkit_us=sel_g, graph_over_podkit_full=sel_g / full_g, bw_util=floor / sel_g,
+             legacy_us=old_e, graph_legacy_us=old_g, graph_legacy_over_podkit_full=old_g / full_g,
+             legacy_over_split=old_g / sel_g, rows_agreeing_with_legacy=agree)
+    if topk_variants:
+        from kernels import _decode_topk as TK
+        _, sc = DA.decode_attention_triton(q, k, v, seq_lens, return_scores=True)
+        sc[torch.arange(B), :, seq_lens.long() - 1] = float("-inf")
+        from kernels import _decode_topk_split as TSP
+        variants = {"torch": lambda: TK.topk_slots_torch(sc, seq_lens, budget),
+                    "split": lambda: TSP.split_topk_slots(sc, seq_lens, budget)}
+        for bits in (2, 4, 8):
+            variants[f"radix{bits}"] = (lambda bits=bits: TK.topk_slots_with_current(sc, seq_lens, budget, _bits=bits))
+        ref_sel = variants["torch"]()
+        for name, fn in variants.items():
+            _row(rows, "topk_variant", N, B, impl=name, rows_=B * HQ, graph_us=_bench_graph(fn),
+                 rows_agreeing_with_torch=(fn() == ref_sel).all(-1).float().mean().item())
+    for K in (256, 2048, 4096) if "sparse" in families else ():
+        for Hs, name in ((HQ, "sparse_head"), (HKV, "sparse_group")):
+            idx = _random_lists(B, Hs, N, K, device, gen)
+            sp_floor = (2 * B * Hs * K * D * 2 + idx.numel() * 4) / bw * 1e6
+            ts = _bench(lambda: torch_sparse(q, k, v, idx))
+            ps = _bench(lambda: sparse_decode_attention_triton(q, k, v, idx))
+            ts_g = _bench_graph(lambda: torch_sparse(q, k, v, idx))
+            ps_g = _bench_graph(lambda: sparse_decode_attention_triton(q, k, v, idx))
+            _row(rows, name, N, B, k=K, floor_us=sp_floor, torch_us=ts, podkit_us=ps,
+                 torch_over_podkit=ts / ps, podkit_over_floor=ps / sp_floor,
+                 graph_torch_us=ts_g, graph_podkit_us=ps_g, graph_torch_over_podkit=ts_g / ps_g,
+                 bw_util=sp_floor / ps_g)
+    if "pod" in families:
+        _pod_rows(rows, q, k, v, seq_lens, full, full_g, bw, gen, skip_fractions=skip_fractions)
+    if "pod_sparse" in families:
+        _pod_sparse_rows(rows, q, k, v, seq_lens, bw, gen)
+    if "quest" in families:
+        _quest_rows(rows, q, k, v, seq_lens, full, bw)
+
+
+def kv_row_bytes(kv_cache_dtype: str) -> int:
+    """Bytes of one (token, KV head) row of K and V together that a kernel must read: 2 * D * 2 in bf16,
+    2 * (D + 4) in FP8 (1 byte per element + the fp32 scale of the K row and of the V row, kernels/fp8_kv.py)."""
+    return bytes_per_token(D, kv_cache_dtype, DTYPE)
+
+
+def _fp8_pair(rows, op, N, B, bf16_fn, fp8_fn, rows_read, bw, extra_bytes=0, **cols):
+    """One `fp8_*` row: CUDA-graph replays of the bf16 op and of its FP8 variant, each one's floor from the bytes
+    it must read (``rows_read`` (token, KV head) rows of K + V, plus ``extra_bytes``: index lists, page metadata),
+    both bw_utils and fp8 / bf16. A failing op is recorded in its row, not fatal to the run."""
+    bytes_bf16 = rows_read * kv_row_bytes("bfloat16") + extra_bytes
+    bytes_fp8 = rows_read * kv_row_bytes("fp8_e4m3") + extra_bytes
+    try:
+        t16, t8 = _bench_graph(bf16_fn), _bench_graph(fp8_fn)
+    except Exception as err:  # noqa: BLE001 - record and go on to the next op
+        _row(rows, op, N, B, kv_cache_dtype="fp8_e4m3", error=f"{type(err).__name__}: {str(err)[:300]}", **cols)
+        return
+    _row(rows, op, N, B, kv_cache_dtype="fp8_e4m3", **cols, bytes_bf16=bytes_bf16, bytes_fp8=bytes_fp8,
+         floor_us=bytes_fp8 / bw * 1e6, bf16_floor_us=bytes_bf16 / bw * 1e6, graph_bf16_us=t16, graph_fp8_us=t8,
+         fp8_over_bf16=t8 / t16, bw_util=bytes_fp8 / bw * 1e6 / t8, bf16_bw_util=bytes_bf16 / bw * 1e6 / t16)
+
+
+def _fp8_rows(rows, q, k, v, seq_lens, bw, gen, families, sink=4, recent=2048):
+    """The FP8 variant of every decode kernel against its bf16 self at one context x batch: full decode always,
+    then the families asked for. K / V (and POD's ring) are the bf16 inputs quantised (kernels/fp8_kv.py)."""
+    DA = importlib.import_module("kernels.triton_decode_attention")
+    from kernels.triton_sparse_decode_attention import sparse_decode_attention_triton
+    B, N = q.shape[0], k.shape[2]
+    (k8, ks), (v8, vs) = quantize_kv(k), quantize_kv(v)
+    s8 = dict(k_scale=ks, v_scale=vs)
+    _fp8_pair(rows, "fp8_decode", N, B, lambda: DA.decode_attention_triton(q, k, v, seq_lens),
+              lambda: DA.decode_attention_triton(q, k8, v8, seq_lens, **s8), B * HKV * N, bw)
+    for per_group in (False, True) if "selection" in families else ():
+        sel = DA.selection_decode_attention_triton
+        _fp8_pair(rows, "fp8_selection_group" if per_group else "fp8_selection_head", N, B,
+                  lambda: sel(q, k, v, seq_lens, SELECTION_BUDGET, per_kv_group=per_group),
+                  lambda: sel(q, k8, v8, seq_lens, SELECTION_BUDGET, per_kv_group=per_group, **s8),
+                  B * HKV * N, bw, budget=SELECTION_BUDGET)
+    for K in (256, 2048, 4096) if "sparse" in families else ():
+        for Hs, name in ((HQ, "fp8_sparse_head"), (HKV, "fp8_sparse_group")):
+            idx = _random_lists(B, Hs, N, min(K, N), q.device, gen)
+            _fp8_pair(rows, name, N, B, lambda: sparse_decode_attention_triton(q, k, v, idx),
+                      lambda: sparse_decode_attention_triton(q, k8, v8, idx, **s8), B * Hs * idx.shape[-1], bw,
+                      extra_bytes=idx.numel() * 4, k=K)
+    k_local = torch.randn(B, HKV, sink + recent, D, device=q.device, dtype=DTYPE, generator=gen)
+    kl8, kls = quantize_kv(k_local)
+    pod = dict(sink=sink, recent=recent)
+    pod8 = dict(k_local_scale=kls, k_anchor_scale=ks, v_scale=vs, **pod)
+    if "pod" in families:
+        from kernels.triton_pod_decode_attention import pod_decode_attention_triton as pod_fn
+        # distant positions read anchor K + V, proximal ones ring K + V: every position one row
+        _fp8_pair(rows, "fp8_pod_decode", N, B, lambda: pod_fn(q, k_local, k, v, seq_lens, **pod),
+                  lambda: pod_fn(q, kl8, k8, v8, seq_lens, **pod8), B * HKV * N, bw, sink=sink, recent=recent)
+    if "pod_sparse" in families:
+        _fp8_pod_sparse_rows(rows, q, (k_local, k, v), (kl8, k8, v8), seq_lens, pod, pod8, bw, gen)
+    if "quest" in families:
+        _fp8_quest_row(rows, q, (k, v), (k8, v8, ks, vs), seq_lens, bw)
+
+
+def _fp8_pod_sparse_rows(rows, q, bf16, fp8, seq_lens, pod, pod8, bw, gen):
+    """POD + TidalDecode over the selection's lists (per KV group and per query head), bf16 vs FP8."""
+    from kernels.triton_pod_sparse_decode_attention import pod_sparse_decode_attention_triton as fn
+    B, N = q.shape[0], bf16[1].shape[2]
+    budget = min(SELECTION_BUDGET, N)
+    for Hs, name in ((HKV, "fp8_pod_sparse_group"), (HQ, "fp8_pod_sparse_head")):
+        idx = _random_lists(B, Hs, N, budget, q.device, gen)
+        idx[..., -1] = N - 1  # the current slot is always selected
+        idx = idx.sort(-1).values
+        _fp8_pair(rows, name, N, B, lambda: fn(q, *bf16, idx, seq_lens, **pod),
+                  lambda: fn(q, *fp8, idx, seq_lens, **pod8), B * Hs * budget, bw, extra_bytes=idx.numel() * 4,
+                  budget=budget, sink=pod["sink"], recent=pod["recent"])
+
+
+def _fp8_quest_row(rows, q, bf16, fp8, seq_lens, bw, page_size=16, budget=2048):
+    """Quest, page scores + page selection + sparse decode over the pages, bf16 vs FP8. FP8 pages bound the
+    dequantised keys, rounded outward to bf16 (kernels/fp8_kv.py), so the score and selection kernels are the
+    same in both; only the sparse decode reads FP8."""
+    from kernels.reference import quest_page_minmax
+    from kernels.triton_quest_pages import quest_page_scores_triton, quest_select_pages_triton
+    from kernels.triton_sparse_decode_attention import sparse_decode_attention_triton
+    (k, v), (k8, v8, ks, vs) = bf16, fp8
+    B, N = q.shape[0], k.shape[2]
+    pages = [tuple(t.to(DTYPE) for t in quest_page_minmax(k, seq_lens, page_size)),
+             round_outward(*quest_page_minmax(k8, seq_lens, page_size, k_scale=ks), DTYPE)]
+
+    def pipeline(pmax, pmin, keys, values, **scales):
+        scores = quest_page_scores_triton(q, pmax, pmin, seq_lens, page_size)
+        idx = quest_select_pages_triton(scores, seq_lens, page_size, budget)
+        return sparse_decode_attention_triton(q, keys, values, idx, **scales)
+
+    rows_read = B * HKV * min(budget // page_size, pages[0][0].shape[2]) * page_size
+    _fp8_pair(rows, "fp8_quest", N, B, lambda: pipeline(*pages[0], k, v),
+              lambda: pipeline(*pages[1], k8, v8, k_scale=ks, v_scale=vs), rows_read, bw,
+              extra_bytes=2 * pages[0][0].numel() * 2, page_size=page_size, budget=budget)
 
 
 def _pod_rows(rows, q, k, v, seq_lens, full, full_g, bw, gen, sink=4, recent=2048, tau=0.7,
@@ -457,6 +575,9 @@ def main(argv=None):
     ap.add_argument("--topk-variants", action="store_true", help="also time the selection top-k variants alone")
     ap.add_argument("--rows", nargs="+", choices=ROW_FAMILIES, default=list(ROW_FAMILIES),
                     help="which op families to time (decode always runs: the ratios refer to it)")
+    ap.add_argument("--kv-cache-dtypes", nargs="+", choices=KV_CACHE_DTYPES, default=["bfloat16"],
+                    help="bfloat16: the rows above; fp8_e4m3: the fp8_* rows (each FP8 kernel against its bf16 "
+                         "self: graph us, fp8_over_bf16, bw_util from the FP8 bytes); default bfloat16 only")
     ap.add_argument("--skip-fractions", type=float, nargs="+", default=list(SKIP_FRACTIONS), metavar="F",
                     help="pod_skip rows: fractions of whole GQA groups (and of single heads) whose gate estimate "
                          "clears tau, e.g. the fractions `python -m eval.pod_gate_skip` measured on real text")
@@ -481,7 +602,8 @@ def main(argv=None):
     result["checks_cost_us"] = round(checks_cost(device), 2)
     os.environ["PODKIT_SKIP_VALUE_CHECKS"] = "1"
     result["rows"] = run_bench(args.contexts, args.batches, device, bw, tune=args.tune, topk_variants=args.topk_variants,
-                               families=tuple(args.rows), skip_fractions=tuple(args.skip_fractions))
+                               families=tuple(args.rows), skip_fractions=tuple(args.skip_fractions),
+                               kv_cache_dtypes=tuple(args.kv_cache_dtypes))
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
     print(f"wrote {args.out}")

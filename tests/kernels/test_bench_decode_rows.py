@@ -44,3 +44,38 @@ def test_torch_pod_sparse_equals_reference(kd):
     got = kd.torch_pod_sparse(q, k_local, k, v, idx, seq_lens, 2, 16)
     want = reference.pod_sparse_decode_attention(q, k_local, k, v, idx, seq_lens, sink=2, recent=16)
     assert (got - want).abs().max() < 1e-5
+
+
+def test_fp8_rows_pair_every_kernel_with_its_bf16_self(kd):
+    rows = kd.run_bench([150], [1], torch.device("cpu"), 1e12, kv_cache_dtypes=("fp8_e4m3",))
+    assert {r["op"] for r in rows} == {"fp8_decode", "fp8_selection_head", "fp8_selection_group", "fp8_sparse_head",
+                                       "fp8_sparse_group", "fp8_pod_decode", "fp8_pod_sparse_group",
+                                       "fp8_pod_sparse_head", "fp8_quest"}  # no bf16 rows without "bfloat16"
+    assert not [r for r in rows if "error" in r]
+    decode = next(r for r in rows if r["op"] == "fp8_decode")
+    # D = 16: a (token, KV head) row of K + V is 16 + 4 bytes each in FP8 (fp32 scale), 16 * 2 in bf16 (DTYPE
+    # is fp32 in this fixture: 16 * 4)
+    assert decode["bytes_fp8"] == 1 * 2 * 150 * 2 * (16 + 4) and decode["bytes_bf16"] == 1 * 2 * 150 * 2 * 16 * 4
+    assert decode["fp8_over_bf16"] == 1.0 and decode["bw_util"] == round(decode["bytes_fp8"] / 1e12 * 1e6 / 2.0, 2)
+    sparse = next(r for r in rows if r["op"] == "fp8_sparse_group" and r["k"] == 256)
+    assert sparse["bytes_fp8"] == 2 * 150 * 2 * (16 + 4) + 2 * 150 * 4  # k capped at the context; int32 lists
+
+
+def test_fp8_rows_follow_the_families(kd):
+    rows = kd.run_bench([64], [1], torch.device("cpu"), 1e12, families=("quest",),
+                        kv_cache_dtypes=("bfloat16", "fp8_e4m3"))
+    assert [r["op"] for r in rows] == ["decode", "quest", "fp8_decode", "fp8_quest"]
+
+
+def test_kv_row_bytes_matches_kernels_fp8_kv():
+    import eval.bench.kernels_decode as KD
+    assert KD.kv_row_bytes("fp8_e4m3") == 2 * (128 + 4) == 264 and KD.kv_row_bytes("bfloat16") == 4 * 128
+
+
+def test_a_bad_dtype_is_rejected_before_any_work(capsys, tmp_path):
+    import eval.bench.kernels_decode as KD
+    with pytest.raises(SystemExit):
+        KD.main(["--out", str(tmp_path / "x.json"), "--kv-cache-dtypes", "fp8_e5m2"])
+    err = capsys.readouterr().err
+    assert "--kv-cache-dtypes" in err and "'fp8_e5m2'" in err and "'fp8_e4m3'" in err
+    assert not (tmp_path / "x.json").exists()
