@@ -5,7 +5,8 @@
 * ``kernels-decode ARGS`` / ``kernels-prefill ARGS``: one of them, ARGS passed through;
 * ``train ARGS`` -> ``eval.bench.train``; ``e2e ARGS`` -> ``eval.bench.e2e``;
 * ``train-multi-gpu ARGS`` -> ``eval.bench.train_multi_gpu`` (launches ``deepspeed --num_gpus N`` per N).
-* ``memory-plot LABEL=REPORT.json ... --out PNG`` -> ``eval.bench.memory_plot`` (peak memory against context).
+* ``memory-plot LABEL=REPORT.json ... --out PNG`` -> ``eval.bench.memory_plot`` (peak memory against context;
+  an ``e2e`` JSON alone: its KV memory per sequence and largest batch, per KV dtype).
 * ``distill-memory ARGS`` -> ``eval.bench.distill_memory`` (what the distillation teacher costs in memory).
 * ``decode-profile ARGS`` -> ``eval.bench.decode_profile`` (where the time of one decode step goes, by kernel kind).
 * ``generate-vs-engine ARGS`` -> ``eval.bench.generate_vs_engine`` (``generate()`` vs the engine over prompt lengths).

@@ -3,6 +3,7 @@
     python -m eval.bench e2e --out outputs/bench/e2e.json            # the full H200 run (< 10 min)
     python -m eval.bench e2e --plot-only outputs/bench/e2e.json      # PNG from a JSON (needs matplotlib)
     python -m eval.bench e2e --tiny --out /tmp/e2e.json              # CPU smoke test of the code path
+    python -m eval.bench e2e --sections memory --check-fit --kv-cache-dtypes bfloat16 fp8_e4m3  # KV memory, both
 
 Model: a random-init Llama-3-8B shape (32 layers, hidden 4096, 32 query / 8 KV heads, D 128, FFN 14336,
 vocab 128256) in bf16 on one GPU; random weights do not change the time of a step. Rows:

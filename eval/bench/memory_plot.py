@@ -10,7 +10,7 @@ memory), drawn at the top of the axes. ``train-multi-gpu --find-max-context`` dr
 its JSON the same way.
 
 :func:`plot_kv_memory` draws the memory rows of ``python -m eval.bench e2e`` (``--sections memory``; e2e writes
-it as ``<out>_memory.png``, and ``e2e --plot-only JSON`` redraws it): per context, a bar per cache (dense, POD) and
+it as ``<out>_memory.png``; ``e2e --plot-only JSON`` and ``memory-plot E2E.json --out PNG`` redraw it): per context, a bar per cache (dense, POD) and
 KV dtype (bf16, fp8_e4m3) of the KV GiB one sequence takes, and of the largest batch whose KV fits the budget.
 """
 
@@ -128,8 +128,11 @@ def main(argv=None) -> int:
             p.error(f"{item}: no such report file {str(path)!r}")
         report = json.loads(path.read_text())
         reports[label if sep else _label(report)] = report
+    e2e = [report for report in reports.values() if report.get("benchmark") == "e2e"]
+    if e2e and len(reports) > 1:
+        p.error("an e2e JSON is drawn alone (its KV memory rows), not beside train-multi-gpu reports")
     try:
-        print(f"-> {plot_memory_vs_context(reports, args.out)}")
+        print(f"-> {plot_kv_memory(e2e[0], args.out) if e2e else plot_memory_vs_context(reports, args.out)}")
     except ValueError as error:
         p.error(str(error))
     return 0

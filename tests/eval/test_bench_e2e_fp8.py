@@ -108,3 +108,17 @@ def test_kv_memory_plot_reads_old_and_new_rows(tmp_path):
     assert plot_kv_memory(old, tmp_path / "old.png").stat().st_size > 5000
     with pytest.raises(ValueError, match="no memory rows"):
         plot_kv_memory({"memory": {}}, tmp_path / "none.png")
+
+
+def test_memory_plot_cli_draws_an_e2e_json(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    from eval.bench.memory_plot import main as memory_plot_main
+    row = {"scheme": "pod", "kv_cache_dtype": "fp8_e4m3", "context": 131072, "kv_bytes_per_seq": 5 << 30,
+           "kv_gib_per_seq": 5.0, "max_batch": 20, "budget_note": "120.0 GB minus the weights (16.06 GB)"}
+    report = tmp_path / "e2e.json"
+    report.write_text(json.dumps({"benchmark": "e2e", "memory": {"pod/fp8_e4m3@131072": row}}))
+    assert memory_plot_main([str(report), "--out", str(tmp_path / "kv.png")]) == 0
+    assert (tmp_path / "kv.png").is_file()
+    with pytest.raises(SystemExit):
+        memory_plot_main([str(report), f"b={report}", "--out", str(tmp_path / "x.png")])
+    assert "drawn alone" in capsys.readouterr().err
