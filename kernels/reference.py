@@ -104,43 +104,113 @@ def decode_attention(q, k_cache, v_cache, seq_lens, *, scale=None, return_scores
     return out.to(q.dtype)
 
 
-def select_topk_positions(scores, seq_lens, budget, *, group_size=1, per_kv_group=False):
-    """TidalDecode token selection (METHODS.md B.2): top-(budget-1) past slots + the current slot.
+SELECTION_MODES = ("query_head", "kv_group", "group_union", "all_union")
+
+
+def select_topk_positions(scores, seq_lens, budget, *, group_size=1, per_kv_group=False, mode=None, recent=1):
+    """TidalDecode token selection (METHODS.md B.2): top-(budget-recent) older slots + the last ``recent`` slots.
 
     Args:
         scores: [B, Hq, N] raw logits (-inf or anything past seq_lens; those slots are never chosen).
         seq_lens: [B]; the current token sits at slot seq_lens - 1.
-        budget: tokens kept per head, the current one included.
-        group_size: G, query heads per KV head (only used with per_kv_group).
-        per_kv_group: select one list per KV head from the sum over its G query heads of their
-            softmax probabilities (a deviation from the paper that lets a GQA group share reads).
+        budget: tokens kept per list, the current one included.
+        group_size: G, query heads per KV head (used by every mode but ``query_head``).
+        per_kv_group: the older spelling of ``mode="kv_group"`` (used when ``mode`` is None).
+        mode: how the lists are formed (podkit's design space beyond the paper, METHODS.md B.2):
+            ``"query_head"`` (paper): each query head its own top list;
+            ``"kv_group"``: one list per KV head from the sum over its G query heads of their softmax
+            probabilities (a GQA group shares reads);
+            ``"group_union"``: one list per KV head, the union of its G heads' own top lists grown until it
+            holds the budget (:func:`_union_order`);
+            ``"all_union"``: the same over all Hq heads, one list shared by every KV head.
+        recent: slots always kept at the end of each sequence, the current one included (1 = only the
+            current token, the paper's rule); the selection ranks only slots < seq_lens - recent.
     Returns:
         indices [B, Hs, budget] int64, ascending, -1 padded where seq_lens < budget
-        (Hs = Hq, or Hq // group_size with per_kv_group).
+        (Hs = Hq for ``query_head``, else Hq // group_size).
     """
+    mode = mode if mode is not None else ("kv_group" if per_kv_group else "query_head")
+    if mode not in SELECTION_MODES:
+        raise ValueError(f"mode={mode!r} is invalid: expected one of {SELECTION_MODES}")
+    if not 1 <= recent <= budget:
+        raise ValueError(f"recent={recent!r} is invalid: expected 1 <= recent <= budget ({budget})")
     batch, num_heads, n = scores.shape
     seq_lens = seq_lens.to(scores.device)
     slots = torch.arange(n, device=scores.device)
-    past = slots[None, :] < (seq_lens[:, None] - 1)  # [B, N]
-    s = scores.float().masked_fill(~past[:, None, :], float("-inf"))
-    if per_kv_group:
-        probs = torch.softmax(scores.float().masked_fill(~(slots[None, :] < seq_lens[:, None])[:, None, :], float("-inf")), -1)
-        probs = probs.masked_fill(~past[:, None, :], 0.0)
-        s = probs.view(batch, num_heads // group_size, group_size, n).sum(2)
-        s = s.masked_fill(~past[:, None, :], float("-inf"))
-    num_sel_heads = s.shape[1]
-    k = min(max(budget - 1, 0), n)
-    out = torch.full((batch, num_sel_heads, budget), -1, dtype=torch.int64, device=scores.device)
-    if k > 0:
-        top_vals, top_idx = torch.topk(s, k, dim=-1)
-        top_idx = torch.where(torch.isfinite(top_vals), top_idx, torch.full_like(top_idx, -1))
-        out[..., :k] = top_idx
-    current = (seq_lens - 1).clamp(min=0)
-    out[..., budget - 1] = current[:, None].expand(batch, num_sel_heads)
+    older = slots[None, :] < (seq_lens[:, None] - recent)  # [B, N]: the slots the selection ranks
+    k = min(budget - recent, n)
+    if mode in ("query_head", "kv_group"):
+        chosen = _topk_lists(scores, seq_lens, older, k, group_size if mode == "kv_group" else 1)
+    else:
+        chosen = _union_lists(scores, seq_lens, older, k, group_size if mode == "group_union" else num_heads)
+    out = torch.full((batch, chosen.shape[1], budget), -1, dtype=torch.int64, device=scores.device)
+    out[..., :k] = chosen
+    window = seq_lens[:, None] - recent + torch.arange(recent, device=scores.device)[None, :]  # [B, recent]
+    window = torch.where(window >= 0, window, torch.full_like(window, -1))
+    window[:, -1] = (seq_lens - 1).clamp(min=0)  # the current slot, as the paper's rule always had it
+    out[..., budget - recent:] = window[:, None, :]
     # ascending order with -1 padding first is awkward for readers; put padding last.
     key = torch.where(out < 0, torch.full_like(out, n + 1), out)
     out = torch.gather(out, -1, key.argsort(-1))
+    if mode == "all_union":  # one list for the layer, read by every KV head's sparse attention
+        out = out.expand(batch, num_heads // group_size, budget).contiguous()
     return out
+
+
+def _group_probs(scores, seq_lens, older, heads_per_list):
+    """Softmax probabilities over each sequence's slots, summed over consecutive groups of heads:
+    [B, H, N] -> [B, H // heads_per_list, N], 0 outside ``older`` [B, N]."""
+    batch, num_heads, n = scores.shape
+    valid = torch.arange(n, device=scores.device)[None, :] < seq_lens[:, None]
+    probs = torch.softmax(scores.float().masked_fill(~valid[:, None, :], float("-inf")), -1)
+    probs = probs.masked_fill(~older[:, None, :], 0.0)
+    return probs.view(batch, num_heads // heads_per_list, heads_per_list, n).sum(2)
+
+
+def _topk_lists(scores, seq_lens, older, k, heads_per_list):
+    """The ``k`` best older slots per list by logit (one head per list) or by the group's summed probability:
+    [B, H, N] -> [B, H // heads_per_list, k] slots, -1 where fewer than k slots are older."""
+    if heads_per_list > 1:
+        s = _group_probs(scores, seq_lens, older, heads_per_list).masked_fill(~older[:, None, :], float("-inf"))
+    else:
+        s = scores.float().masked_fill(~older[:, None, :], float("-inf"))
+    if k <= 0:
+        return s.new_empty(s.shape[0], s.shape[1], 0, dtype=torch.int64)
+    top_vals, top_idx = torch.topk(s, k, dim=-1)
+    return torch.where(torch.isfinite(top_vals), top_idx, torch.full_like(top_idx, -1))
+
+
+def _union_order(scores, seq_lens, older, heads_per_list):
+    """Older slots of each list of ``heads_per_list`` consecutive heads, best first: [B, H, N] -> [B, Hs, N].
+
+    A slot's key is its best rank over the list's heads (rank 0 = that head's highest logit among the older
+    slots; equal logits in a head rank the lower slot first), ties broken by the list's summed softmax
+    probability (highest first), then by the lowest slot. A slot is in some head's top-r list exactly when its
+    best rank is < r, so the first k entries are the union of the heads' top-r lists for the largest r whose
+    union fits in k, completed by the most probable slots of best rank r. Non-older slots come last.
+    """
+    batch, num_heads, n = scores.shape
+    logits = scores.float().masked_fill(~older[:, None, :], float("-inf"))
+    by_logit = torch.argsort(logits, dim=-1, descending=True, stable=True)
+    positions = torch.arange(n, device=scores.device).expand_as(by_logit)
+    rank = torch.empty_like(by_logit).scatter_(-1, by_logit, positions)  # [B, H, N]: each slot's rank per head
+    best = rank.view(batch, num_heads // heads_per_list, heads_per_list, n).amin(2)
+    best = best.masked_fill(~older[:, None, :], n)  # never ahead of an older slot
+    by_prob = torch.argsort(_group_probs(scores, seq_lens, older, heads_per_list), dim=-1, descending=True,
+                            stable=True)  # stable: equal probabilities keep the lower slot first
+    by_rank = torch.argsort(best.gather(-1, by_prob), dim=-1, stable=True)  # stable: keeps the probability order
+    return by_prob.gather(-1, by_rank)
+
+
+def _union_lists(scores, seq_lens, older, k, heads_per_list):
+    """The first ``k`` slots of :func:`_union_order`: [B, H, N] -> [B, H // heads_per_list, k], -1 where fewer
+    than k slots are older."""
+    if k <= 0:
+        return torch.empty(scores.shape[0], scores.shape[1] // heads_per_list, 0, dtype=torch.int64,
+                           device=scores.device)
+    top = _union_order(scores, seq_lens, older, heads_per_list)[..., :k]
+    is_older = torch.gather(older[:, None, :].expand(-1, top.shape[1], -1), -1, top)
+    return torch.where(is_older, top, torch.full_like(top, -1))
 
 
 def selection_decode_attention(q, k_cache, v_cache, seq_lens, budget, *, scale=None, per_kv_group=False,

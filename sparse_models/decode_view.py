@@ -16,6 +16,7 @@ import kernels
 
 from .cache import SparseKVCache
 from .plan import LayerPlan
+from .schemes.base import fused_selection
 from .schemes.registry import get_scheme
 
 
@@ -68,9 +69,16 @@ class CacheDecodeView:
                                f"(sparse_models/schemes/base.py Scheme.model_view)")
         return scheme.model_view[name]
 
-    def select(self, q: torch.Tensor, budget: int, per_kv_group: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        out, idx = kernels.selection_decode_attention(q, self.keys, self.values, self.lens, budget,
-                                                      per_kv_group=per_kv_group)
+    def select(self, q: torch.Tensor, budget: int, selection: str = "query_head",
+               recent: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+        """Exact attention + the selected slots (out [B, Hq, D], indices [B, Hs, budget]); see DecodeView.select."""
+        if fused_selection(selection, recent):
+            out, idx = kernels.selection_decode_attention(q, self.keys, self.values, self.lens, budget,
+                                                          per_kv_group=selection == "kv_group")
+        else:  # the logits [B, Hq, N] of the same read, then the torch selection (kernels/reference.py)
+            out, scores = kernels.decode_attention(q, self.keys, self.values, self.lens, return_scores=True)
+            idx = kernels.select_topk_positions(scores, self.lens, budget, group_size=q.shape[1] // self.num_kv_heads,
+                                                mode=selection, recent=recent)
         self.cache.tidal_indices[self.layer] = idx  # the last step's selection, for inspection
         return out, idx
 

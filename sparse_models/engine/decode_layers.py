@@ -21,6 +21,7 @@ import torch
 
 import kernels
 
+from ..schemes.base import fused_selection
 from .errors import EngineError
 from .static_cache import KeyRun, StaticCache
 
@@ -99,30 +100,52 @@ def full_attention(cache: StaticCache, layer: int, q, lens, scale, gate_tau=None
     return _cat(outs)
 
 
-def selection_attention(cache: StaticCache, layer: int, q, lens, scale, budget: int, per_kv_group: bool):
-    """TidalDecode selection layer: exact attention + indices [B, Hs, budget] (Hs = Hq or Hkv)."""
+def selection_attention(cache: StaticCache, layer: int, q, lens, scale, budget: int, selection: str = "query_head",
+                        recent: int = 1):
+    """TidalDecode selection layer: exact attention + indices [B, Hs, budget] (Hs = Hq for ``"query_head"``, else
+    Hkv; ``selection`` / ``recent`` as in ``kernels.reference.select_topk_positions``'s ``mode`` / ``recent``).
+
+    The fused selection (``schemes/base.fused_selection``) selects per run; the others need every head's logits at
+    once (a union spans a KV group or the whole layer), so each run returns its logits [B, Hq_run, N] and one
+    selection runs over their concatenation [B, Hq, N].
+    """
     batch, num_heads, _ = q.shape
     group = num_heads // cache.num_kv_heads
-    outs, indices = [], []
+    fused = fused_selection(selection, recent)
+    outs, indices, scores = [], [], []
     for run in cache.runs[layer]:
         hq = _heads(run, group)
         v = cache.values[layer][:batch, run.h0:run.h1]
         ks, vs = _scales(cache, layer, run, batch)
-        if run.own:
+        if run.own and fused:
             k_full = cache.full_keys(run.anchor, run.h0, run.h1, batch)
             out, idx = kernels.selection_decode_attention(q[:, hq], k_full, v, lens, budget, scale=scale,
-                                                          per_kv_group=per_kv_group, k_scale=ks, v_scale=vs)
+                                                          per_kv_group=selection == "kv_group", k_scale=ks,
+                                                          v_scale=vs)
+            indices.append(idx)
+        elif run.own:
+            k_full = cache.full_keys(run.anchor, run.h0, run.h1, batch)
+            out, run_scores = kernels.decode_attention(q[:, hq], k_full, v, lens, scale=scale, return_scores=True,
+                                                       k_scale=ks, v_scale=vs)
+            scores.append(run_scores)
         else:
             # a POD non-anchor run: one read gives the output and the logit of every position by the key it is
-            # attended with (ring key if proximal, anchor key if distant), which the top-k ranks
+            # attended with (ring key if proximal, anchor key if distant), which the selection ranks
             k_local = cache.local_keys[layer][:batch, run.h0:run.h1]
             k_anchor = cache.full_keys(run.anchor, run.h0, run.h1, batch)
             fp8 = {} if vs is None else dict(k_anchor_scale=ks, v_scale=vs, **_local_scale(cache, layer, run, batch))
-            out, scores = kernels.pod_decode_attention(q[:, hq], k_local, k_anchor, v, lens, sink=cache.sink,
-                                                       recent=cache.recent, scale=scale, return_scores=True, **fp8)
-            idx = kernels.select_topk_positions(scores, lens, budget, group_size=group, per_kv_group=per_kv_group)
+            out, run_scores = kernels.pod_decode_attention(q[:, hq], k_local, k_anchor, v, lens, sink=cache.sink,
+                                                           recent=cache.recent, scale=scale, return_scores=True,
+                                                           **fp8)
+            if fused:
+                indices.append(kernels.select_topk_positions(run_scores, lens, budget, group_size=group,
+                                                             per_kv_group=selection == "kv_group"))
+            else:
+                scores.append(run_scores)
         outs.append(out)
-        indices.append(idx)
+    if not fused:
+        indices = [kernels.select_topk_positions(_cat(scores), lens, budget, group_size=group, mode=selection,
+                                                 recent=recent)]
     return _cat(outs), _cat(indices)
 
 
@@ -183,8 +206,8 @@ class StaticDecodeView:
     def pod(self, q):
         return self.full(q)  # POD-aware by the cache's runs; the gate skip as pod.gate_estimate says
 
-    def select(self, q, budget: int, per_kv_group: bool):
-        return selection_attention(self.cache, self.layer, q, self.lens, self.scale, budget, per_kv_group)
+    def select(self, q, budget: int, selection: str = "query_head", recent: int = 1):
+        return selection_attention(self.cache, self.layer, q, self.lens, self.scale, budget, selection, recent)
 
     def sparse(self, q, indices):
         return sparse_attention(self.cache, self.layer, q, self.lens, self.scale, indices)

@@ -54,9 +54,11 @@ class DecodeView(Protocol):
     def pod(self, q: torch.Tensor) -> torch.Tensor:
         """POD attention with the config's gate policy (``pod.gate_tau``) -> [B, Hq, D]."""
 
-    def select(self, q: torch.Tensor, budget: int, per_kv_group: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        """Exact attention + TidalDecode's top-(budget-1) past slots and the current one:
-        (out [B, Hq, D], indices [B, Hs, budget]), Hs = Hkv if ``per_kv_group`` else Hq."""
+    def select(self, q: torch.Tensor, budget: int, selection: str = "query_head",
+               recent: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+        """Exact attention + TidalDecode's selection: the last ``recent`` slots (the current one included) and the
+        best budget - recent older ones by ``selection`` (``kernels.reference.select_topk_positions``'s ``mode``):
+        (out [B, Hq, D], indices [B, Hs, budget]), Hs = Hq for ``"query_head"``, else Hkv."""
 
     def sparse(self, q: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
         """Attention over the listed slots only (indices [B, Hs, K], -1 padded) -> [B, Hq, D]."""
@@ -113,6 +115,14 @@ def covers_cache(view: DecodeView, budget: int) -> bool:
     building position lists sized by the budget, which could be far larger than the cache. Static per
     capture (host ints), so graph-safe."""
     return budget >= view.capacity
+
+
+def fused_selection(selection: str, recent: int) -> bool:
+    """Whether ``view.select`` can run the fused attention + top-k op (``kernels.selection_decode_attention``:
+    the paper's per-head lists or the KV group's summed probabilities, only the current slot kept). The other
+    selections (the union modes, a recent window) take the read's logits [B, Hq, N] and
+    ``kernels.select_topk_positions``: torch ops of static shapes, graph-safe too."""
+    return selection in ("query_head", "kv_group") and recent == 1
 
 
 @dataclass(frozen=True)

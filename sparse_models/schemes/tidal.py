@@ -1,8 +1,9 @@
 """TidalDecode: position-persistent sparse decode (Yang et al., arXiv 2410.05076; METHODS.md B).
 
 Selection layers run full attention and choose the top-(budget - 1) past positions plus the current
-one (per query head, the paper's choice, or per KV group); the layers above read only those
-positions until the next selection layer. Prefill is dense. KV-cache correction (paper §3.3) lives
+one (per query head, the paper's choice; per KV group, or the union of a group's / all heads' lists, and
+a recent window, podkit's options: ``TidalConfig``); the layers above read only those positions until
+the next selection layer. Prefill is dense. KV-cache correction (paper §3.3) lives
 in the model loop (``sparse_models.modeling_common``) and the engine: every T steps the last T tokens
 are re-run with full attention and their K/V overwritten.
 
@@ -20,6 +21,9 @@ import torch
 from ..validation import ConfigError, check_int, check_layer_list, check_layers_exist, fail
 from .base import Budget, CacheNeeds, Footprint, Scheme, covers_cache, exact_decode
 
+# tidal.selection's values (kernels.reference.select_topk_positions' modes); the first is the paper's
+SELECTIONS = ("query_head", "kv_group", "group_union", "all_union")
+
 
 @dataclass
 class TidalConfig:
@@ -31,8 +35,15 @@ class TidalConfig:
     layer 2 and the model family's re-selection layer (13 for Llama-3/3.1, 7 for Llama-2; for other
     families the layer at the same relative depth, 13/32, unless a calibration file says otherwise:
     ``sparse_models.calibration.tidal_reselection``). ``budget`` counts the current token.
-    ``selection="query_head"`` is the paper's (each query head its own list); ``"kv_group"`` selects
-    one list per KV head from the summed probabilities of its query heads (fewer bytes read).
+    ``selection`` (METHODS.md B.2; all but the first are podkit's design-space options beyond the paper):
+    ``"query_head"`` is the paper's (each query head its own list, [B, Hq, budget]); ``"kv_group"`` selects
+    one list per KV head from the summed probabilities of its query heads (fewer bytes read);
+    ``"group_union"`` one list per KV head, the union of its G query heads' own top lists grown until it
+    holds the budget (each slot ranked by its best rank over the group); ``"all_union"`` the same over all
+    query heads of the layer, one list shared by every KV head (both [B, Hkv, budget]).
+    ``recent_share`` in [0, 1): with a share > 0 the last ``max(1, round(recent_share * budget))`` slots
+    (the current token included) are always read and the selection fills the rest from the older slots;
+    0.0 keeps only the current token fixed (the paper's rule). ``recent_slots`` gives the window.
     ``correction_period``: every T decode steps, recompute the K/V of the last T sparse-decoded tokens
     with full attention (paper §3.3, "KV cache correction"); ``None`` disables it (paper default).
     """
@@ -42,6 +53,7 @@ class TidalConfig:
     selection_layers: list[int] | None = None
     selection: str = "query_head"
     correction_period: int | None = None
+    recent_share: float = 0.0
 
     def __post_init__(self) -> None:
         check_int("tidal.budget", self.budget, 2)
@@ -54,10 +66,23 @@ class TidalConfig:
             if overlap:
                 fail("tidal.selection_layers", self.selection_layers,
                       f"layers {sorted(overlap)} are also in tidal.full_layers; a layer is full or selection, not both")
-        if self.selection not in ("query_head", "kv_group"):
-            fail("tidal.selection", self.selection, "expected 'query_head' (paper) or 'kv_group'")
+        if not isinstance(self.selection, str) or self.selection not in SELECTIONS:
+            fail("tidal.selection", self.selection,
+                 "expected 'query_head' (paper), 'kv_group', 'group_union' or 'all_union'")
+        share = self.recent_share
+        if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0.0 <= share < 1.0:
+            fail("tidal.recent_share", share, "expected a number in [0, 1) (0: only the current token is fixed)")
         if self.correction_period is not None:
             check_int("tidal.correction_period", self.correction_period, 1)
+
+
+def recent_slots(tidal: TidalConfig) -> int:
+    """Slots at the end of each sequence a selection always keeps, the current one included: 1 (the paper's
+    rule) for ``recent_share`` 0, else ``max(1, round(recent_share * budget))`` (at most the budget, as the
+    share is < 1)."""
+    if tidal.recent_share <= 0:
+        return 1
+    return max(1, min(tidal.budget, round(tidal.recent_share * tidal.budget)))
 
 
 def default_reselection_layer(num_layers: int, model_family: str | None = None) -> int:
@@ -109,11 +134,12 @@ def tidal_decode_roles(config, num_layers: int, anchors, family: str | None = No
 
 
 def select_decode(view, q: torch.Tensor, row, step) -> torch.Tensor:
-    """Selection layer: exact attention; the chosen positions [B, Hs, budget] go to ``step.selected``."""
+    """Selection layer: exact attention; the chosen positions [B, Hs, budget] (Hs = Hq or Hkv, by
+    ``tidal.selection``) go to ``step.selected``."""
     tidal = view.config.tidal
     if covers_cache(view, tidal.budget):  # every slot would be selected: exact attention, no budget-sized list
         return view.full(q)
-    out, step.selected[row.layer] = view.select(q, tidal.budget, tidal.selection == "kv_group")
+    out, step.selected[row.layer] = view.select(q, tidal.budget, tidal.selection, recent_slots(tidal))
     return out
 
 

@@ -28,6 +28,12 @@ SCHEMES = {
     "tidal": dict(decode_scheme="tidal", **TIDAL),
     "tidal-kv-group": dict(decode_scheme="tidal", tidal_selection="kv_group", **TIDAL),
     "tidal-correction": dict(decode_scheme="tidal", tidal_correction_period=3, **TIDAL),
+    # podkit's selection options beyond the paper (METHODS.md B.2): scores + the torch selection in both paths
+    "tidal-group-union": dict(decode_scheme="tidal", tidal_selection="group_union", **TIDAL),
+    "tidal-all-union": dict(decode_scheme="tidal", tidal_selection="all_union", **TIDAL),
+    "tidal-recent": dict(decode_scheme="tidal", tidal_recent_share=0.25, **TIDAL),
+    "tidal-group-union-recent": dict(decode_scheme="tidal", tidal_selection="group_union", tidal_recent_share=0.5,
+                                     **TIDAL),
     "quest": dict(decode_scheme="quest", quest_budget=8, quest_page_size=4, quest_dense_layers=[0]),
     "streaming": dict(decode_scheme="streaming", streaming_sink_tokens=2, streaming_recent_window=6),
     "pod": dict(decode_scheme="pod", pod_sink_tokens=2, pod_recent_window=6),
@@ -38,6 +44,8 @@ SCHEMES = {
                                  pod_gate_estimate="anchor"),
     "pod+tidal": dict(decode_scheme="pod+tidal", pod_sink_tokens=2, pod_recent_window=6, tidal_budget=8,
                       tidal_full_layers=[0], tidal_selection_layers=[2]),
+    "pod+tidal-all-union": dict(decode_scheme="pod+tidal", pod_sink_tokens=2, pod_recent_window=6, tidal_budget=8,
+                                tidal_full_layers=[0], tidal_selection_layers=[2], tidal_selection="all_union"),
     "token_sparse-prefill": dict(prefill_scheme="token_sparse", token_sparse_window=4, token_sparse_min_tokens=4,
                                  token_sparse_coverage=0.3, token_sparse_sparse_layers=[2, 3]),
     "pod-prefill+pod": dict(prefill_scheme="pod", decode_scheme="pod", pod_sink_tokens=2, pod_recent_window=6),
@@ -94,7 +102,8 @@ def reference_generate(model, prompts, overrides, new_tokens=NEW_TOKENS):
 HEADS = {"G1": (4, 4), "G3": (6, 2), "G4": (8, 2)}
 # every scheme with GQA group 3; the decode kernels' layouts (dense, TidalDecode, POD) also with 1 and 4
 ENGINE_CASES = [(scheme, "G3") for scheme in SCHEMES] + [
-    (scheme, g) for g in ("G1", "G4") for scheme in ("dense", "tidal", "tidal-kv-group", "pod", "pod+tidal")]
+    (scheme, g) for g in ("G1", "G4") for scheme in ("dense", "tidal", "tidal-kv-group", "tidal-group-union",
+                                                     "tidal-all-union", "pod", "pod+tidal")]
 
 
 @pytest.mark.parametrize("scheme, group", ENGINE_CASES, ids=[f"{s}-{g}" for s, g in ENGINE_CASES])
@@ -112,7 +121,8 @@ def test_engine_greedy_matches_podkit_generate(scheme, group):
     assert result.finish_reasons == ["length"] * 3
 
 
-@pytest.mark.parametrize("scheme", ["tidal", "quest", "streaming", "pod+tidal", "token_sparse-prefill"])
+@pytest.mark.parametrize("scheme", ["tidal", "tidal-group-union", "tidal-all-union", "tidal-recent", "quest",
+                                    "streaming", "pod+tidal", "token_sparse-prefill"])
 def test_sparse_schemes_differ_from_dense_with_small_budgets(scheme):
     """Guards the test above: with these budgets the schemes really drop tokens."""
     model = podkit_model(6, 2, seed=3)

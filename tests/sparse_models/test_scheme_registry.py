@@ -33,9 +33,9 @@ class SpyView:
 
     pod = full
 
-    def select(self, q, budget, per_kv_group):
+    def select(self, q, budget, selection="query_head", recent=1):
         self.read.append(int(self.lens.max()))
-        heads = NUM_KV if per_kv_group else q.shape[1]
+        heads = q.shape[1] if selection == "query_head" else NUM_KV
         idx = (self.lens[:, None, None] - budget + torch.arange(budget)[None, None, :]).expand(-1, heads, -1)
         return self._out(q), idx.contiguous()
 
