@@ -1,4 +1,4 @@
-"""``python -m eval.calibrate {pod,drift,tidal,all}``: the calibration analyses as one command.
+"""``python -m eval.calibrate {pod,drift,tidal,all,variants}``: the calibration analyses as one command.
 
 Each analysis writes a JSON that a config can point to, and a heatmap PNG, under ``--out-dir``:
 
@@ -31,7 +31,9 @@ from eval.tasks.perplexity import perplexity_windows
 from sparse_models import capture_attention_inputs
 from sparse_models.calibration import tidal_reselection as reselection
 from sparse_models.calibration import token_sparse_drift as drift
+from eval.harness import variants
 from train.explore import run_exploration
+from train.long_context_eval.protocol import DEV_SEED
 
 
 def pod_command(args) -> dict:
@@ -77,7 +79,7 @@ def tidal_command(args) -> dict:
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(prog="python -m eval.calibrate", description="podkit calibration analyses (JSON + PNG each)")
-    parser.add_argument("analysis", choices=["pod", "drift", "tidal", "all"])
+    parser.add_argument("analysis", choices=["pod", "drift", "tidal", "all", "variants"])
     parser.add_argument("--model", default="default")
     parser.add_argument("--text", default="persuasion")
     parser.add_argument("--length", type=int, default=2048)
@@ -91,8 +93,12 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--tidal-last-queries", type=int, default=32, help="tidal: last queries per sample")
     parser.add_argument("--full-layers", type=int, nargs="*", default=[0, 1], help="tidal: dense decode layers")
     parser.add_argument("--first-selection", type=int, default=2, help="tidal: the first selection layer")
+    variants.add_arguments(parser)
     args = parser.parse_args(argv)
-
+    if args.analysis == "variants":  # the RULER sweep of eval/harness/variants.py
+        args.seed = DEV_SEED if args.seed is None else args.seed
+        args.samples_dir = args.samples_dir or args.out
+        return {"variants": variants.sweep(args)}
     commands = {"pod": pod_command, "drift": drift_command, "tidal": tidal_command}
     return {name: command(args) for name, command in commands.items() if args.analysis in (name, "all")}
 

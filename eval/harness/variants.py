@@ -1,0 +1,322 @@
+"""RULER sweep of each method's variants (issue 31) and the documented pick, stored in an export's config.
+
+Grids (:func:`tidal_grid`, :func:`token_sparse_grid`): a label and flat overrides each (sparse_models/config.py
+``with_overrides``), one factor at a time from today's default plus a few combinations; TidalDecode's are crossed
+with budget fractions of the context (``budget_label``). Every variant is validated by the config before any
+model loads (:func:`validate`), so an option the config does not know fails with the config's own error.
+
+The runner scores them with the leaderboard's own functions (eval/harness/leaderboard.py: ``load_samples``,
+``run_setting_engine`` / ``run_setting``, the ``RecordFile`` resume) on one seed, dense always on the same samples.
+
+Pick rule (:func:`pick`), written into variants.json / .md with the protocol:
+* TidalDecode: the highest mean RULER over the swept lengths and budgets (the budget is the user's knob, not part of
+  the pick); ties -> the cheaper (fewer selection layers, query_head / kv_group before the unions, no correction).
+* Token Sparse: the highest mean RULER among variants that compress at least as much as the default: achieved token
+  sparsity >= the default's where the records carry it, else coverage tau >= the default's, so the pick cannot buy
+  accuracy by not compressing.
+
+The sweep refuses the reported test seed (train/long_context_eval/protocol.py ``TEST_SEED``) unless allowed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from dataclasses import dataclass, field
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+from eval.harness import leaderboard as lb
+from eval.harness import leaderboard_records as lr
+from eval.models import load_model, load_tokenizer
+from eval.runner import apply_overrides
+from eval.schemes import Setting, dense
+from sparse_models.config import SparseAttentionConfig
+from train.long_context_eval import ruler
+from train.long_context_eval.protocol import TEST_SEED
+
+FRACTIONS = ["1/4", "1/8"]
+SELECTION_RANK = {"query_head": 0, "kv_group": 1, "group_union": 2, "all_union": 3}
+CALIBRATION_KEY = "podkit_calibration"   # top-level config.json key: transformers keeps it, podkit ignores it
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One variant: ``label``, ``method`` (tidal / token_sparse) and the flat ``overrides`` beyond the method's."""
+
+    label: str
+    method: str
+    overrides: dict[str, Any] = field(default_factory=dict)
+
+    def cost(self) -> tuple:
+        """Tie-break key, cheaper first: selection layers, granularity, correction, recent share."""
+        o = self.overrides
+        layers = o.get("tidal_selection_layers")
+        return (len(layers) if layers else 2, SELECTION_RANK.get(o.get("tidal_selection", "query_head"), 0),
+                o.get("tidal_correction_period") is not None, o.get("tidal_recent_share", 0.0))
+
+
+def check_seed(seed: int, allow_test_seed: bool) -> None:
+    """Refuse the reported test seed: a choice made on it would have seen the reported instances."""
+    if seed == TEST_SEED and not allow_test_seed:
+        raise SystemExit(f"--seed {seed} is the reported test seed (train/long_context_eval/protocol.py TEST_SEED): "
+                         f"calibrate on the dev seed, or pass --allow-test-seed knowingly")
+
+
+def calibrated_layer(path: str | None) -> int | None:
+    """The re-selection layer ``eval.calibrate tidal`` wrote (tidal_reselection.json), or None."""
+    if not path:
+        return None
+    return json.loads(Path(path).read_text())["reselection_layer"]
+
+
+def tidal_grid(num_layers: int, calibration: str | None = None, grid: str = "full") -> list[Variant]:
+    """~14 TidalDecode variants: granularity x selection layers (1-3, placement, the calibrated one) x recent share
+    x correction period. Layer 2 is the first selection layer after the dense layers 0-1 (paper §3.2)."""
+    mid, third = num_layers // 2, num_layers // 3
+    v = [Variant("default", "tidal", {}), Variant("kv_group", "tidal", {"tidal_selection": "kv_group"}),
+         Variant("one_selection", "tidal", {"tidal_selection_layers": [2]}),
+         Variant("recent_0.125", "tidal", {"tidal_recent_share": 0.125})]
+    layer = calibrated_layer(calibration)
+    if layer is not None:
+        v.append(Variant(f"calibrated[2,{layer}]", "tidal", {"tidal_selection_layers": [2, layer]}))
+    if grid == "small":
+        return v
+    v += [Variant("group_union", "tidal", {"tidal_selection": "group_union"}),
+          Variant("all_union", "tidal", {"tidal_selection": "all_union"}),
+          Variant(f"sel[2,{third}]", "tidal", {"tidal_selection_layers": [2, third]}),
+          Variant(f"sel[2,{mid}]", "tidal", {"tidal_selection_layers": [2, mid]}),
+          Variant(f"sel[2,{third},{2 * third}]", "tidal", {"tidal_selection_layers": [2, third, 2 * third]}),
+          Variant("recent_0.25", "tidal", {"tidal_recent_share": 0.25}),
+          Variant("correction_32", "tidal", {"tidal_correction_period": 32}),
+          Variant("kv_group+recent_0.125", "tidal", {"tidal_selection": "kv_group", "tidal_recent_share": 0.125}),
+          Variant(f"sel[2,{third},{2 * third}]+kv_group", "tidal",
+                  {"tidal_selection_layers": [2, third, 2 * third], "tidal_selection": "kv_group"})]
+    return v
+
+
+def token_sparse_grid(num_layers: int, drift: str | None = None, grid: str = "full") -> list[Variant]:
+    """~11 Token Sparse variants: sparse layers (drift calibration / second half / all but the first two), tau,
+    scoring window, sink tokens, keep_window."""
+    v = [Variant("default", "token_sparse", {}),
+         Variant("tau_0.001", "token_sparse", {"token_sparse_coverage": 0.001}),
+         Variant("tau_0.01", "token_sparse", {"token_sparse_coverage": 0.01}),
+         Variant("second_half", "token_sparse", {"token_sparse_sparse_layers": list(range(num_layers // 2, num_layers))})]
+    if drift:
+        layers = json.loads(Path(drift).read_text())["sparse_layers"]
+        v.append(Variant("drift_layers", "token_sparse", {"token_sparse_sparse_layers": layers}))
+    if grid == "small":
+        return v
+    v += [Variant("after_two", "token_sparse", {"token_sparse_sparse_layers": list(range(2, num_layers))}),
+          Variant("window_32", "token_sparse", {"token_sparse_window": 32}),
+          Variant("window_256", "token_sparse", {"token_sparse_window": 256}),
+          Variant("sink_0", "token_sparse", {"token_sparse_sink_tokens": 0}),
+          Variant("sink_4", "token_sparse", {"token_sparse_sink_tokens": 4}),
+          Variant("sink_64", "token_sparse", {"token_sparse_sink_tokens": 64}),
+          Variant("keep_window", "token_sparse", {"token_sparse_keep_window": True})]
+    return v
+
+
+def settings(variant: Variant, length: int, fractions: list[str]) -> list[Setting]:
+    """The leaderboard settings of ``variant`` at ``length``: one per budget fraction (TidalDecode) or one."""
+    if variant.method == "token_sparse":
+        return [Setting(f"token_sparse[{variant.label}]", "token_sparse",
+                        {"prefill_scheme": "token_sparse"} | variant.overrides)]
+    out = []
+    for fraction in fractions:
+        budget = int(Fraction(fraction) * length)
+        out.append(Setting(lb.budget_label(f"tidal[{variant.label}]", fraction), "tidal",
+                           {"decode_scheme": "tidal", "tidal_budget": budget} | variant.overrides, budget=budget))
+    return out
+
+
+def validate(variants: list[Variant], lengths: list[int], fractions: list[str]) -> None:
+    """Build every setting's config: a bad variant raises the config's ConfigError before any model loads."""
+    for variant in variants:
+        for length in lengths:
+            for setting in settings(variant, length, fractions):
+                SparseAttentionConfig().with_overrides(**setting.overrides)
+
+
+# ---------------------------------------------------------------------------------------------- run
+
+def run_sweep(model, tokenizer, variants: list[Variant], samples: dict[int, list], out: Path, fractions: list[str], *,
+              engine: bool, deadline: float = float("inf"), **options) -> bool:
+    """Score dense and every variant's settings on ``samples[length]`` into ``out/records.jsonl`` (resumable);
+    False if ``deadline`` came first. ``options``: run_setting's chat / max_new_tokens / device_name / model_name."""
+    run = lb.run_setting_engine if engine else lb.run_setting
+    records, base, finished = lr.RecordFile(out / "records.jsonl"), model.sparse_config, True
+    for length, batch in samples.items():
+        todo = [dense()] + [s for v in variants for s in settings(v, length, fractions)]
+        for setting in todo:
+            apply_overrides(model, base, setting.overrides)
+            finished &= run(model, tokenizer, setting, batch, records, deadline=deadline, **options)
+    apply_overrides(model, base, {})
+    return finished
+
+
+# ---------------------------------------------------------------------------------------------- pick
+
+def summarise(records: list[dict], variants: list[Variant]) -> dict[str, dict]:
+    """Per variant: RULER mean per ``<length>@<fraction>`` (tidal) or length, per category, the mean over them,
+    its distance from dense on the same lengths, and Token Sparse's mean achieved token sparsity (None if unknown)."""
+    summary = lr.summarise(records)
+    out: dict[str, dict] = {}
+    for variant in variants:
+        prefix = f"{variant.method}[{variant.label}]"
+        cells, categories, sparsity, gaps = {}, {}, [], []
+        for setting, lengths in summary.items():
+            if setting.split("@")[0] != prefix:
+                continue
+            fraction = setting.partition("@")[2]
+            for length, entry in lengths.items():
+                cells[f"{length}@{fraction}" if fraction else length] = entry["average"]
+                for name, value in entry["categories"].items():
+                    categories.setdefault(name, []).append(value)
+                if "dense" in summary and length in summary["dense"]:
+                    gaps.append(entry["average"] - summary["dense"][length]["average"])
+        for r in records:
+            if r["setting"] == prefix and r.get("token_sparsity") is not None:
+                sparsity.append(r["token_sparsity"])
+        out[variant.label] = {
+            "method": variant.method, "overrides": variant.overrides, "ruler": cells,
+            "mean": sum(cells.values()) / len(cells) if cells else None,
+            "categories": {k: sum(v) / len(v) for k, v in categories.items()},
+            "vs_dense": sum(gaps) / len(gaps) if gaps else None,
+            "token_sparsity": sum(sparsity) / len(sparsity) if sparsity else None}
+    return out
+
+
+def pick(summary: dict[str, dict], variants: list[Variant]) -> tuple[Variant | None, str]:
+    """The rule of the module docstring; (variant, the sentence saying which rule applied)."""
+    scored = [v for v in variants if summary.get(v.label, {}).get("mean") is not None]
+    if not scored:
+        return None, "no variant scored"
+    rule = "highest mean RULER over lengths and budgets; ties -> fewer selection layers, no union, no correction"
+    if scored[0].method == "token_sparse":
+        default = summary["default"]
+        known = all(summary[v.label]["token_sparsity"] is not None for v in scored)
+        if known:
+            scored = [v for v in scored if summary[v.label]["token_sparsity"] >= default["token_sparsity"]]
+            rule = "highest mean RULER among variants with achieved token sparsity >= the default's"
+        else:
+            tau = SparseAttentionConfig().token_sparse.coverage
+            scored = [v for v in scored if v.overrides.get("token_sparse_coverage", tau) >= tau]
+            rule = f"highest mean RULER among variants with coverage >= the default's {tau:g} (sparsity not recorded)"
+    best = min(scored, key=lambda v: (-round(summary[v.label]["mean"], 6), v.cost()))
+    return best, rule
+
+
+# ---------------------------------------------------------------------------------------------- export
+
+def write_pick(export: str | Path, variant: Variant, protocol: dict) -> dict:
+    """Merge ``variant``'s overrides into ``export/config.json``'s ``sparse_attention`` tidal / token_sparse
+    sub-dict (validated by SparseAttentionConfig), record the calibration under :data:`CALIBRATION_KEY`, and
+    replace the file atomically (a temp file in the same folder, os.replace)."""
+    path = Path(export) / "config.json"
+    config = json.loads(path.read_text())
+    current = SparseAttentionConfig.from_dict(config.get("sparse_attention"))
+    merged = current.with_overrides(**variant.overrides).to_dict()   # raises ConfigError on a bad field
+    stored = dict(config.get("sparse_attention") or {})
+    stored[variant.method] = merged[variant.method]
+    SparseAttentionConfig.from_dict(stored)
+    config["sparse_attention"] = stored
+    config.setdefault(CALIBRATION_KEY, {})[variant.method] = {
+        "variant": variant.label, "overrides": variant.overrides, "protocol": protocol,
+        "date": time.strftime("%Y-%m-%d")}
+    handle, temp = tempfile.mkstemp(dir=path.parent, prefix=".config.", suffix=".json")
+    with os.fdopen(handle, "w") as file:
+        json.dump(config, file, indent=2)
+    os.replace(temp, path)
+    return config
+
+
+def write_outputs(out: Path, result: dict) -> None:
+    """variants.json, variants.md and (matplotlib permitting) variants.png."""
+    (out / "variants.json").write_text(json.dumps(result, indent=1))
+    lines = [f"Protocol: `{json.dumps(result['protocol'])}`", ""]
+    for method, block in result["methods"].items():
+        lines += [f"## {method}", "", f"Rule: {block['rule']}. Pick: **{block['pick']}**.", "",
+                  "| variant | mean | vs dense | token sparsity | cells |", "|---|---|---|---|---|"]
+        for label, e in block["summary"].items():
+            fmt = lambda x: "" if x is None else f"{x:.3f}" if abs(x) < 1 else f"{x:.1f}"  # noqa: E731
+            cells = ", ".join(f"{k} {v:.1f}" for k, v in e["ruler"].items())
+            lines.append(f"| {label} | {fmt(e['mean'])} | {fmt(e['vs_dense'])} | {fmt(e['token_sparsity'])} | {cells} |")
+        lines.append("")
+    (out / "variants.md").write_text("\n".join(lines))
+    try:
+        import matplotlib  # lazy: matplotlib is optional (plots only)
+    except ImportError:
+        return
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(result["methods"]), figsize=(7 * len(result["methods"]), 4.5), squeeze=False)
+    for ax, (method, block) in zip(axes[0], result["methods"].items()):
+        labels = [k for k, e in block["summary"].items() if e["mean"] is not None]
+        ax.barh(labels, [block["summary"][k]["mean"] for k in labels])
+        if block.get("dense") is not None:
+            ax.axvline(block["dense"], color="black", linestyle=":", label="dense")
+            ax.legend()
+        ax.set_title(f"{method}: mean RULER per variant")
+    fig.tight_layout()
+    fig.savefig(out / "variants.png")
+
+
+def sweep(args) -> dict:
+    """``python -m eval.calibrate variants``: check the seed, build and validate the grids, score them, pick, write
+    the outputs and (``--export``) the export's config."""
+    check_seed(args.seed, args.allow_test_seed)
+    methods = ["tidal", "token_sparse"] if args.method == "both" else [args.method]
+    model = load_model(args.model, device=args.device)
+    layers = model.config.num_hidden_layers
+    grids = {"tidal": tidal_grid(layers, args.tidal_calibration, args.grid),
+             "token_sparse": token_sparse_grid(layers, args.drift_calibration, args.grid)}
+    variants = [v for m in methods for v in grids[m]]
+    validate(variants, args.lengths, args.fractions)
+    tokenizer, out = load_tokenizer(args.model), Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    samples = {n: lb.load_samples(Path(args.samples_dir), n, args.tasks, args.samples, args.seed, args.model,
+                                  tokenizer) for n in args.lengths}
+    engine = args.device.startswith("cuda")
+    deadline = time.time() + args.time_limit if args.time_limit else float("inf")
+    finished = run_sweep(model, tokenizer, variants, samples, out, args.fractions, engine=engine, deadline=deadline,
+                         chat=True, max_new_tokens=args.max_new_tokens, device_name=lb.device_name(args.device),
+                         model_name=args.model)
+    protocol = {"seed": args.seed, "tasks": args.tasks, "samples_per_task": args.samples, "lengths": args.lengths,
+                "fractions": args.fractions, "grid": args.grid, "model": args.model, "finished": finished}
+    records = lr.load_all(out)
+    dense_mean = lr.summarise(records).get("dense", {})
+    result = {"protocol": protocol, "methods": {}}
+    for method in methods:
+        summary = summarise(records, grids[method])
+        best, rule = pick(summary, grids[method])
+        result["methods"][method] = {"summary": summary, "rule": rule, "pick": best and best.label,
+                                     "pick_overrides": best and best.overrides,
+                                     "dense": (sum(e["average"] for e in dense_mean.values()) / len(dense_mean))
+                                     if dense_mean else None}
+        if args.export and best is not None and finished:
+            write_pick(args.export, best, protocol | {"rule": rule})
+    write_outputs(out, result)
+    return result
+
+
+def add_arguments(parser) -> None:
+    """The ``variants`` subcommand's options (eval/harness/calibrate.py)."""
+    parser.add_argument("--method", default="both", choices=["tidal", "token_sparse", "both"])
+    parser.add_argument("--lengths", nargs="+", type=int, default=[2048, 4096])
+    parser.add_argument("--seed", type=int, default=None, help="variants: the dev seed (protocol.DEV_SEED)")
+    parser.add_argument("--allow-test-seed", action="store_true")
+    parser.add_argument("--tasks", nargs="+", default=list(ruler.TASKS), choices=list(ruler.TASKS))
+    parser.add_argument("--fractions", nargs="+", default=FRACTIONS)
+    parser.add_argument("--samples-dir", default=None, help="variants: folder with samples_<length>.json")
+    parser.add_argument("--out", default="outputs/variants")
+    parser.add_argument("--export", default=None, help="variants: write the pick into this export's config.json")
+    parser.add_argument("--grid", default="full", choices=["full", "small"])
+    parser.add_argument("--tidal-calibration", default=None, help="variants: a tidal_reselection.json")
+    parser.add_argument("--drift-calibration", default=None, help="variants: a token_sparse_drift.json")
+    parser.add_argument("--time-limit", type=float, default=None)
+    parser.add_argument("--max-new-tokens", type=int, default=None)

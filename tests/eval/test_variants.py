@@ -1,0 +1,95 @@
+"""eval/harness/variants.py: grids validated before any model loads, the pick rule, the export write, the test seed."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from eval.harness import variants as va
+from sparse_models.config import ConfigError, SparseAttentionConfig
+from train.long_context_eval import protocol
+from train.recipe_schema import LongContextSection
+
+
+def test_the_seeds_are_defined_once_and_the_recipe_agrees():
+    assert (protocol.TEST_SEED, protocol.DEV_SEED) == (LongContextSection().seed, LongContextSection().dev_seed)
+
+
+def test_the_test_seed_is_refused_unless_allowed():
+    with pytest.raises(SystemExit, match="reported test seed"):
+        va.check_seed(protocol.TEST_SEED, False)
+    va.check_seed(protocol.TEST_SEED, True)
+    va.check_seed(protocol.DEV_SEED, False)
+
+
+def test_small_grids_validate_and_include_the_calibrated_layer(tmp_path):
+    path = tmp_path / "tidal_reselection.json"
+    path.write_text(json.dumps({"reselection_layer": 11}))
+    grid = va.tidal_grid(30, str(path), "small") + va.token_sparse_grid(30, None, "small")
+    assert any(v.overrides.get("tidal_selection_layers") == [2, 11] for v in grid)
+    va.validate(grid, [2048, 4096], va.FRACTIONS)
+    settings = va.settings(grid[0], 4096, ["1/4", "1/8"])
+    assert [s.overrides["tidal_budget"] for s in settings] == [1024, 512]
+
+
+def test_a_bad_variant_fails_with_the_configs_error_before_any_model():
+    with pytest.raises(ConfigError):
+        va.validate([va.Variant("bad", "tidal", {"tidal_selection": "nonsense"})], [2048], ["1/4"])
+    with pytest.raises(ConfigError):
+        va.validate([va.Variant("bad", "tidal", {"tidal_no_such_option": 1})], [2048], ["1/4"])
+
+
+def _records(scores: dict[str, float], sparsity: dict[str, float] | None = None):
+    out = []
+    for setting, score in scores.items():
+        out.append({"source": "podkit", "setting": setting, "method": setting.split("[")[0], "task": "niah_single_1",
+                    "category": "retrieval", "length": 2048, "index": 0, "seed": 1, "score": score, "kv_kept": 1.0,
+                    "kv_read": 1.0, "token_sparsity": (sparsity or {}).get(setting)})
+    return out
+
+
+def test_tidal_pick_is_the_best_mean_and_ties_go_to_the_cheaper():
+    grid = [va.Variant("default", "tidal", {}), va.Variant("three", "tidal", {"tidal_selection_layers": [2, 9, 18]}),
+            va.Variant("one", "tidal", {"tidal_selection_layers": [2]})]
+    records = _records({"dense": 1.0, "tidal[default]@1/4": 0.5, "tidal[three]@1/4": 0.75, "tidal[one]@1/4": 0.75,
+                        "tidal[default]@1/8": 0.5, "tidal[three]@1/8": 0.5, "tidal[one]@1/8": 0.5})
+    summary = va.summarise(records, grid)
+    assert summary["one"]["mean"] == pytest.approx(62.5) and summary["one"]["vs_dense"] == pytest.approx(-37.5)
+    assert va.pick(summary, grid)[0].label == "one"
+
+
+def test_token_sparse_pick_does_not_buy_accuracy_by_not_compressing():
+    grid = [va.Variant("default", "token_sparse", {}),
+            va.Variant("tau_0.001", "token_sparse", {"token_sparse_coverage": 0.001}),
+            va.Variant("tau_0.01", "token_sparse", {"token_sparse_coverage": 0.01})]
+    scores = {"token_sparse[default]": 0.5, "token_sparse[tau_0.001]": 1.0, "token_sparse[tau_0.01]": 0.6}
+    best, rule = va.pick(va.summarise(_records(scores), grid), grid)
+    assert best.label == "tau_0.01" and "coverage" in rule
+    sparsity = {"token_sparse[default]": 0.3, "token_sparse[tau_0.001]": 0.1, "token_sparse[tau_0.01]": 0.2}
+    best, rule = va.pick(va.summarise(_records(scores, sparsity), grid), grid)
+    assert best.label == "default" and "sparsity" in rule
+
+
+def test_the_pick_goes_into_the_export_config_atomically_and_validated(tiny_model_dir, tmp_path):
+    import shutil
+
+    from eval.models import load_model
+
+    export = tmp_path / "export"
+    shutil.copytree(tiny_model_dir, export)
+    pick = va.Variant("kv_group", "tidal", {"tidal_selection": "kv_group", "tidal_correction_period": 8,
+                                           "tidal_full_layers": [0]})
+    va.write_pick(export, pick, {"seed": protocol.DEV_SEED})
+    config = json.loads((export / "config.json").read_text())
+    assert config["sparse_attention"]["tidal"]["selection"] == "kv_group"
+    assert config[va.CALIBRATION_KEY]["tidal"]["variant"] == "kv_group"
+    assert not list(export.glob(".config.*"))
+    stored = SparseAttentionConfig.from_dict(config["sparse_attention"])
+    assert stored.tidal.correction_period == 8
+    model = load_model(str(export), device="cpu", decode_scheme="tidal")
+    assert model.sparse_config.tidal.selection == "kv_group" and model.sparse_config.tidal.correction_period == 8
+    before = (export / "config.json").read_text()
+    with pytest.raises(ConfigError):
+        va.write_pick(export, va.Variant("bad", "tidal", {"tidal_selection": "nonsense"}), {})
+    assert (export / "config.json").read_text() == before
