@@ -93,3 +93,20 @@ def test_the_pick_goes_into_the_export_config_atomically_and_validated(tiny_mode
     with pytest.raises(ConfigError):
         va.write_pick(export, va.Variant("bad", "tidal", {"tidal_selection": "nonsense"}), {})
     assert (export / "config.json").read_text() == before
+
+
+def test_full_tidal_grid_validates_with_the_new_options():
+    grid = va.tidal_grid(30, None, "full")
+    assert 12 <= len(grid) <= 16
+    assert {"group_union", "all_union"} <= {v.overrides.get("tidal_selection") for v in grid}
+    va.validate(grid, [2048, 4096], va.FRACTIONS)
+
+
+def test_full_token_sparse_grid_validates_once_its_options_exist():
+    grid = va.token_sparse_grid(30, None, "full")
+    assert 10 <= len(grid) <= 12
+    if "sink_tokens" in SparseAttentionConfig().token_sparse.__dataclass_fields__:
+        va.validate(grid, [2048], va.FRACTIONS)
+    else:  # not landed yet: the config's own error, no stub
+        with pytest.raises(ConfigError):
+            va.validate(grid, [2048], va.FRACTIONS)
