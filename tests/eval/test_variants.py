@@ -110,3 +110,28 @@ def test_full_token_sparse_grid_validates_once_its_options_exist():
     else:  # not landed yet: the config's own error, no stub
         with pytest.raises(ConfigError):
             va.validate(grid, [2048], va.FRACTIONS)
+
+
+def test_tiny_sweep_end_to_end_with_resume(tiny_model_dir, tiny_tokenizer, tmp_path):
+    from eval.models import load_model
+    from train.long_context_eval.ruler import RulerSample
+
+    samples = {2048: [RulerSample(task="vt", index=i, seed=protocol.DEV_SEED, max_length=2048,
+                                  input="a b c " * 20 + "\nQuestion: Find all variables", question_start=60,
+                                  gen_prefix="Answer:", outputs=["A"], tokens_to_generate=30,
+                                  category="multi-hop tracing") for i in range(2)]}
+    grid = [va.Variant("default", "tidal", {"tidal_full_layers": [0]}),
+            va.Variant("kv_group", "tidal", {"tidal_full_layers": [0], "tidal_selection": "kv_group"})]
+    model = load_model(str(tiny_model_dir), device="cpu")
+    options = dict(chat=False, max_new_tokens=2, device_name="cpu", model_name="tiny")
+    assert va.run_sweep(model, tiny_tokenizer, grid, samples, tmp_path, ["1/4"], engine=False, **options)
+    records = va.lr.load_all(tmp_path)
+    assert {r["setting"] for r in records} == {"dense", "tidal[default]@1/4", "tidal[kv_group]@1/4"}
+    assert len(records) == 6
+    va.run_sweep(model, tiny_tokenizer, grid, samples, tmp_path, ["1/4"], engine=False, **options)
+    assert len(va.lr.load(tmp_path / "records.jsonl")) == 6  # resumed: nothing redone
+    summary = va.summarise(records, grid)
+    assert va.pick(summary, grid)[0] is not None
+    va.write_outputs(tmp_path, {"protocol": {"seed": protocol.DEV_SEED}, "methods": {"tidal": {
+        "summary": summary, "rule": "r", "pick": "default", "dense": 0.0}}})
+    assert (tmp_path / "variants.md").read_text().count("| kv_group |") == 1
