@@ -60,7 +60,7 @@ from eval.harness import fidelity
 from eval.harness import leaderboard_records as lr
 from eval.models import load_model, load_tokenizer
 from eval.runner import apply_overrides, retrieval_generate
-from eval.schemes import budget_sweep_methods, method_rank
+from eval.schemes import Setting, budget_overrides, budget_sweep_methods, method_rank
 from kernels.fp8_kv import KV_CACHE_DTYPES
 from sparse_models.calibration.outputs import save_figure, write_json
 from sparse_models.engine import GenerationEngine
@@ -110,6 +110,33 @@ def podkit_settings(length: int, fractions: list[str], coverages: list[float], c
         if setting.budget is not None:
             setting = replace(setting, label=budget_label(setting.method, by_budget[setting.budget]))
         out.append(setting)
+    return out
+
+
+def calibrated_picks(path: str | None) -> dict[str, dict[str, Any]]:
+    """``{method: overrides}`` of the picks ``python -m eval.calibrate variants`` made (eval/harness/variants.py):
+    from its ``variants.json``, or from an export folder's ``config.json`` (its ``podkit_calibration`` key)."""
+    if not path:
+        return {}
+    folder = Path(path)
+    if folder.is_dir():
+        stored = json.loads((folder / "config.json").read_text()).get("podkit_calibration", {})
+        return {method: entry["overrides"] for method, entry in stored.items()}
+    methods = json.loads(folder.read_text())["methods"]
+    return {method: block["pick_overrides"] for method, block in methods.items() if block.get("pick_overrides") is not None}
+
+
+def calibrated_settings(picks: dict[str, dict[str, Any]], length: int, fractions: list[str]):
+    """``tidal_calibrated@<fraction>`` per fraction and ``token_sparse_calibrated``, beside today's rows."""
+    out = []
+    if "tidal" in picks:
+        for fraction in fractions:
+            budget = int(Fraction(fraction) * length)
+            out.append(Setting(budget_label("tidal_calibrated", fraction), "tidal",
+                               budget_overrides("tidal", budget) | picks["tidal"], budget=budget))
+    if "token_sparse" in picks:
+        out.append(Setting("token_sparse_calibrated", "token_sparse",
+                           {"prefill_scheme": "token_sparse"} | picks["token_sparse"]))
     return out
 
 
@@ -232,6 +259,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--fractions", nargs="+", default=FRACTIONS,
                         help="decode budgets as fractions of the context (1/8 -> 512 tokens at 4K)")
     parser.add_argument("--coverages", nargs="+", type=float, default=COVERAGES, help="Token Sparse coverages")
+    parser.add_argument("--variants-from", default=None,
+                        help="a variants.json of `python -m eval.calibrate variants`, or an export folder holding its "
+                             "pick: adds tidal_calibrated@<fraction> and token_sparse_calibrated rows")
     parser.add_argument("--settings", nargs="+", default=None,
                         help="run only these labels (dense tidal@1/8 quest@1/8 streaming@1/8 token_sparse@0.005 "
                              "pod_zero_shot pod_adapted)")
@@ -332,7 +362,8 @@ def main(argv: list[str] | None = None) -> dict:
     # (or killed) leaves every row with (nearly) the same samples, a comparable partial board.
     finished = True
     for length in args.lengths:
-        settings = podkit_settings(length, args.fractions, args.coverages, calibration)
+        settings = podkit_settings(length, args.fractions, args.coverages, calibration) \
+            + calibrated_settings(calibrated_picks(args.variants_from), length, args.fractions)
         if args.settings:
             settings = [s for s in settings if s.label in args.settings]
         # blocks of sample indices (one index per block in the one-prompt loop; with the engine as many as

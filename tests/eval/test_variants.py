@@ -135,3 +135,23 @@ def test_tiny_sweep_end_to_end_with_resume(tiny_model_dir, tiny_tokenizer, tmp_p
     va.write_outputs(tmp_path, {"protocol": {"seed": protocol.DEV_SEED}, "methods": {"tidal": {
         "summary": summary, "rule": "r", "pick": "default", "dense": 0.0}}})
     assert (tmp_path / "variants.md").read_text().count("| kv_group |") == 1
+
+
+def test_the_leaderboard_adds_calibrated_rows_from_variants_json_or_an_export(tmp_path):
+    from eval.harness import leaderboard
+
+    path = tmp_path / "variants.json"
+    path.write_text(json.dumps({"methods": {
+        "tidal": {"pick_overrides": {"tidal_selection": "kv_group"}},
+        "token_sparse": {"pick_overrides": {"token_sparse_coverage": 0.01}}}}))
+    picks = leaderboard.calibrated_picks(str(path))
+    rows = leaderboard.calibrated_settings(picks, 4096, ["1/4", "1/8"])
+    assert [r.label for r in rows] == ["tidal_calibrated@1/4", "tidal_calibrated@1/8", "token_sparse_calibrated"]
+    assert rows[1].overrides["tidal_budget"] == 512 and rows[1].overrides["tidal_selection"] == "kv_group"
+    for row in rows:
+        SparseAttentionConfig().with_overrides(**row.overrides)
+    export = tmp_path / "export"
+    export.mkdir()
+    (export / "config.json").write_text(json.dumps({va.CALIBRATION_KEY: {"tidal": {"overrides": {"tidal_recent_share": 0.125}}}}))
+    assert leaderboard.calibrated_picks(str(export)) == {"tidal": {"tidal_recent_share": 0.125}}
+    assert leaderboard.parse_args(["--variants-from", str(path), "--device", "cpu"]).variants_from == str(path)
