@@ -35,6 +35,7 @@ from eval.models import load_model, load_tokenizer
 from eval.runner import apply_overrides
 from eval.schemes import Setting, dense
 from sparse_models.config import SparseAttentionConfig
+from sparse_models.smollm2 import default_model_path
 from train.long_context_eval import ruler
 from train.long_context_eval.protocol import TEST_SEED
 
@@ -197,8 +198,9 @@ def pick(summary: dict[str, dict], variants: list[Variant]) -> tuple[Variant | N
         return None, "no variant scored"
     rule = "highest mean RULER over lengths and budgets; ties -> fewer selection layers, no union, no correction"
     if scored[0].method == "token_sparse":
-        default = summary["default"]
-        known = all(summary[v.label]["token_sparsity"] is not None for v in scored)
+        default = summary.get("default", {})
+        known = default.get("token_sparsity") is not None and all(
+            summary[v.label]["token_sparsity"] is not None for v in scored)
         if known:
             scored = [v for v in scored if summary[v.label]["token_sparsity"] >= default["token_sparsity"]]
             rule = "highest mean RULER among variants with achieved token sparsity >= the default's"
@@ -266,17 +268,23 @@ def write_outputs(out: Path, result: dict) -> None:
     fig.savefig(out / "variants.png")
 
 
+def num_layers(model: str) -> int:
+    """The checkpoint's layer count from its config.json, without loading weights."""
+    folder = default_model_path() if model == "default" else Path(model)
+    return json.loads((Path(folder) / "config.json").read_text())["num_hidden_layers"]
+
+
 def sweep(args) -> dict:
     """``python -m eval.calibrate variants``: check the seed, build and validate the grids, score them, pick, write
     the outputs and (``--export``) the export's config."""
     check_seed(args.seed, args.allow_test_seed)
     methods = ["tidal", "token_sparse"] if args.method == "both" else [args.method]
-    model = load_model(args.model, device=args.device)
-    layers = model.config.num_hidden_layers
+    layers = num_layers(args.model)
     grids = {"tidal": tidal_grid(layers, args.tidal_calibration, args.grid),
              "token_sparse": token_sparse_grid(layers, args.drift_calibration, args.grid)}
     variants = [v for m in methods for v in grids[m]]
-    validate(variants, args.lengths, args.fractions)
+    validate(variants, args.lengths, args.fractions)   # before the model loads: a bad grid costs no device time
+    model = load_model(args.model, device=args.device)
     tokenizer, out = load_tokenizer(args.model), Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     samples = {n: lb.load_samples(Path(args.samples_dir), n, args.tasks, args.samples, args.seed, args.model,
