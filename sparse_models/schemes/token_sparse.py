@@ -7,6 +7,8 @@ within ``coverage``, keep at least ``min_tokens``), each query head keeps its ow
 window, attention runs among the kept tokens only (``kernels.sparse_prefill_attention``) and the
 outputs are scattered back with zeros elsewhere, so the residual stream passes through unchanged at
 dropped positions. Unlike the reference code, ragged batches work: each sequence gets its own budget.
+Kept regions beyond the paper (issue 31's sweep): ``sink_tokens`` (the first tokens, always kept) and
+``keep_window=False`` (the window competes for the budget; METHODS.md C.1).
 
 Decode is untouched (the full K/V are written to the cache before compression).
 """
@@ -35,6 +37,16 @@ class TokenSparseConfig:
     ``min_tokens``), each head picks its own top tokens plus the window, attention runs on the
     compressed tokens and outputs scatter back with zeros elsewhere. ``sparse_layers=None`` takes
     the calibration file if given, else the second half of the layers. ``coverage=0`` is dense.
+
+    Kept regions (podkit's options, not the paper's; the defaults are the paper's rule):
+
+    - ``sink_tokens`` (int >= 0, default 0): every head keeps the first ``sink_tokens`` positions
+      (the attention sink, Xiao et al., arXiv 2309.17453). They count inside the kept budget: the
+      head's top-k fills the rest, so kept counts stay what the coverage rule chose unless the sink
+      alone is larger.
+    - ``keep_window`` (bool, default True): the last ``window`` tokens (a RULER prompt's question)
+      are always kept. False: they still score the keys, but rank with the prefix over the whole
+      sequence; coverage (or ``keep_ratio``) then sizes the budget over all tokens.
     """
 
     coverage: float = 0.005
@@ -43,6 +55,8 @@ class TokenSparseConfig:
     pool_kernel: int = 7
     sparse_layers: list[int] | None = None
     calibration_file: str | None = None
+    sink_tokens: int = 0
+    keep_window: bool = True
 
     def __post_init__(self) -> None:
         if isinstance(self.coverage, bool) or not isinstance(self.coverage, (int, float)) or not 0.0 <= self.coverage < 1.0:
@@ -53,6 +67,9 @@ class TokenSparseConfig:
         if self.pool_kernel % 2 == 0:
             fail("token_sparse.pool_kernel", self.pool_kernel, "expected an odd width so the pooling stays centred")
         check_layer_list("token_sparse.sparse_layers", self.sparse_layers)
+        check_int("token_sparse.sink_tokens", self.sink_tokens, 0)
+        if not isinstance(self.keep_window, bool):
+            fail("token_sparse.keep_window", self.keep_window, "expected True or False")
 
 
 @dataclass
@@ -93,9 +110,15 @@ def token_sparse_indices(q: torch.Tensor, k: torch.Tensor, seq_lens: torch.Tenso
     """Per-head kept positions.
 
     Args: q [B, Hq, S, D]; k [B, Hkv, S, D]; seq_lens [B] (tokens at slots [0, seq_lens)).
-        keep_ratio: if given, each long-enough sequence keeps ceil(keep_ratio * prefix) prefix tokens per head
+        keep_ratio: if given, each long-enough sequence keeps ceil(keep_ratio * ranked) ranked tokens per head
         (at least 1) instead of Dynamic Token Coverage's budget (a benchmark knob: the e2e benchmark sweeps
         fixed ratios); ``coverage`` is then ignored.
+    The ranked tokens are the prefix (before the last ``window``) with ``cfg.keep_window``, else the whole
+    sequence. Without ``keep_window`` a window key's score is its mean causal softmax probability over the
+    window's queries, the earlier ones counting 0 (causal masking: the key at n - 1 - r gets the probability
+    of r + 1 queries only, divided by all of them: the later a window key, the fewer queries vote for it);
+    see :func:`_window_key_scores`. The first ``cfg.sink_tokens`` ranked positions are always
+    among a head's kept tokens (inside the budget).
     Returns:
         indices [B, Hq, K] ascending, -1 padded; kept [B] tokens kept per head; sparse [B] bool
         (False where the sequence is too short, coverage is 0 or nothing could be dropped).
@@ -105,32 +128,39 @@ def token_sparse_indices(q: torch.Tensor, k: torch.Tensor, seq_lens: torch.Tenso
     window = cfg.window
     pos = torch.arange(s, device=q.device)
     prefix_len = (lens - window).clamp(min=0)
+    ranked_len = prefix_len if cfg.keep_window else lens  # [B] tokens that compete for the budget
     sparse = lens > (cfg.min_tokens + window)
     if cfg.coverage == 0 and keep_ratio is None:
         sparse = torch.zeros_like(sparse)
-    k_keep = prefix_len.clone()
+    k_keep = ranked_len.clone()
     if bool(sparse.any()):
-        scores = kernels.token_sparse_scores(q, k, lens, window)  # [B, Hq, S]
+        scores = kernels.token_sparse_scores(q, k, lens, window)  # [B, Hq, S], 0 at window keys
+        if not cfg.keep_window:
+            scores = scores + _window_key_scores(q, k, lens, window)
         pad = cfg.pool_kernel // 2
         pooled = F.avg_pool1d(scores.reshape(batch * num_heads, 1, s), cfg.pool_kernel, stride=1, padding=pad)
         pooled = pooled.reshape(batch, num_heads, s)
-        prefix = pos[None, :] < prefix_len[:, None]  # [B, S]
-        pooled = pooled.masked_fill(~prefix[:, None, :], 0.0)
+        ranked = pos[None, :] < ranked_len[:, None]  # [B, S]
+        pooled = pooled.masked_fill(~ranked[:, None, :], 0.0)
         if keep_ratio is not None:
-            budget = torch.ceil(prefix_len.double() * keep_ratio).long().clamp(min=1)
+            budget = torch.ceil(ranked_len.double() * keep_ratio).long().clamp(min=1)
         else:
             # dynamic token coverage: one layer-level budget per sequence, from the head-mean scores
             mean = pooled.mean(1)
             mean = mean / mean.sum(-1, keepdim=True).clamp_min(torch.finfo(mean.dtype).tiny)
-            ordered = torch.where(prefix, mean, torch.full_like(mean, float("inf"))).sort(-1).values
+            ordered = torch.where(ranked, mean, torch.full_like(mean, float("inf"))).sort(-1).values
             cum = torch.where(torch.isfinite(ordered), ordered, torch.zeros_like(ordered)).cumsum(-1)
             k_sparse = ((cum < cfg.coverage) & torch.isfinite(ordered)).sum(-1) + 1
-            budget = torch.maximum(torch.full_like(prefix_len, cfg.min_tokens), prefix_len - k_sparse)
-        k_keep = torch.where(sparse, budget.clamp(max=prefix_len), prefix_len)
-        ranking = pooled.masked_fill(~prefix[:, None, :], float("-inf"))
+            budget = torch.maximum(torch.full_like(ranked_len, cfg.min_tokens), ranked_len - k_sparse)
+        # the sink sits inside the budget: it only raises a budget smaller than itself
+        budget = torch.maximum(budget, torch.full_like(budget, cfg.sink_tokens))
+        k_keep = torch.where(sparse, budget.clamp(max=ranked_len), ranked_len)
+        ranking = pooled.masked_fill(~ranked[:, None, :], float("-inf"))
+        sink = pos[None, :] < ranked_len.clamp(max=cfg.sink_tokens)[:, None]  # [B, S], never past the ranked span
+        ranking = ranking.masked_fill(sink[:, None, :], float("inf"))
     else:
-        ranking = torch.where(pos[None, None, :] < prefix_len[:, None, None], 0.0, float("-inf")).expand(batch, num_heads, s)
-    sparse = sparse & (k_keep < prefix_len)
+        ranking = torch.where(pos[None, None, :] < ranked_len[:, None, None], 0.0, float("-inf")).expand(batch, num_heads, s)
+    sparse = sparse & (k_keep < ranked_len)
     k_max = int(k_keep.max())
     if k_max > 0:
         top = torch.topk(ranking, k_max, dim=-1).indices  # [B, Hq, k_max]
@@ -138,14 +168,56 @@ def token_sparse_indices(q: torch.Tensor, k: torch.Tensor, seq_lens: torch.Tenso
                           torch.full_like(top, -1))
     else:
         top = torch.empty(batch, num_heads, 0, dtype=torch.long, device=q.device)
-    win = prefix_len[:, None] + torch.arange(window, device=q.device)[None, :]  # [B, W]
-    win = torch.where(win < lens[:, None], win, torch.full_like(win, -1))
-    idx = torch.cat([top, win[:, None, :].expand(-1, num_heads, -1)], dim=-1)
+    if cfg.keep_window:
+        win = prefix_len[:, None] + torch.arange(window, device=q.device)[None, :]  # [B, W]
+        win = torch.where(win < lens[:, None], win, torch.full_like(win, -1))
+        idx = torch.cat([top, win[:, None, :].expand(-1, num_heads, -1)], dim=-1)
+        kept = k_keep + torch.minimum(lens, torch.full_like(lens, window))
+    else:
+        idx, kept = top, k_keep
     big = s + 1
     idx = torch.where(idx < 0, torch.full_like(idx, big), idx).sort(-1).values
     idx = torch.where(idx == big, torch.full_like(idx, -1), idx)
-    kept = k_keep + torch.minimum(lens, torch.full_like(lens, window))
     return idx, kept, sparse
+
+
+def _window_key_scores(q: torch.Tensor, k: torch.Tensor, seq_lens: torch.Tensor, window: int,
+                       chunk: int = 4096) -> torch.Tensor:
+    """Token Sparse scores of the window's own keys, which ``kernels.token_sparse_scores`` leaves at 0.
+
+    Args: q [B, Hq, S, D]; k [B, Hkv, S, D]; seq_lens [B]; window W (the last min(W, n) queries vote).
+    Returns: [B, Hq, S] fp32: at a window key t, the mean over the window queries i of
+        softmax_{j <= i}(q_i.k_j / sqrt(D))[t] (0 for i < t, causal masking); 0 at prefix keys and padding.
+        Added to the kernel's prefix scores it gives each query's full distribution, so a row sums to 1.
+    Only ``keep_window=False`` needs it: plain torch, each window query's log-sum-exp over its keys taken
+    in chunks of ``chunk`` keys so memory stays [B, Hq, W, chunk] at long contexts.
+    """
+    batch, num_heads, s, head_dim = q.shape
+    num_kv = k.shape[1]
+    group = num_heads // num_kv
+    w = min(window, s)
+    lens = seq_lens.long()
+    qpos = (lens - window).clamp(min=0)[:, None] + torch.arange(w, device=q.device)[None, :]  # [B, w]
+    valid = qpos < lens[:, None]
+    qpos = qpos.clamp(max=s - 1)  # invalid slots are masked below; clamping keeps the gathers in range
+    q_win = q.gather(2, qpos[:, None, :, None].expand(batch, num_heads, w, head_dim)).float()
+    q_win = q_win.reshape(batch, num_kv, group, w, head_dim) * head_dim ** -0.5
+    k_float = k.float()
+    lse = torch.full((batch, num_kv, group, w), float("-inf"), device=q.device)
+    for c0 in range(0, s, chunk):
+        logits = torch.einsum("bhgwd,bhcd->bhgwc", q_win, k_float[:, :, c0:c0 + chunk])
+        kpos = torch.arange(c0, min(c0 + chunk, s), device=q.device)
+        causal = kpos[None, None, :] <= qpos[:, :, None]  # [B, w, C]
+        lse = torch.logaddexp(lse, logits.masked_fill(~causal[:, None, None], float("-inf")).logsumexp(-1))
+    k_win = k_float.gather(2, qpos[:, None, :, None].expand(batch, num_kv, w, head_dim))
+    logits = torch.einsum("bhgwd,bhvd->bhgwv", q_win, k_win)  # [B, Hkv, G, w queries, w keys]
+    causal = (torch.arange(w, device=q.device)[None, :] <= torch.arange(w, device=q.device)[:, None])
+    allowed = causal[None] & valid[:, :, None] & valid[:, None, :]  # [B, w, w]
+    probs = torch.exp(logits - lse[..., None]).masked_fill(~allowed[:, None, None], 0.0)
+    voters = valid.sum(-1).clamp(min=1).float()  # [B], the kernel's divisor
+    per_key = (probs.sum(3) / voters[:, None, None, None]).reshape(batch, num_heads, w)
+    out = torch.zeros(batch, num_heads, s, device=q.device)
+    return out.scatter_add(2, qpos[:, None, :].expand(batch, num_heads, w), per_key)
 
 
 def token_sparse_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens: torch.Tensor,
