@@ -15,7 +15,11 @@ import os
 import torch
 
 from . import reference
-from ._value_checks import DECODE_LINEAR_MAX_ROWS  # noqa: F401  (the largest batch decode_linear takes)
+from ._value_checks import (  # noqa: F401  (re-exported, listed in __all__)
+    DECODE_LINEAR_MAX_ROWS,  # the largest batch decode_linear takes
+    skipping_value_checks,  # a timed benchmark's scoped PODKIT_SKIP_VALUE_CHECKS=1
+    value_checks_skipped,
+)
 
 __all__ = [
     "decode_attention",
@@ -36,6 +40,8 @@ __all__ = [
     "quantize_kv",
     "dequantize_kv",
     "DECODE_LINEAR_MAX_ROWS",
+    "skipping_value_checks",
+    "value_checks_skipped",
     "reference",
 ]
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
 
 import torch
@@ -18,6 +20,35 @@ def value_checks_enabled(t: torch.Tensor) -> bool:
     if t.is_cuda and torch.cuda.is_current_stream_capturing():
         return False
     return True
+
+
+@contextlib.contextmanager
+def value_checks_skipped(force: bool = False):
+    """Set ``PODKIT_SKIP_VALUE_CHECKS=1`` for the block (a timed benchmark: no host syncs inside timed steps) and
+    restore the caller's value afterwards, so that a benchmark run in-process (tests, notebooks) does not switch the
+    checks off for everything that runs after it. force=False keeps a value the caller set (``=0`` times the checks
+    too); force=True sets 1 regardless."""
+    before = os.environ.get(SKIP_VALUE_CHECKS_ENV)
+    if force or before is None:
+        os.environ[SKIP_VALUE_CHECKS_ENV] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(SKIP_VALUE_CHECKS_ENV, None)
+        else:
+            os.environ[SKIP_VALUE_CHECKS_ENV] = before
+
+
+def skipping_value_checks(fn=None, *, force: bool = False):
+    """Decorator form of ``value_checks_skipped`` for a benchmark's ``main``."""
+    def wrap(f):
+        @functools.wraps(f)
+        def run(*args, **kwargs):
+            with value_checks_skipped(force=force):
+                return f(*args, **kwargs)
+        return run
+    return wrap(fn) if fn is not None else wrap
 
 
 def check_append_inputs(key_buffer, value_buffer, k, v, positions, *, key_heads=None, ring=None, sink=0,

@@ -49,3 +49,22 @@ def _downloads_back_on():
     from train.corpus.network import forbid_downloads
 
     forbid_downloads(None)
+
+
+@pytest.fixture(autouse=True)
+def _value_checks_not_leaked(request):
+    """A benchmark run in-process (eval.bench e2e --tiny, ...) sets PODKIT_SKIP_VALUE_CHECKS only for its run
+    (kernels.value_checks_skipped); a test that leaves it changed would silently switch the kernels' value checks
+    off for every later test, so the leak fails the test that caused it, and is undone."""
+    from kernels._value_checks import SKIP_VALUE_CHECKS_ENV
+
+    before = os.environ.get(SKIP_VALUE_CHECKS_ENV)
+    yield
+    after = os.environ.get(SKIP_VALUE_CHECKS_ENV)
+    if after != before:
+        if before is None:
+            os.environ.pop(SKIP_VALUE_CHECKS_ENV, None)
+        else:
+            os.environ[SKIP_VALUE_CHECKS_ENV] = before
+        pytest.fail(f"{request.node.nodeid} left {SKIP_VALUE_CHECKS_ENV}={after!r} (was {before!r}); "
+                    "use kernels.value_checks_skipped or monkeypatch.setenv")

@@ -35,7 +35,6 @@ import argparse
 import datetime
 import itertools
 import json
-import os
 import re
 import sys
 from pathlib import Path
@@ -51,6 +50,7 @@ from eval.bench.e2e import (
     parse_rows,
     scheme_overrides,
 )
+from kernels import skipping_value_checks
 from sparse_models.engine import GenerationEngine
 
 # First match wins: attention before "topk"-like names elsewhere, matrix products before generic names, norms
@@ -222,6 +222,7 @@ def markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+@skipping_value_checks
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m eval.bench decode-profile", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="outputs/bench/decode_profile.json")
@@ -253,7 +254,7 @@ def main(argv=None) -> int:
     variants = [(scheme, kernels, scheme_overrides(scheme, shape["num_hidden_layers"], shape["num_key_value_heads"],
                                                    args.budget, args.tiny) | {"decode_kernels": kernels})
                 for scheme in args.schemes for kernels in args.decode_kernels]  # a bad scheme fails before any work
-    os.environ.setdefault("PODKIT_SKIP_VALUE_CHECKS", "1")  # no host syncs inside the profiled steps
+    # PODKIT_SKIP_VALUE_CHECKS=1 for the whole run (skipping_value_checks): no host syncs in the profiled steps
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

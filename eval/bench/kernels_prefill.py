@@ -34,6 +34,7 @@ from unittest import mock
 import torch
 import torch.nn.functional as F
 
+from kernels import skipping_value_checks
 from kernels.triton_pod_prefill_attention import POD_ATTENTION_PATHS
 
 
@@ -250,6 +251,7 @@ def _tuned_configs():
     return {name: str(getattr(k, "best_config", None)) for name, k in kernels.items()}
 
 
+@skipping_value_checks
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m eval.bench kernels-prefill", description=__doc__.split("\n")[0])
     parser.add_argument("--out", default="bench_prefill.json")
@@ -267,8 +269,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("kernels_prefill needs a CUDA GPU")
-    # the kernels' per-sequence range checks read their inputs on the host (a sync per call): not in a timed loop
-    os.environ.setdefault("PODKIT_SKIP_VALUE_CHECKS", "1")
+    # PODKIT_SKIP_VALUE_CHECKS=1 for the whole run (skipping_value_checks): the kernels' per-sequence range
+    # checks read their inputs on the host (a sync per call), not wanted in a timed loop
     args.dtype = getattr(torch, args.dtype)
     torch.manual_seed(0)
     rate = matmul_tflops(args.dtype)
