@@ -61,6 +61,8 @@ case "$part" in
       rm -rf "$P/tokens_8k"; cp -r outputs/tokens_smollm2_135m_gpu_8k "$P/tokens_8k"
     fi
     if [ -f outputs/ruler_samples.tgz ]; then rm -rf "$P/ruler_samples"; tar xzf outputs/ruler_samples.tgz -C "$P"; fi
+    # the dev split alone (the learning curve), when the test split comes in a later call
+    if [ -f outputs/ruler_samples_dev.tgz ]; then mkdir -p "$P/ruler_samples"; tar xzf outputs/ruler_samples_dev.tgz -C "$P"; fi
     want=$(cat outputs/gguf_parts/count 2>/dev/null || cat "$P/gguf_parts/count" 2>/dev/null || echo 3)
     [ -f outputs/gguf_parts/count ] && cp outputs/gguf_parts/count "$P/gguf_parts/count"
     have=$(ls "$P"/gguf_parts/part_* 2>/dev/null | wc -l)

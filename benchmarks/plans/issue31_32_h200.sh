@@ -1,18 +1,20 @@
 #!/usr/bin/env bash
 # Issues 29, 31 and 32 (and the GPU suite) on one H200, one part per device call. The calls must follow each other
 # at once: the machine keeps /tmp only while it stays warm (30 s idle). A call carries at most 64 MiB with the tree
-# (about 24 MB), so the embedded model's GGUF travels in three parts cut to fill each call (outputs/gguf_parts:
-# 28,000,000 + 42,400,000 bytes + the rest, `head -c` / `tail -c`), staged by issue29_control_vs_pod.sh's `stage`.
+# (about 25 MiB counted in disk blocks), so the embedded model's GGUF travels in three parts cut to fill each call
+# (outputs/gguf_parts: 30,500,000 + 40,400,000 bytes + the rest, `head -c` / `tail -c`), staged by
+# issue29_control_vs_pod.sh's `stage`.
 #
-#   suite  carry .whl .cache outputs/ruler_samples.tgz outputs/issue31_dev.tgz outputs/gguf_parts/part_0
-#          outputs/gguf_parts/count: the wheels, then the whole GPU test suite (scripts/test_gpu_parallel.sh).
+#   suite  carry .whl .cache outputs/gguf_parts/part_0 outputs/gguf_parts/count: the wheels, then the whole GPU test
+#          suite (scripts/test_gpu_parallel.sh).
 #   fp8    carry outputs/gguf_parts/part_1: issue 32's FP8 benchmarks (kernels-decode, e2e memory and decode,
 #          Llama-3-8B shape, random weights; benchmarks/plans/issue32_fp8_runs.sh), alone on the GPU.
-#   train  carry outputs/gguf_parts/part_2 outputs/tokens_smollm2_135m_gpu.tgz: the model is whole; issue 29's 2K
+#   train  carry outputs/gguf_parts/part_2 outputs/tokens_smollm2_135m_gpu.tgz outputs/issue31_dev.tgz
+#          outputs/ruler_samples_dev.tgz (tar czf of ruler_samples/dev_*): the model is whole; issue 29's 2K
 #          candidates (issue29_control_vs_pod.sh candidates: pod.protect_units auto, pod.kv_saving 0.20 / 0.25)
 #          beside issue 31's variant sweep on the dev seed (benchmarks/plans/issue31_runs.sh sweep).
-#   board  carry outputs/issue31_test.tgz: the test seed for issue 29's candidate rows and issue 31's board (today's
-#          rows, the calibrated picks, Quest; FP8 against bf16 KV), side by side.
+#   board  carry outputs/issue31_test.tgz outputs/ruler_samples.tgz: the test seed for issue 29's candidate rows and
+#          issue 31's board (today's rows, the calibrated picks, Quest; FP8 against bf16 KV), side by side.
 # Samples: `python -m eval.leaderboard --generate-only --lengths 2048 4096 8192 --samples 10 --seed 104729 --out
 # outputs/issue31_dev` (and --samples 20 --seed 7919 --out outputs/issue31_test), then tar czf each folder.
 set -u
