@@ -99,7 +99,10 @@ def quantize_kv(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         raise TypeError(f"quantize_kv: x must be a float tensor [..., N, D], got "
                         f"{getattr(x, 'dtype', type(x).__name__)} {tuple(getattr(x, 'shape', ()))}")
     xf = x.float()
-    scale = (xf.abs().amax(-1) / FP8_MAX).clamp(min=SCALE_FLOOR)
+    # Divide by a tensor on x's device, not by the Python number: CUDA torch turns "tensor / CPU scalar" into a
+    # multiplication by the scalar's reciprocal (BinaryDivTrueKernel.cu), which rounds differently from the IEEE
+    # division the Triton kernels do (kernels/_fp8_device.quantize_rows) and broke their byte equality on the H200.
+    scale = (xf.abs().amax(-1) / torch.full((), FP8_MAX, device=xf.device)).clamp(min=SCALE_FLOOR)
     data = (xf / scale[..., None]).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
     return data, scale
 
