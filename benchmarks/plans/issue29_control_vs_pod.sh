@@ -60,6 +60,10 @@ case "$part" in
     if [ -d outputs/tokens_smollm2_135m_gpu_8k ]; then
       rm -rf "$P/tokens_8k"; cp -r outputs/tokens_smollm2_135m_gpu_8k "$P/tokens_8k"
     fi
+    if [ -f outputs/tokens_smollm2_135m_gpu_8k.tgz ]; then  # tar czf of the 8K shards (15 MB against 28)
+      rm -rf "$P/tokens_8k" "$P/tokens_smollm2_135m_gpu_8k"
+      tar xzf outputs/tokens_smollm2_135m_gpu_8k.tgz -C "$P" && mv "$P/tokens_smollm2_135m_gpu_8k" "$P/tokens_8k"
+    fi
     if [ -f outputs/ruler_samples.tgz ]; then rm -rf "$P/ruler_samples"; tar xzf outputs/ruler_samples.tgz -C "$P"; fi
     # the dev split alone (the learning curve), when the test split comes in a later call
     if [ -f outputs/ruler_samples_dev.tgz ]; then mkdir -p "$P/ruler_samples"; tar xzf outputs/ruler_samples_dev.tgz -C "$P"; fi
