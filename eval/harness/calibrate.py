@@ -26,12 +26,12 @@ from pathlib import Path
 
 import torch
 
+from eval.harness import variants
 from eval.models import load_model, load_tokenizer
 from eval.tasks.perplexity import perplexity_windows
 from sparse_models import capture_attention_inputs
 from sparse_models.calibration import tidal_reselection as reselection
 from sparse_models.calibration import token_sparse_drift as drift
-from eval.harness import variants
 from train.explore import run_exploration
 from train.long_context_eval.protocol import DEV_SEED
 
