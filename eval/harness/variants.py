@@ -114,10 +114,9 @@ def token_sparse_grid(num_layers: int, drift: str | None = None, grid: str = "fu
     v += [Variant("after_two", "token_sparse", {"token_sparse_sparse_layers": list(range(2, num_layers))}),
           Variant("window_32", "token_sparse", {"token_sparse_window": 32}),
           Variant("window_256", "token_sparse", {"token_sparse_window": 256}),
-          Variant("sink_0", "token_sparse", {"token_sparse_sink_tokens": 0}),
           Variant("sink_4", "token_sparse", {"token_sparse_sink_tokens": 4}),
           Variant("sink_64", "token_sparse", {"token_sparse_sink_tokens": 64}),
-          Variant("keep_window", "token_sparse", {"token_sparse_keep_window": True})]
+          Variant("window_competes", "token_sparse", {"token_sparse_keep_window": False})]
     return v
 
 
@@ -135,11 +134,27 @@ def settings(variant: Variant, length: int, fractions: list[str]) -> list[Settin
 
 
 def validate(variants: list[Variant], lengths: list[int], fractions: list[str]) -> None:
-    """Build every setting's config: a bad variant raises the config's ConfigError before any model loads."""
+    """Build every setting's config: a bad variant raises the config's ConfigError before any model loads, and a
+    variant whose config equals its method's default (an option set to its default value) is refused: it would cost
+    a sweep's time and read as "the option makes no difference"."""
     for variant in variants:
         for length in lengths:
             for setting in settings(variant, length, fractions):
                 SparseAttentionConfig().with_overrides(**setting.overrides)
+    defaults = {v.method: v for v in variants if v.label == "default"}
+    for variant in variants:
+        default = defaults.get(variant.method)
+        if variant.label == "default" or default is None:
+            continue
+        for length in lengths:
+            mine, theirs = settings(variant, length, fractions), settings(default, length, fractions)
+            same = [a.label for a, b in zip(mine, theirs)
+                    if SparseAttentionConfig().with_overrides(**a.overrides).to_dict()
+                    == SparseAttentionConfig().with_overrides(**b.overrides).to_dict()]
+            if same:
+                raise ValueError(f"variant {variant.label!r} ({variant.overrides}) configures the same scheme as "
+                                 f"{variant.method}'s default ({', '.join(same)}): its options are the defaults; "
+                                 "set them to values that differ")
 
 
 # ---------------------------------------------------------------------------------------------- run

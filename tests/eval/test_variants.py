@@ -102,14 +102,25 @@ def test_full_tidal_grid_validates_with_the_new_options():
     va.validate(grid, [2048, 4096], va.FRACTIONS)
 
 
-def test_full_token_sparse_grid_validates_once_its_options_exist():
+def test_full_token_sparse_grid_validates_and_sets_its_kept_region_options_away_from_the_defaults():
     grid = va.token_sparse_grid(30, None, "full")
     assert 10 <= len(grid) <= 12
-    if "sink_tokens" in SparseAttentionConfig().token_sparse.__dataclass_fields__:
-        va.validate(grid, [2048], va.FRACTIONS)
-    else:  # not landed yet: the config's own error, no stub
-        with pytest.raises(ConfigError):
-            va.validate(grid, [2048], va.FRACTIONS)
+    va.validate(grid, [2048], va.FRACTIONS)
+    overrides = [v.overrides for v in grid]
+    assert {"token_sparse_keep_window": False} in overrides  # the window competing for the budget is swept
+    assert any(o.get("token_sparse_sink_tokens", 0) > 0 for o in overrides)
+
+
+@pytest.mark.parametrize("method, overrides", [
+    ("token_sparse", {"token_sparse_keep_window": True}),   # the default: a sweep row that tests nothing
+    ("token_sparse", {"token_sparse_sink_tokens": 0}),
+    ("tidal", {"tidal_selection": "query_head"}),
+])
+def test_a_variant_equal_to_its_default_is_refused(method, overrides):
+    variants = [va.Variant("default", method, {}), va.Variant("same", method, overrides)]
+    with pytest.raises(ValueError, match=r"variant 'same' .* configures the same scheme as"):
+        va.validate(variants, [2048], ["1/4"])
+    va.validate(variants[:1], [2048], ["1/4"])
 
 
 def test_tiny_sweep_end_to_end_with_resume(tiny_model_dir, tiny_tokenizer, tmp_path):
