@@ -45,15 +45,11 @@ def tiny_tokenizer():
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory, tiny_tokenizer):
     """A folder with a 2-layer random Llama (GQA 3, vocab of the tiny tokenizer) and its tokenizer."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from tests.tiny_models import tiny_model
 
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(tiny_tokenizer), hidden_size=48, intermediate_size=96, num_hidden_layers=2,
-                         num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=4096,
-                         bos_token_id=tiny_tokenizer.bos_token_id, eos_token_id=tiny_tokenizer.eos_token_id,
-                         pad_token_id=tiny_tokenizer.pad_token_id)
-    model = LlamaForCausalLM(config)
+    model = tiny_model(3, 2, seed=0, podkit=False, eval=False, vocab=len(tiny_tokenizer), positions=4096,
+                       bos_token_id=tiny_tokenizer.bos_token_id, eos_token_id=tiny_tokenizer.eos_token_id,
+                       pad_token_id=tiny_tokenizer.pad_token_id)
     folder = tmp_path_factory.mktemp("tiny_llama")
     model.save_pretrained(folder)
     tiny_tokenizer.save_pretrained(folder)

@@ -4,7 +4,6 @@ question through the decode path) row by row, for dense and the budgeted decode 
 from __future__ import annotations
 
 import pytest
-import torch
 
 from eval.runner import apply_overrides, retrieval_generate
 from sparse_models.engine.answers import engine_answers
@@ -21,15 +20,13 @@ SETTINGS = [{}, {"decode_scheme": "tidal", "tidal_budget": 16, "tidal_full_layer
 @pytest.fixture(scope="module")
 def deep_model_dir(tmp_path_factory, tiny_tokenizer):
     """A folder with a 4-layer random Llama (the budgets act on layers 2-3) and the tiny tokenizer."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from tests.tiny_models import tiny_model
 
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(tiny_tokenizer), hidden_size=48, intermediate_size=96, num_hidden_layers=4,
-                         num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=1024,
-                         bos_token_id=tiny_tokenizer.bos_token_id, eos_token_id=tiny_tokenizer.eos_token_id,
-                         pad_token_id=tiny_tokenizer.pad_token_id)
+    model = tiny_model(3, 4, seed=0, podkit=False, eval=False, vocab=len(tiny_tokenizer), positions=1024,
+                       bos_token_id=tiny_tokenizer.bos_token_id, eos_token_id=tiny_tokenizer.eos_token_id,
+                       pad_token_id=tiny_tokenizer.pad_token_id)
     folder = tmp_path_factory.mktemp("deep_llama")
-    LlamaForCausalLM(config).save_pretrained(folder)
+    model.save_pretrained(folder)
     tiny_tokenizer.save_pretrained(folder)
     return folder
 

@@ -3,21 +3,17 @@
 import json
 
 import pytest
-import torch
 
 pytest.importorskip("sparse_models")
 
 
 @pytest.fixture(scope="module")
 def tiny_podkit_dir(tmp_path_factory, tiny_tokenizer):
-    from sparse_models import PodkitLlamaConfig, PodkitLlamaForCausalLM
+    from tests.tiny_models import tiny_model
 
-    torch.manual_seed(0)
-    config = PodkitLlamaConfig(vocab_size=len(tiny_tokenizer), hidden_size=48, intermediate_size=64,
-                               num_hidden_layers=6, num_attention_heads=6, num_key_value_heads=2,
-                               max_position_embeddings=1024)
+    model = tiny_model(3, 6, seed=0, eval=False, vocab=len(tiny_tokenizer), intermediate=64, positions=1024)
     folder = tmp_path_factory.mktemp("tiny_podkit")
-    PodkitLlamaForCausalLM(config).save_pretrained(folder)
+    model.save_pretrained(folder)
     tiny_tokenizer.save_pretrained(folder)
     return folder
 

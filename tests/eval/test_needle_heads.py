@@ -23,12 +23,9 @@ from kernels.reference import select_topk_positions
 
 @pytest.fixture(scope="module")
 def tiny_podkit():
-    from sparse_models import PodkitLlamaConfig, PodkitLlamaForCausalLM
+    from tests.tiny_models import tiny_model
 
-    torch.manual_seed(0)
-    config = PodkitLlamaConfig(vocab_size=400, hidden_size=48, intermediate_size=64, num_hidden_layers=6,
-                               num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=2048)
-    return PodkitLlamaForCausalLM(config).eval()
+    return tiny_model(3, 6, seed=0, vocab=400, intermediate=64, positions=2048)
 
 
 def test_key_token_positions_overlap_rule():

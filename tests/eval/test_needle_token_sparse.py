@@ -6,16 +6,12 @@ import torch
 
 from eval.studies.needle_token_sparse import PROTOCOLS, analyse_prompts, build_prompts, kept_shares, main, summarise
 from eval.tasks.passkey import passkey_grid
+from tests.tiny_models import tiny_model
 
 
 @pytest.fixture(scope="module")
 def tiny_token_sparse():
-    from sparse_models import PodkitLlamaConfig, PodkitLlamaForCausalLM
-
-    torch.manual_seed(0)
-    config = PodkitLlamaConfig(vocab_size=400, hidden_size=48, intermediate_size=64, num_hidden_layers=4,
-                               num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=2048)
-    model = PodkitLlamaForCausalLM(config).eval()
+    model = tiny_model(3, 4, seed=0, vocab=400, intermediate=64, positions=2048)
     model.set_sparse_attention(prefill_scheme="token_sparse", token_sparse_coverage=0.3, token_sparse_window=8,
                                token_sparse_min_tokens=16, token_sparse_sparse_layers=[1, 3])
     return model
@@ -84,11 +80,7 @@ def test_dense_coverage_keeps_every_key(tiny_token_sparse, tiny_tokenizer):
 
 
 def test_needs_the_token_sparse_prefill(tiny_tokenizer):
-    from sparse_models import PodkitLlamaConfig, PodkitLlamaForCausalLM
-
-    model = PodkitLlamaForCausalLM(PodkitLlamaConfig(vocab_size=400, hidden_size=48, intermediate_size=64,
-                                                     num_hidden_layers=2, num_attention_heads=6,
-                                                     num_key_value_heads=2))
+    model = tiny_model(3, 2, seed=None, eval=False, vocab=400, intermediate=64, positions=None)
     with pytest.raises(ValueError, match="prefill_scheme"):
         analyse_prompts(model, [], progress=False)
 

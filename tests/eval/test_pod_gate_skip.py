@@ -81,18 +81,9 @@ def test_tau_one_skips_exactly_the_gates_equal_to_one_and_recorder_scope():
 
 
 def _tiny_pod_model(tokenizer=None, vocab: int = 61):
-    from sparse_models import PodkitLlamaConfig, PodkitLlamaForCausalLM
+    from tests.tiny_models import SHARP_QK_STD, tiny_model
 
-    torch.manual_seed(0)
-    config = PodkitLlamaConfig(vocab_size=len(tokenizer) if tokenizer is not None else vocab, hidden_size=64,
-                               intermediate_size=128, num_hidden_layers=4, num_attention_heads=8,
-                               num_key_value_heads=2, max_position_embeddings=512,
-                               rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
-    model = PodkitLlamaForCausalLM(config).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith(("q_proj.weight", "k_proj.weight")):
-                p.normal_(0, 0.35)
+    model = tiny_model(4, 4, seed=0, qk_std=SHARP_QK_STD, vocab=len(tokenizer) if tokenizer is not None else vocab)
     model.set_sparse_attention({"prefill_scheme": "pod", "decode_scheme": "pod",
                                 "pod": {"sink_tokens": 4, "recent_window": 12, "anchor_layers": ANCHORS}})
     return model

@@ -3,20 +3,16 @@
 import json
 
 import pytest
-import torch
 
 pytest.importorskip("sparse_models")
 
 
 def test_all_tasks_two_settings(tmp_path, tiny_tokenizer, fake_text_cache):
     from eval.harness.quality import main
-    from sparse_models import PodkitLlamaConfig, PodkitLlamaForCausalLM
+    from tests.tiny_models import tiny_model
 
-    torch.manual_seed(0)
-    config = PodkitLlamaConfig(vocab_size=len(tiny_tokenizer), hidden_size=48, intermediate_size=64,
-                               num_hidden_layers=4, num_attention_heads=6, num_key_value_heads=2,
-                               max_position_embeddings=1024)
-    PodkitLlamaForCausalLM(config).save_pretrained(tmp_path / "model")
+    tiny_model(3, 4, seed=0, eval=False, vocab=len(tiny_tokenizer), intermediate=64,
+               positions=1024).save_pretrained(tmp_path / "model")
     tiny_tokenizer.save_pretrained(tmp_path / "model")
     out = tmp_path / "quality.json"
     result = main(["passkey", "passkey_text", "needle", "ppl", "--model", str(tmp_path / "model"), "--device", "cpu",
@@ -53,13 +49,10 @@ def test_fp8_cache_runs_the_same_tasks_and_moves_decode_perplexity_a_little(tmp_
     """--kv-cache-dtype fp8_e4m3: the decode-phase perplexity is read from the quantised cache (it moves, but by
     the format's rounding only), and the prefill part, which attends in the model dtype, does not move."""
     from eval.harness.quality import main
-    from sparse_models import PodkitLlamaConfig, PodkitLlamaForCausalLM
+    from tests.tiny_models import tiny_model
 
-    torch.manual_seed(0)
-    config = PodkitLlamaConfig(vocab_size=len(tiny_tokenizer), hidden_size=48, intermediate_size=64,
-                               num_hidden_layers=2, num_attention_heads=6, num_key_value_heads=2,
-                               max_position_embeddings=1024)
-    PodkitLlamaForCausalLM(config).save_pretrained(tmp_path / "model")
+    tiny_model(3, 2, seed=0, eval=False, vocab=len(tiny_tokenizer), intermediate=64,
+               positions=1024).save_pretrained(tmp_path / "model")
     tiny_tokenizer.save_pretrained(tmp_path / "model")
     args = ["ppl", "--model", str(tmp_path / "model"), "--device", "cpu", "--lengths", "200", "--decode-tokens", "6"]
     bf16, fp8 = main(args), main(args + ["--kv-cache-dtype", "fp8_e4m3"])

@@ -7,18 +7,14 @@ import pytest
 import torch
 
 from eval.runner import apply_overrides, retrieval_generate, window_perplexity
+from tests.tiny_models import tiny_model
 
 sparse_models = pytest.importorskip("sparse_models")
 
 
 @pytest.fixture(scope="module")
 def tiny_podkit():
-    from sparse_models import PodkitLlamaConfig, PodkitLlamaForCausalLM
-
-    torch.manual_seed(0)
-    config = PodkitLlamaConfig(vocab_size=101, hidden_size=48, intermediate_size=64, num_hidden_layers=5,
-                               num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=512)
-    model = PodkitLlamaForCausalLM(config).eval()
+    model = tiny_model(3, 5, seed=0, vocab=101, intermediate=64, positions=512)
     return model, model.sparse_config
 
 
@@ -60,13 +56,8 @@ def test_budget_covering_everything_equals_dense_and_small_budget_differs(tiny_p
 
 
 def test_retrieval_question_in_decode_matches_full_prompt_under_dense(tiny_podkit, tiny_tokenizer):
-    from sparse_models import PodkitLlamaConfig, PodkitLlamaForCausalLM
-
-    torch.manual_seed(1)
-    config = PodkitLlamaConfig(vocab_size=len(tiny_tokenizer), hidden_size=48, intermediate_size=64,
-                               num_hidden_layers=3, num_attention_heads=3, num_key_value_heads=1,
-                               max_position_embeddings=512)
-    model = PodkitLlamaForCausalLM(config).eval()
+    model = tiny_model(layers=3, seed=1, vocab=len(tiny_tokenizer), heads=3, kv_heads=1, hidden=48, intermediate=64,
+                       positions=512)
     context, question = "The grass is green. The pass key is 12345. Remember it.", "\n\nWhat is the pass key? The pass key is"
     in_decode = retrieval_generate(model, tiny_tokenizer, context, question, max_new_tokens=6, stop_at_newline=False)
     in_prefill = retrieval_generate(model, tiny_tokenizer, context, question, max_new_tokens=6, stop_at_newline=False,

@@ -63,7 +63,7 @@ from eval.harness import fidelity
 from eval.harness import leaderboard
 from eval.harness import plots
 from eval import schemes
-from sparse_models import PodkitLlamaConfig, PodkitLlamaForCausalLM, SparseAttentionConfig
+from sparse_models import SparseAttentionConfig
 from sparse_models.engine import GenerationEngine
 from sparse_models.generate import parse_args, scheme_overrides
 from sparse_models.schemes.registry import scheme_names
@@ -86,9 +86,8 @@ assert plots._order(["recent@64", "streaming@64", "dense", "token_sparse@0.005"]
     ["dense", "streaming@64", "recent@64", "token_sparse@0.005"]
 assert schemes.display_name("recent") == "recent window"
 
-torch.manual_seed(0)
-model = PodkitLlamaForCausalLM(PodkitLlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
-    num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)).eval()
+from tests.tiny_models import tiny_model  # the repository root is on PYTHONPATH, after the copy
+model = tiny_model(layers=4, seed=0, vocab=64, heads=4, kv_heads=2, hidden=32, intermediate=64, positions=64)
 # KV fractions: recent@64 of 1024 tokens reads what streaming@64 reads (4 sinks + 60 recent): 1/16
 model.set_sparse_attention(SparseAttentionConfig(), **schemes.budgeted("streaming", 64).overrides)
 streaming = leaderboard.kv_fractions(model, 1024)

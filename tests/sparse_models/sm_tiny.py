@@ -1,35 +1,22 @@
-"""Tiny random podkit models and helpers shared by the sparse_models tests."""
+"""Tiny random podkit models (from tests/tiny_models.py, the one factory) and helpers shared by the sparse_models
+tests."""
 
 from __future__ import annotations
 
 import torch
 
-from sparse_models import PodkitLlamaConfig, PodkitLlamaForCausalLM, SparseAttentionConfig
+from sparse_models import SparseAttentionConfig
+from tests.tiny_models import GQA_SHAPES as _ALL_SHAPES
+from tests.tiny_models import SHARP_QK_STD, VOCAB, tiny_config  # noqa: F401 - re-exported
+from tests.tiny_models import tiny_model as _factory_model
 
-# (query heads, KV heads, hidden): GQA groups 1, 3, 4
-GQA_SHAPES = {1: (4, 4, 64), 3: (6, 2, 48), 4: (8, 2, 64)}
-VOCAB = 61
-
-
-def tiny_config(group: int = 3, layers: int = 4, **extra) -> PodkitLlamaConfig:
-    hq, hkv, hidden = GQA_SHAPES[group]
-    return PodkitLlamaConfig(vocab_size=VOCAB, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-                             num_attention_heads=hq, num_key_value_heads=hkv, max_position_embeddings=512,
-                             rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, **extra)
+GQA_SHAPES = {g: _ALL_SHAPES[g] for g in (1, 3, 4)}  # the groups these tests sweep (the factory has 8 too)
 
 
 def tiny_model(group: int = 3, layers: int = 4, sparse: SparseAttentionConfig | dict | None = None,
-               seed: int = 0) -> PodkitLlamaForCausalLM:
-    torch.manual_seed(seed)
-    model = PodkitLlamaForCausalLM(tiny_config(group, layers)).eval()
-    with torch.no_grad():  # larger weights than the default init: sharper, less uniform attention
-        for name, p in model.named_parameters():
-            if name.endswith(("q_proj.weight", "k_proj.weight")):
-                p.normal_(0, 0.35)
-    if sparse is not None:
-        model.set_sparse_attention(sparse if isinstance(sparse, SparseAttentionConfig)
-                                   else SparseAttentionConfig.from_dict(sparse))
-    return model
+               seed: int = 0):
+    """tests/tiny_models.py's podkit model, q/k redrawn from N(0, 0.35): sharper, less uniform attention."""
+    return _factory_model(group, layers, sparse, seed, qk_std=SHARP_QK_STD)
 
 
 def pod_anchor_map(layers: int, kv_heads: int) -> list[list[int]]:

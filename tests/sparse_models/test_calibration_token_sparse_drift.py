@@ -16,15 +16,12 @@ from sparse_models.calibration.token_sparse_drift import (
     token_drift,
     write_drift_json,
 )
+from tests.tiny_models import tiny_model, twin_config
 
 
 def tiny_llama(num_layers=4, heads=6, kv_heads=2, seed=0):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=97, hidden_size=48, intermediate_size=64, num_hidden_layers=num_layers,
-                         num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=256)
-    return LlamaForCausalLM(config).eval()
+    return tiny_model(layers=num_layers, seed=seed, podkit=False, vocab=97, heads=heads, kv_heads=kv_heads, hidden=48,
+                      intermediate=64, positions=256)
 
 
 def test_token_drift_matches_definition():
@@ -103,12 +100,8 @@ def test_json_and_png(tmp_path):
 def test_podkit_model_matches_plain_llama_drift():
     """podkit's decoder loop (capture_residual_stream) and hooks on plain transformers agree."""
     pytest.importorskip("sparse_models")
-    from sparse_models import PodkitLlamaConfig, PodkitLlamaForCausalLM
-
     plain = tiny_llama(num_layers=3)
-    config = PodkitLlamaConfig(**{k: v for k, v in plain.config.to_dict().items()
-                                  if k not in ("model_type", "architectures", "transformers_version")})
-    podkit = PodkitLlamaForCausalLM(config).eval()
+    podkit = tiny_model(seed=None, config=twin_config(plain.config, podkit=True))
     podkit.load_state_dict(plain.state_dict())
     ids = torch.randint(0, 97, (1, 29))
     for a, b in zip(layer_drifts(plain, ids), layer_drifts(podkit, ids)):

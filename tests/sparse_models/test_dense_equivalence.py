@@ -4,17 +4,9 @@ own Llama / Mistral / Qwen2 (incl. Llama-3.1 rope scaling) on plain checkpoints.
 import pytest
 import torch
 from sm_tiny import GQA_SHAPES, left_padded, random_prompts, run_model, tiny_model
-from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from sparse_models import (
-    PodkitLlamaConfig,
-    PodkitLlamaForCausalLM,
-    PodkitMistralConfig,
-    PodkitMistralForCausalLM,
-    PodkitQwen2Config,
-    PodkitQwen2ForCausalLM,
-    SparseAttentionConfig,
-)
+from sparse_models import SparseAttentionConfig
+from tests.tiny_models import tiny_model as factory_model
 
 COVERING = {
     "tidal": {"decode_scheme": "tidal", "tidal": {"budget": 64, "full_layers": [0], "selection_layers": [1]}},
@@ -66,21 +58,20 @@ def test_tidal_selection_at_every_layer_is_dense_whatever_the_budget(group):
 
 
 def _reference_pair(family):
-    common = dict(vocab_size=53, hidden_size=48, intermediate_size=80, num_hidden_layers=3, num_attention_heads=6,
-                  num_key_value_heads=2, max_position_embeddings=256)
+    # GQA 3 (6 query / 2 KV heads, hidden 48); the caller's RNG state draws ref's weights, then ours'
+    common = dict(layers=3, seed=None, vocab=53, intermediate=80, positions=256)
     if family == "llama31":
-        rope = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
-                "high_freq_factor": 4.0, "original_max_position_embeddings": 16}
-        ref = LlamaForCausalLM(LlamaConfig(**common, rope_parameters=rope))
-        ours = PodkitLlamaForCausalLM(PodkitLlamaConfig(**common, rope_parameters=rope))
+        common.update(family="llama", rope={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+                                            "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                            "original_max_position_embeddings": 16})
     elif family == "mistral":
-        ref = MistralForCausalLM(MistralConfig(**common, sliding_window=None))
-        ours = PodkitMistralForCausalLM(PodkitMistralConfig(**common, sliding_window=None))
+        common.update(family="mistral", sliding_window=None)
     else:
-        ref = Qwen2ForCausalLM(Qwen2Config(**common))
-        ours = PodkitQwen2ForCausalLM(PodkitQwen2Config(**common))
+        common.update(family="qwen2")
+    ref = factory_model(podkit=False, **common)
+    ours = factory_model(podkit=True, **common)
     missing, unexpected = ours.load_state_dict(ref.state_dict(), strict=True)
-    return ref.eval(), ours.eval()
+    return ref, ours
 
 
 @pytest.mark.parametrize("family", ["llama31", "mistral", "qwen2"])

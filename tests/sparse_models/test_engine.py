@@ -12,10 +12,10 @@ import zlib
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
-from sparse_models import PodkitLlamaConfig, PodkitLlamaForCausalLM
+from sparse_models import PodkitLlamaForCausalLM
 from sparse_models.engine import EngineError, GenerationEngine, SamplingConfig
+from tests.tiny_models import tiny_model
 
 VOCAB = 128
 NEW_TOKENS = 7
@@ -52,10 +52,12 @@ SCHEMES = {
 }
 
 
-def tiny_config(num_heads: int, num_kv_heads: int, **kw) -> dict:
-    return dict(vocab_size=VOCAB, hidden_size=16 * num_heads, intermediate_size=96, num_hidden_layers=4,
-                num_attention_heads=num_heads, num_key_value_heads=num_kv_heads, max_position_embeddings=256,
-                initializer_range=0.2, eos_token_id=None, bos_token_id=None, pad_token_id=None, **kw)
+def engine_model(num_heads: int, num_kv_heads: int, seed: int, **kw):
+    """A random model of these tests' shape (tests/tiny_models.py): 16 per head, 4 layers, init std 0.2, no special
+    tokens; ``kw``: the factory's family / podkit and further config fields."""
+    return tiny_model(layers=4, seed=seed, vocab=VOCAB, heads=num_heads, kv_heads=num_kv_heads, hidden=16 * num_heads,
+                      intermediate=96, positions=256, initializer_range=0.2, eos_token_id=None, bos_token_id=None,
+                      pad_token_id=None, **kw)
 
 
 def _valid_anchor_map(num_kv_heads: int) -> list[list[int]]:
@@ -73,8 +75,7 @@ def _valid_anchor_map(num_kv_heads: int) -> list[list[int]]:
 
 
 def podkit_model(num_heads: int, num_kv_heads: int, seed: int) -> PodkitLlamaForCausalLM:
-    torch.manual_seed(seed)
-    return PodkitLlamaForCausalLM(PodkitLlamaConfig(**tiny_config(num_heads, num_kv_heads))).eval()
+    return engine_model(num_heads, num_kv_heads, seed)
 
 
 def scheme_overrides(name: str, num_kv_heads: int) -> dict:
@@ -154,8 +155,7 @@ def test_covering_budgets_equal_dense(scheme, covering):
 
 
 def test_dense_engine_matches_plain_transformers_generate():
-    torch.manual_seed(7)
-    model = LlamaForCausalLM(LlamaConfig(**tiny_config(6, 2))).eval()
+    model = engine_model(6, 2, 7, podkit=False)
     prompts = random_prompts([17, 6, 12], seed=8)
     expected = [model.generate(torch.tensor([p]), max_new_tokens=NEW_TOKENS, do_sample=False)[0, len(p):].tolist()
                 for p in prompts]
@@ -315,10 +315,7 @@ def test_compiled_layers_with_cuda_graphs_match_eager_on_gpu(scheme):
 
 
 def test_sliding_window_models_are_limited_to_their_window():
-    from transformers import MistralConfig, MistralForCausalLM
-
-    torch.manual_seed(0)
-    model = MistralForCausalLM(MistralConfig(**tiny_config(6, 2), sliding_window=16)).eval()
+    model = engine_model(6, 2, 0, podkit=False, family="mistral", sliding_window=16)
     with pytest.raises(EngineError, match="sliding_window=16"):
         GenerationEngine(model, max_seq_len=32)
     engine = GenerationEngine(model, max_seq_len=16)
@@ -331,10 +328,7 @@ def _grouped_vs_torch(device: str, scheme: str, compile_layers: bool, qwen_biase
     """decode_kernels='fused' (q/k/v and gate/up each one kernels.decode_linear launch, one-launch KV append)
     gives the tokens of the standard path."""
     if qwen_biases:
-        from transformers import Qwen2Config, Qwen2ForCausalLM
-
-        torch.manual_seed(31)
-        model = Qwen2ForCausalLM(Qwen2Config(**tiny_config(8, 2))).eval().to(device)
+        model = engine_model(8, 2, 31, podkit=False, family="qwen2").to(device)
     else:
         model = podkit_model(8, 2, seed=31).to(device)
     prompts = random_prompts([27, 9, 18], seed=32)

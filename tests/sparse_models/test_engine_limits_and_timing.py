@@ -9,19 +9,18 @@ import warnings
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaForCausalLM
 
 from sparse_models.engine import EngineError, GenerationEngine
 from sparse_models.engine.compile_cache import enable_persistent_compile_caches
+from tests.tiny_models import tiny_model
 
 POSITIONS = 64
 
 
 def tiny_llama(vocab: int = 128) -> LlamaForCausalLM:
-    torch.manual_seed(0)
-    return LlamaForCausalLM(LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                        num_attention_heads=2, num_key_value_heads=1,
-                                        max_position_embeddings=POSITIONS, eos_token_id=None)).eval()
+    return tiny_model(layers=2, seed=0, podkit=False, vocab=vocab, heads=2, kv_heads=1, hidden=32, positions=POSITIONS,
+                      eos_token_id=None)
 
 
 def test_engine_rejects_prompt_beyond_positions_before_any_work(monkeypatch):
@@ -142,12 +141,9 @@ SECOND_RUN_CHILD = """
 import sys, torch
 from sparse_models.engine.compile_cache import enable_persistent_compile_caches
 enable_persistent_compile_caches(sys.argv[1])  # before the first kernel compiles, as the generate CLI does
-from sparse_models import PodkitLlamaConfig, PodkitLlamaForCausalLM
 from sparse_models.engine import GenerationEngine
-torch.manual_seed(0)
-model = PodkitLlamaForCausalLM(PodkitLlamaConfig(
-    vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
-    num_key_value_heads=2, max_position_embeddings=256)).eval().cuda()
+from tests.tiny_models import tiny_model  # cwd: the repository root
+model = tiny_model(layers=4, seed=0, vocab=128, heads=4, kv_heads=2, hidden=64, intermediate=96, positions=256).cuda()
 engine = GenerationEngine(model, max_seq_len=96, decode_scheme="tidal", tidal_budget=16, tidal_full_layers=[0, 1],
                           tidal_selection_layers=[2], compile_layers=True)
 engine.warmup([list(range(40))])

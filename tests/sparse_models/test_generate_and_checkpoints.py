@@ -8,9 +8,11 @@ import torch
 from sm_oracle import Oracle
 from sm_tiny import left_padded, random_prompts, tiny_model
 from test_schemes_vs_oracle import SCHEMES
-from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+from transformers import AutoModelForCausalLM
 
 from sparse_models import PodkitLlamaForCausalLM, SparseAttentionConfig, SparseKVCache
+from tests.tiny_models import tiny_model as factory_model
+from tests.tiny_models import twin_config
 
 NEW_TOKENS = 4
 
@@ -82,10 +84,8 @@ def test_generate_with_beams_and_user_cache():
 
 def test_dense_beam_search_matches_transformers():
     model = tiny_model(3, 3, None, seed=4)
-    ref = LlamaForCausalLM(LlamaConfig(**{k: v for k, v in model.config.to_dict().items()
-                                          if k not in ("sparse_attention", "model_type", "transformers_version")}))
+    ref = factory_model(seed=None, config=twin_config(model.config, podkit=False))
     ref.load_state_dict(model.state_dict())
-    ref.eval()
     ids, mask = left_padded(random_prompts([9, 6]))
     kw = dict(attention_mask=mask, max_new_tokens=4, num_beams=3, do_sample=False, pad_token_id=0)
     assert torch.equal(model.generate(ids, **kw), ref.generate(ids, **kw))
@@ -113,8 +113,7 @@ def test_save_load_keeps_schemes_and_overrides_win(tmp_path):
 
 
 def test_plain_llama_checkpoint_loads_with_schemes(tmp_path):
-    plain = LlamaForCausalLM(LlamaConfig(vocab_size=61, hidden_size=48, intermediate_size=64, num_hidden_layers=3,
-                                         num_attention_heads=6, num_key_value_heads=2)).eval()
+    plain = factory_model(3, 3, seed=None, podkit=False, vocab=61, intermediate=64, positions=None)
     plain.save_pretrained(tmp_path)
     model = PodkitLlamaForCausalLM.from_pretrained(tmp_path, decode_scheme="tidal", tidal_budget=256)
     assert model.sparse_config.decode_scheme == "tidal" and model.sparse_config.tidal.budget == 256

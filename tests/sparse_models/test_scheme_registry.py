@@ -228,13 +228,12 @@ def test_streaming_llm_is_one_file_and_one_registry_line(tmp_path):
     registry_file.write_text(text.replace('    "streaming",\n', ""))
     script = """
 import torch
-from sparse_models import PodkitLlamaConfig, PodkitLlamaForCausalLM, SparseAttentionConfig
+from sparse_models import SparseAttentionConfig
 from sparse_models.engine import GenerationEngine
 from sparse_models.schemes.registry import scheme_names
 assert "streaming" not in scheme_names() and "streaming" not in SparseAttentionConfig().to_dict()
-torch.manual_seed(0)
-model = PodkitLlamaForCausalLM(PodkitLlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
-    num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)).eval()
+from tests.tiny_models import tiny_model  # the repository root is on PYTHONPATH, after the copy
+model = tiny_model(layers=4, seed=0, vocab=64, heads=4, kv_heads=2, hidden=32, intermediate=64, positions=64)
 engine = GenerationEngine(model, max_batch_size=1, max_seq_len=24, decode_scheme="quest", quest_budget=8,
                           quest_page_size=4)
 import sparse_models

@@ -18,9 +18,10 @@ import pytest
 import torch
 
 from kernels import reference
-from sparse_models import PodkitLlamaConfig, PodkitLlamaForCausalLM, SparseAttentionConfig
+from sparse_models import PodkitLlamaForCausalLM, SparseAttentionConfig
 from sparse_models.schemes.tidal import recent_slots
 from sparse_models.validation import ConfigError
+from tests.tiny_models import tiny_model as factory_model
 
 MODES = ("query_head", "kv_group", "group_union", "all_union")
 
@@ -162,12 +163,9 @@ def test_recent_window_sizes():
 # ---------------------------------------------------------------------------------------------------------------
 
 def tiny_model(num_heads: int = 8, num_kv_heads: int = 2, seed: int = 0) -> PodkitLlamaForCausalLM:
-    torch.manual_seed(seed)
-    config = PodkitLlamaConfig(vocab_size=128, hidden_size=16 * num_heads, intermediate_size=96, num_hidden_layers=4,
-                               num_attention_heads=num_heads, num_key_value_heads=num_kv_heads,
-                               max_position_embeddings=256, initializer_range=0.2, eos_token_id=None,
-                               bos_token_id=None, pad_token_id=None)
-    return PodkitLlamaForCausalLM(config).eval()
+    return factory_model(layers=4, seed=seed, vocab=128, heads=num_heads, kv_heads=num_kv_heads, hidden=16 * num_heads,
+                         intermediate=96, positions=256, initializer_range=0.2, eos_token_id=None, bos_token_id=None,
+                         pad_token_id=None)
 
 
 def generate(model, prompt, **overrides) -> list[int]:

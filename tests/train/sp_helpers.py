@@ -14,14 +14,11 @@ def tiny_pod_model(heads: int, kv_heads: int, *, layers: int = 4, head_dim: int 
                    block: int = 2, seed: int = 0, scheme: str = "pod", sharing: str = "keys"):
     """A random PodkitLlamaForCausalLM (fp32). POD: layers in blocks of ``block`` consecutive layers for every KV
     head, except that KV head 0 of each non-anchor layer stays its own anchor (mixed own/shared heads)."""
-    from sparse_models import PodkitLlamaConfig, PodkitLlamaForCausalLM
+    from tests.tiny_models import ROPE_DEFAULT, tiny_model
 
-    torch.manual_seed(seed)
-    config = PodkitLlamaConfig(vocab_size=VOCAB, hidden_size=heads * head_dim, intermediate_size=48,
-                               num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
-                               head_dim=head_dim, max_position_embeddings=4096, tie_word_embeddings=False,
-                               rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
-    model = PodkitLlamaForCausalLM(config)
+    model = tiny_model(layers=layers, seed=seed, eval=False, vocab=VOCAB, heads=heads, kv_heads=kv_heads,
+                       hidden=heads * head_dim, intermediate=48, head_dim=head_dim, positions=4096,
+                       tie_word_embeddings=False, rope=ROPE_DEFAULT)
     if scheme == "pod":
         anchors = [[layer if (h == 0 and layer % block) else (layer // block) * block for h in range(kv_heads)]
                    for layer in range(layers)]

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.tiny_models import tiny_model
 from train.checkpoints import CheckpointError, checkpoint_problems, select_resume_checkpoint
 from train.recipe import recipe_from_dict
 
@@ -29,13 +30,8 @@ def _recipe(out: Path, **train):
 
 
 def _model(tied: bool = False):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=32,
-                         tie_word_embeddings=tied)
-    return LlamaForCausalLM(config)
+    return tiny_model(layers=1, seed=0, podkit=False, eval=False, vocab=64, heads=2, kv_heads=1, hidden=16,
+                      positions=32, tie_word_embeddings=tied)
 
 
 def _data(n: int = 32):

@@ -67,12 +67,11 @@ def test_pipeline_applies_thread_count(tmp_path, monkeypatch, restore_threads):
 
 
 def test_eval_perplexity_shows_progress_per_window(capsys):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
+    from tests.tiny_models import tiny_model
     from train.evaluate import perplexity
 
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                                         num_attention_heads=2, num_key_value_heads=1))
+    model = tiny_model(layers=1, seed=None, podkit=False, eval=False, vocab=32, heads=2, kv_heads=1, hidden=16,
+                       positions=None)
     windows = torch.randint(0, 32, (3, 8))
     result = perplexity(model, windows, desc="[eval] dense")
     err = capsys.readouterr().err

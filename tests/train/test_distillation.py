@@ -13,6 +13,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from tests.tiny_models import SHARP_QK_STD
+from tests.tiny_models import tiny_model as factory_model
 from train.losses import ObjectiveWeights, chunked_objective_loss
 from train.objective import ObjectiveLoss
 from train.teacher import FrozenCopyTeacher, LoraTeacher, dense_attention, freeze
@@ -23,19 +25,9 @@ ANCHORS = [[0, 0], [0, 1], [2, 1], [2, 3]]
 
 
 def tiny_model(group: int = 3, layers: int = 4, seed: int = 0):
-    """A random podkit Llama: 6 query / 2 KV heads (GQA 3), hidden 48, vocab 61, dense attention."""
-    from sparse_models import PodkitLlamaConfig, PodkitLlamaForCausalLM
-
-    torch.manual_seed(seed)
-    config = PodkitLlamaConfig(vocab_size=61, hidden_size=48, intermediate_size=96, num_hidden_layers=layers,
-                               num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=512,
-                               rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
-    model = PodkitLlamaForCausalLM(config).eval()
-    with torch.no_grad():  # sharper attention than the default init, so POD changes the outputs visibly
-        for name, p in model.named_parameters():
-            if name.endswith(("q_proj.weight", "k_proj.weight")):
-                p.normal_(0, 0.35)
-    return model
+    """A random podkit Llama: 6 query / 2 KV heads (GQA 3), hidden 48, vocab 61, dense attention; q/k sharper
+    than the default init, so POD changes the outputs visibly."""
+    return factory_model(3, layers, seed=seed, qk_std=SHARP_QK_STD)
 
 
 def _pod_student(seed=0):

@@ -167,13 +167,13 @@ def test_card_update_is_atomic(setup, tmp_path, monkeypatch):
 
 def test_checkpoint_size_estimate_matches_a_real_checkpoint(tmp_path):
     from test_checkpoints import _recipe, _train
-    from transformers import LlamaConfig, LlamaForCausalLM
 
+    from tests.tiny_models import tiny_model
     from train.checkpoints import checkpoint_size_estimate
 
     def model():  # large enough (~0.4M parameters) that file headers do not matter
-        return LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                                            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32))
+        return tiny_model(layers=2, seed=None, podkit=False, eval=False, vocab=64, heads=4, kv_heads=2, hidden=128,
+                          positions=32)
 
     out = tmp_path / "out"
     _train(_recipe(out), model=model())

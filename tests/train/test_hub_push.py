@@ -25,11 +25,9 @@ def online(monkeypatch):
 
 @pytest.fixture
 def tiny_export(tmp_path):
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from tests.tiny_models import tiny_model
 
-    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
-    model = LlamaForCausalLM(config).eval()
+    model = tiny_model(layers=2, seed=None, podkit=False, vocab=64, heads=4, kv_heads=2, hidden=32, positions=128)
     folder = tmp_path / "export"
     model.save_pretrained(folder)
     (folder / "README.md").write_text("---\nlicense: apache-2.0\n---\n# tiny\n")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.tiny_models import tiny_model
 from train.models import load_dense_reference, load_model
 from train.recipe import recipe_from_dict
 
@@ -23,17 +24,10 @@ SHARED = [[0, 0], [0, 1], [0, 1], [3, 1]]
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     folder = tmp_path_factory.mktemp("zero_shot")
-    torch.manual_seed(1)
-    config = LlamaConfig(vocab_size=101, hidden_size=64, intermediate_size=96, num_hidden_layers=LAYERS,
-                         num_attention_heads=HEADS, num_key_value_heads=2, max_position_embeddings=256,
-                         tie_word_embeddings=False)
-    model = LlamaForCausalLM(config)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.mul_(3.0)  # sharper attention than the near-uniform random init
+    # scale 3: sharper attention than the near-uniform random init
+    model = tiny_model(layers=LAYERS, seed=1, podkit=False, eval=False, scale=3.0, vocab=101, heads=HEADS, kv_heads=2,
+                       hidden=64, intermediate=96, positions=256, tie_word_embeddings=False)
     model.save_pretrained(folder)
     return folder
 

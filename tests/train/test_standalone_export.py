@@ -18,6 +18,7 @@ import textwrap
 import pytest
 import torch
 
+from tests.tiny_models import tiny_config, tiny_model
 from train.export import STANDALONE_CLASSES, STANDALONE_MODELING, _finish_config
 
 # (family, query heads, KV heads, layers, anchor map): G = 1, 3, 4, 8; shared heads, several blocks
@@ -83,17 +84,15 @@ CHILD = textwrap.dedent('''
 def _config(family: str, heads: int, kv_heads: int, layers: int, anchors):
     from sparse_models import PODKIT_CLASSES
 
-    cls = PODKIT_CLASSES[family]
-    kwargs = dict(vocab_size=97, hidden_size=16 * heads, intermediate_size=48, num_hidden_layers=layers,
-                  num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=128,
-                  pad_token_id=0, bos_token_id=1, eos_token_id=2, tie_word_embeddings=False,
+    kwargs = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2, tie_word_embeddings=False,
                   sparse_attention={"prefill_scheme": "pod", "decode_scheme": "pod",
                                     "pod": {"anchor_layers": anchors, "sink_tokens": SINK, "recent_window": RECENT}})
     if family == "qwen2":
         kwargs["use_sliding_window"] = False
     if family == "mistral":
         kwargs["sliding_window"] = None
-    return cls, cls.config_class(**kwargs)
+    return PODKIT_CLASSES[family], tiny_config(layers=layers, family=family, vocab=97, heads=heads, kv_heads=kv_heads,
+                                               hidden=16 * heads, intermediate=48, positions=128, **kwargs)
 
 
 def _ragged_inputs(vocab: int):
@@ -111,10 +110,8 @@ def exports(tmp_path_factory):
     made = []
     for i, (family, heads, kv_heads, layers, anchors) in enumerate(CASES):
         cls, config = _config(family, heads, kv_heads, layers, anchors)
-        model = cls(config).eval()
-        with torch.no_grad():  # random init is near-uniform; sharper logits make the comparison meaningful
-            for p in model.parameters():
-                p.mul_(3.0)
+        # scale 3: random init is near-uniform; sharper logits make the comparison meaningful
+        model = tiny_model(seed=None, config=config, scale=3.0)
         folder = root / f"{i}_{family}"
         model.save_pretrained(folder)
         import shutil

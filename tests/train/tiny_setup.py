@@ -11,10 +11,10 @@ REPO = Path(__file__).resolve().parents[2]
 
 def make_tiny_model(folder: Path, *, layers: int = 4, heads: int = 4, kv_heads: int = 2, seed: int = 0) -> Path:
     """A random Llama (hidden 64) with a byte-level BPE tokenizer (vocab ~300) trained on Austen text."""
-    import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast
 
+    from tests.tiny_models import tiny_model
     from train.corpus.texts import load_text
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -27,12 +27,9 @@ def make_tiny_model(folder: Path, *, layers: int = 4, heads: int = 4, kv_heads: 
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
                                    unk_token="<unk>")
     fast.save_pretrained(folder)
-    torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=len(fast), hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
-                         num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=512,
-                         bos_token_id=fast.bos_token_id, eos_token_id=fast.eos_token_id,
-                         pad_token_id=fast.pad_token_id, tie_word_embeddings=False)
-    LlamaForCausalLM(config).save_pretrained(folder)
+    tiny_model(layers=layers, seed=seed, podkit=False, eval=False, vocab=len(fast), heads=heads, kv_heads=kv_heads,
+               hidden=64, bos_token_id=fast.bos_token_id, eos_token_id=fast.eos_token_id,
+               pad_token_id=fast.pad_token_id, tie_word_embeddings=False).save_pretrained(folder)
     return folder
 
 
