@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,7 @@ def is_default_model(pretrained: str) -> bool:
 
 def resolve_torch_dtype(dtype: Any, device: str):
     """``"auto"``/None -> bf16 on CUDA, fp32 on CPU (the CPU has no fast bf16 matmul)."""
-    import torch
+    import torch  # lazy: torch imports in seconds; eval.models stays light for eval.lm_eval and the lm-eval task code
 
     if dtype in (None, "auto"):
         return torch.bfloat16 if str(device).startswith("cuda") else torch.float32
@@ -64,7 +65,7 @@ def parse_override_value(value: Any) -> Any:
     ``sparse_models.config.parse_override_value`` does ('0.005' -> 0.005, '[15, 16]' / '15,16' ->
     a list, 'none' / 'null' -> None); values that are already typed pass through."""
     if isinstance(value, str):
-        from sparse_models.config import parse_override_value as parse_text
+        from sparse_models.config import parse_override_value as parse_text  # lazy: sparse_models imports torch
 
         return parse_text(value.strip())
     return value
@@ -79,7 +80,7 @@ def load_model(pretrained: str = "default", *, device: str = "cpu", dtype: Any =
     torch_dtype = resolve_torch_dtype(dtype, device)
     overrides = {key: parse_override_value(value) for key, value in overrides.items()}
     if is_default_model(pretrained):
-        from sparse_models.smollm2 import load_default_model
+        from sparse_models.smollm2 import load_default_model  # lazy: sparse_models imports torch
 
         model = load_default_model(dtype=torch_dtype, **overrides)
     else:
@@ -93,8 +94,7 @@ def load_model(pretrained: str = "default", *, device: str = "cpu", dtype: Any =
             if overrides:
                 raise
             # Dense with no overrides is plain transformers: still evaluable while sparse_models lacks the class.
-            import warnings
-
+            # lazy: transformers imports slowly; only this fallback
             from transformers import AutoModelForCausalLM as cls
 
             warnings.warn(f"podkit model classes are not importable; loading {pretrained} with plain transformers "
@@ -106,9 +106,9 @@ def load_model(pretrained: str = "default", *, device: str = "cpu", dtype: Any =
 def load_tokenizer(pretrained: str = "default"):
     """The tokenizer that goes with :func:`load_model`'s model."""
     if is_default_model(pretrained):
-        from sparse_models import smollm2
+        from sparse_models import smollm2  # lazy: sparse_models imports torch
 
         return smollm2.load_default_tokenizer()
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # lazy: transformers imports slowly (eval.models stays light)
 
     return AutoTokenizer.from_pretrained(str(pretrained))

@@ -31,6 +31,8 @@ from typing import Any
 
 import torch
 
+from sparse_models.calibration.pod_similarity import read_blocks_json
+
 
 def _step(model, ids: torch.Tensor, cache) -> tuple[torch.Tensor, Any]:
     """One forward of ``ids[1,S]`` on ``cache``: (logits ``[1,S,V]``, the cache to pass next).
@@ -159,7 +161,5 @@ def apply_overrides(model, base_config: Any, overrides: dict[str, Any]) -> None:
     overrides = dict(overrides)
     blocks_file = overrides.pop("pod_blocks_file", None)
     if blocks_file is not None:
-        from sparse_models.calibration.pod_similarity import read_blocks_json
-
         overrides["pod_anchor_layers"] = read_blocks_json(blocks_file)["anchor_layers"]
     model.set_sparse_attention(base_config, **overrides)

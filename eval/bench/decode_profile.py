@@ -37,9 +37,12 @@ import itertools
 import json
 import re
 import sys
+import time
 from pathlib import Path
 
 import torch
+from torch.autograd import DeviceType
+from torch.profiler import ProfilerActivity, profile
 
 from eval.bench.e2e import (
     SHAPES,
@@ -47,9 +50,11 @@ from eval.bench.e2e import (
     build_model,
     decode_weight_bytes,
     dense_kv_bytes,
+    free_memory,
     parse_rows,
     scheme_overrides,
 )
+from eval.bench.kernels_decode import copy_bandwidth
 from kernels import skipping_value_checks
 from sparse_models.engine import GenerationEngine
 
@@ -86,8 +91,6 @@ def categorize(name: str) -> str:
 
 def kernel_times(prof, steps: int, on_gpu: bool) -> list[dict]:
     """Per distinct kernel (GPU) or op (CPU, self time): ``{name, ms_per_step, calls_per_step, category}``."""
-    from torch.autograd import DeviceType
-
     totals: dict[str, list[float]] = {}
     if on_gpu:
         for event in prof.events():
@@ -127,8 +130,6 @@ def summarize(kernels: list[dict], step_ms: float, floors_ms: dict) -> dict:
 def profile_row(model, context: int, batch: int, overrides: dict, *, use_graphs: bool, compile_layers: bool,
                 timed_steps: int, profile_steps: int) -> tuple[float, list[dict]]:
     """(median step ms, per-kernel times) of the engine's decode step with a full random cache."""
-    from torch.profiler import ProfilerActivity, profile
-
 
     device = next(model.parameters()).device
     on_gpu = device.type == "cuda"
@@ -149,8 +150,6 @@ def profile_row(model, context: int, batch: int, overrides: dict, *, use_graphs:
                 end.synchronize()
                 times.append(start.elapsed_time(end))
             else:
-                import time
-
                 t = time.perf_counter()
                 token = engine.step(batch, token).argmax(-1)
                 times.append(1000 * (time.perf_counter() - t))
@@ -164,8 +163,6 @@ def profile_row(model, context: int, batch: int, overrides: dict, *, use_graphs:
         return times[len(times) // 2], kernel_times(prof, profile_steps, on_gpu)
     finally:
         del engine
-        from eval.bench.e2e import free_memory
-
         free_memory()
 
 
@@ -174,7 +171,7 @@ def plot(result: dict, path: Path) -> str | None:
         import matplotlib  # lazy: matplotlib is optional (plots only)
 
         matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        import matplotlib.pyplot as plt  # lazy: matplotlib is optional (plots only)
     except ImportError:
         return None
     bars = [(f"{key} {label}", summary) for key, row in result["rows"].items() for label, summary in row.items()]
@@ -261,8 +258,6 @@ def main(argv=None) -> int:
     model = build_model(shape, device, dtype)
     bw = None
     if device == "cuda":
-        from eval.bench.kernels_decode import copy_bandwidth
-
         bw = copy_bandwidth(torch.device(device))
     result = {"benchmark": "decode-profile", "date": datetime.datetime.now().isoformat(timespec="seconds"),
               "command": "python -m eval.bench decode-profile " + " ".join(argv if argv is not None else sys.argv[1:]),

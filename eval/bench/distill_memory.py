@@ -19,6 +19,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import torch
+
 SETTINGS = (("full", "lm"), ("full", "distill"), ("lora", "lm"), ("lora", "distill"))
 
 WORKER = r"""
@@ -68,8 +70,6 @@ print(json.dumps({"peak_bytes": peak, "seconds_per_step": (time.perf_counter() -
 
 
 def main(argv: list[str] | None = None) -> int:
-    import torch
-
     parser = argparse.ArgumentParser(prog="python -m eval.bench distill-memory", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="default", choices=["default"], help="the embedded SmolLM2-135M")
     parser.add_argument("--context", type=int, default=2048)

@@ -57,6 +57,7 @@ import warnings
 from pathlib import Path
 
 import torch
+import transformers
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
 from eval.bench.kernels_decode import copy_bandwidth
@@ -459,7 +460,7 @@ def plot(result: dict, path: Path) -> str | None:
         import matplotlib  # lazy: matplotlib is optional (plots only)
 
         matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        import matplotlib.pyplot as plt  # lazy: matplotlib is optional (plots only)
     except ImportError:
         return "matplotlib is not installed: rerun with --plot-only JSON where it is"
     decode = result.get("decode", {})
@@ -790,11 +791,7 @@ def main(argv=None) -> int:
               "pod_anchor_layers": pod_anchor_layers(shape["num_hidden_layers"], shape["num_key_value_heads"],
                                                      2 if args.tiny else 9),
               "decode_kernels": args.decode_kernels, "kv_cache_dtypes": args.kv_cache_dtypes, "decode": {}, "prefill": {}, "memory": {}, "errors": []}
-    try:  # kept from when transformers was optional here
-        import transformers
-        result["transformers"] = transformers.__version__
-    except ImportError:
-        pass
+    result["transformers"] = transformers.__version__
 
     run = Run(result, out, args.time_budget_s)
 

@@ -34,6 +34,7 @@ agree. The JSON is rewritten after every prompt of a path (a killed path keeps w
 from __future__ import annotations
 
 import argparse
+import copy
 import datetime
 import gc
 import json
@@ -46,9 +47,10 @@ import time
 from pathlib import Path
 
 import torch
+import transformers
 
-from eval.models import load_tokenizer
-from eval.tasks.passkey import make_passkey_sample
+from eval.models import is_default_model, load_tokenizer, podkit_class
+from eval.tasks.passkey import make_passkey_sample, passkey_correct
 
 PATHS = ("generate default", "generate bf16", "engine bf16", "engine default")
 TINY = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -90,7 +92,7 @@ def _podkit_kernel_objects():
     """podkit's Triton kernels (autotuners and the JIT functions under them), from the loaded kernels modules."""
     try:
         from triton.runtime.autotuner import Autotuner  # lazy: Triton (CUDA benchmarks)
-        from triton.runtime.jit import JITFunction
+        from triton.runtime.jit import JITFunction  # lazy: Triton (CUDA benchmarks)
     except Exception:  # no triton: nothing compiles
         return [], []
     tuners, jits, seen = [], [], set()
@@ -123,7 +125,7 @@ def compile_counts() -> dict:
     autotuned = sum(len(getattr(t, "cache", {}) or {}) for t in tuners)
     graphs = 0
     try:
-        from torch._dynamo.utils import counters
+        from torch._dynamo.utils import counters  # lazy: torch._dynamo imports slowly; only for this count
 
         graphs = int(counters["stats"].get("unique_graphs", 0))
     except Exception:
@@ -147,16 +149,15 @@ def load_for(path: str, args, device: torch.device):
     dense = {"prefill_scheme": "dense", "decode_scheme": "dense"}
     bf16 = path.endswith("bf16")
     if args.tiny:
+        # lazy: the parent that isolates each path loads no podkit kernels
         from sparse_models import PodkitLlamaForCausalLM
 
         torch.manual_seed(0)
         model = PodkitLlamaForCausalLM(PodkitLlamaForCausalLM.config_class(**TINY, sparse_attention=dense))
         model = model.to(torch.bfloat16) if bf16 else model
     else:
-        from eval.models import is_default_model, podkit_class
-
         if is_default_model(args.model):
-            from sparse_models.smollm2 import default_model_path
+            from sparse_models.smollm2 import default_model_path  # lazy: the parent loads no podkit kernels
 
             folder = default_model_path()
         else:
@@ -171,8 +172,6 @@ def _record_call(prompt: dict, seconds: float, tokens: list[int], new_tokens: in
     row = {"index": prompt["index"], "tokens": len(prompt["ids"]), "seconds": seconds, "new_tokens": len(tokens),
            "finished": len(tokens) >= new_tokens, "output_ids": tokens, "compiles": compiled}
     if prompt.get("passkey") and decode is not None:
-        from eval.tasks.passkey import passkey_correct
-
         row["correct"] = passkey_correct(decode(tokens), prompt["passkey"])
     return row
 
@@ -187,13 +186,11 @@ def run_path(path: str, prompts: list[dict], args, limit_s: float, write=None) -
               "asked": len(prompts)}
     decode = None
     if not args.tiny:
-        from eval.models import load_tokenizer
-
         tokenizer = load_tokenizer(args.model)
         decode = tokenizer.decode
     new = args.new_tokens
     if result["kind"] == "engine":
-        from sparse_models.engine import GenerationEngine
+        from sparse_models.engine import GenerationEngine  # lazy: the parent loads no podkit kernels
 
         engine = GenerationEngine(model, max_batch_size=1, max_seq_len=max(len(p["ids"]) for p in prompts) + new)
         result.update(use_cuda_graphs=engine.use_cuda_graphs, decode_kernels=engine.decode_kernels)
@@ -202,8 +199,6 @@ def run_path(path: str, prompts: list[dict], args, limit_s: float, write=None) -
             out = engine.generate([ids], max_new_tokens=new)
             return out.tokens[0], {k: out.timings.get(k) for k in ("prefill_s", "first_step_ms", "steady_ms_per_step")}
     else:
-        import copy
-
         base_config = copy.deepcopy(model.generation_config)
         pad = getattr(model.config, "pad_token_id", None)
         base_config.update(eos_token_id=None, pad_token_id=0 if pad is None else pad,  # exactly `new` tokens
@@ -335,8 +330,6 @@ def run_isolated(path: str, args, prompts_file: Path, limit: float, workdir: Pat
 
 
 def _environment(args) -> dict:
-    import transformers
-
     info = {"torch": torch.__version__, "transformers": transformers.__version__, "device": args.device}
     if args.device.startswith("cuda") and torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name(torch.device(args.device))

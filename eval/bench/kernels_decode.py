@@ -64,8 +64,10 @@ import sys
 import torch
 import torch.nn.functional as F
 
+from kernels import reference as R
 from kernels import skipping_value_checks
 from kernels.fp8_kv import KV_CACHE_DTYPES, bytes_per_token, quantize_kv, round_outward
+from kernels.reference import quest_page_minmax
 
 HQ, HKV, D = 32, 8, 128
 DTYPE = torch.bfloat16
@@ -199,6 +201,7 @@ def run_bench(contexts, batches, device, bw, tune=False, topk_variants=False, fa
 def _bf16_rows(rows, q, k, v, seq_lens, bw, gen, tune, topk_variants, families, skip_fractions):
     """The bf16 rows of one context x batch: decode, then the families asked for."""
     DA = importlib.import_module("kernels.triton_decode_attention")
+    # lazy: Triton kernel modules (they import triton, slowly)
     from kernels.triton_sparse_decode_attention import sparse_decode_attention_triton
     B, N, device = q.shape[0], k.shape[2], q.device
     kv_bytes = 2 * B * HKV * N * D * 2
@@ -235,9 +238,11 @@ def _bf16_rows(rows, q, k, v, seq_lens, bw, gen, tune, topk_variants, families, 
              legacy_us=old_e, graph_legacy_us=old_g, graph_legacy_over_podkit_full=old_g / full_g,
              legacy_over_split=old_g / sel_g, rows_agreeing_with_legacy=agree)
     if topk_variants:
+        # lazy: Triton kernel modules (they import triton, slowly)
         from kernels import _decode_topk as TK
         _, sc = DA.decode_attention_triton(q, k, v, seq_lens, return_scores=True)
         sc[torch.arange(B), :, seq_lens.long() - 1] = float("-inf")
+        # lazy: Triton kernel modules (they import triton, slowly)
         from kernels import _decode_topk_split as TSP
         variants = {"torch": lambda: TK.topk_slots_torch(sc, seq_lens, budget),
                     "split": lambda: TSP.split_topk_slots(sc, seq_lens, budget)}
@@ -293,6 +298,7 @@ def _fp8_rows(rows, q, k, v, seq_lens, bw, gen, families, sink=4, recent=2048):
     """The FP8 variant of every decode kernel against its bf16 self at one context x batch: full decode always,
     then the families asked for. K / V (and POD's ring) are the bf16 inputs quantised (kernels/fp8_kv.py)."""
     DA = importlib.import_module("kernels.triton_decode_attention")
+    # lazy: Triton kernel modules (they import triton, slowly)
     from kernels.triton_sparse_decode_attention import sparse_decode_attention_triton
     B, N = q.shape[0], k.shape[2]
     (k8, ks), (v8, vs) = quantize_kv(k), quantize_kv(v)
@@ -316,6 +322,7 @@ def _fp8_rows(rows, q, k, v, seq_lens, bw, gen, families, sink=4, recent=2048):
     pod = dict(sink=sink, recent=recent)
     pod8 = dict(k_local_scale=kls, k_anchor_scale=ks, v_scale=vs, **pod)
     if "pod" in families:
+        # lazy: Triton kernel modules (they import triton, slowly)
         from kernels.triton_pod_decode_attention import pod_decode_attention_triton as pod_fn
         # distant positions read anchor K + V, proximal ones ring K + V: every position one row
         _fp8_pair(rows, "fp8_pod_decode", N, B, lambda: pod_fn(q, k_local, k, v, seq_lens, **pod),
@@ -328,6 +335,7 @@ def _fp8_rows(rows, q, k, v, seq_lens, bw, gen, families, sink=4, recent=2048):
 
 def _fp8_pod_sparse_rows(rows, q, bf16, fp8, seq_lens, pod, pod8, bw, gen):
     """POD + TidalDecode over the selection's lists (per KV group and per query head), bf16 vs FP8."""
+    # lazy: Triton kernel modules (they import triton, slowly)
     from kernels.triton_pod_sparse_decode_attention import pod_sparse_decode_attention_triton as fn
     B, N = q.shape[0], bf16[1].shape[2]
     budget = min(SELECTION_BUDGET, N)
@@ -344,7 +352,7 @@ def _fp8_quest_row(rows, q, bf16, fp8, seq_lens, bw, page_size=16, budget=2048):
     """Quest, page scores + page selection + sparse decode over the pages, bf16 vs FP8. FP8 pages bound the
     dequantised keys, rounded outward to bf16 (kernels/fp8_kv.py), so the score and selection kernels are the
     same in both; only the sparse decode reads FP8."""
-    from kernels.reference import quest_page_minmax
+    # lazy: Triton kernel modules (they import triton, slowly)
     from kernels.triton_quest_pages import quest_page_scores_triton, quest_select_pages_triton
     from kernels.triton_sparse_decode_attention import sparse_decode_attention_triton
     (k, v), (k8, v8, ks, vs) = bf16, fp8
@@ -366,6 +374,7 @@ def _fp8_quest_row(rows, q, bf16, fp8, seq_lens, bw, page_size=16, budget=2048):
 def _pod_rows(rows, q, k, v, seq_lens, full, full_g, bw, gen, sink=4, recent=2048, tau=0.7,
               skip_fractions=SKIP_FRACTIONS):
     """POD decode without and with compute skipping (k doubles as the anchor keys)."""
+    # lazy: Triton kernel modules (they import triton, slowly)
     from kernels.triton_pod_decode_attention import pod_decode_attention_triton
     B, N = q.shape[0], k.shape[2]
     device = q.device
@@ -439,6 +448,7 @@ def _pod_sparse_rows(rows, q, k, v, seq_lens, bw, gen, sink=4, recent=2048, tau=
     lists vs TidalDecode alone (sparse_decode_attention, target ratio <= 1.1) and the engine's torch
     gather; with gate_estimate skipping half of the GQA groups. Lists: the top-budget slots of random
     scores with the current slot, so about recent / N of each list is proximal."""
+    # lazy: Triton kernel modules (they import triton, slowly)
     from kernels.triton_pod_sparse_decode_attention import pod_sparse_decode_attention_triton
     from kernels.triton_sparse_decode_attention import sparse_decode_attention_triton
     B, N = q.shape[0], k.shape[2]
@@ -473,7 +483,7 @@ def _pod_sparse_rows(rows, q, k, v, seq_lens, bw, gen, sink=4, recent=2048, tau=
 
 def _quest_rows(rows, q, k, v, seq_lens, full, bw):
     """Quest: page scores + page selection + sparse decode over the selected pages."""
-    from kernels.reference import quest_page_minmax
+    # lazy: Triton kernel modules (they import triton, slowly)
     from kernels.triton_quest_pages import quest_page_scores_triton, quest_select_pages_triton
     from kernels.triton_sparse_decode_attention import sparse_decode_attention_triton
     B, N = q.shape[0], k.shape[2]
@@ -505,7 +515,7 @@ def checks_cost(device):
 
 def run_checks(device):
     """bf16 errors of each op against the fp32-math reference and an fp64 reference."""
-    from kernels import reference as R
+    # lazy: Triton kernel modules (they import triton, slowly)
     from kernels.triton_decode_attention import decode_attention_triton, selection_decode_attention_triton
     from kernels.triton_pod_decode_attention import pod_decode_attention_triton
     from kernels.triton_quest_pages import quest_page_scores_triton

@@ -34,8 +34,14 @@ from unittest import mock
 import torch
 import torch.nn.functional as F
 
-from kernels import skipping_value_checks
-from kernels.triton_pod_prefill_attention import POD_ATTENTION_PATHS
+from kernels import _prefill_pod_bwd, _prefill_pod_fwd, skipping_value_checks
+from kernels import triton_prefill_attention as prefill_attention
+from kernels import triton_sparse_prefill_attention as sparse_prefill_attention
+from kernels.gluon_prefill_attention_sm90 import KERNEL_ENV, gluon_inputs
+from kernels.triton_pod_prefill_attention import POD_ATTENTION_PATHS, pod_prefill_attention_triton
+from kernels.triton_prefill_attention import prefill_attention_triton
+from kernels.triton_sparse_prefill_attention import sparse_prefill_attention_triton
+from kernels.triton_token_sparse_scores import token_sparse_scores_triton
 
 
 def _bench(fn, warmup=3, rep=10):
@@ -90,11 +96,6 @@ def naive_sparse_attention(q, k, v, indices):
 
 
 def bench_dense(seq, args, rate, rows, checks):
-    from unittest import mock
-
-    from kernels.gluon_prefill_attention_sm90 import KERNEL_ENV, gluon_inputs
-    from kernels.triton_prefill_attention import prefill_attention_triton
-
     q = torch.randn(1, args.q_heads, seq, args.head_dim, device="cuda", dtype=args.dtype)
     k = torch.randn(1, args.kv_heads, seq, args.head_dim, device="cuda", dtype=args.dtype)
     v = torch.randn_like(k)
@@ -121,9 +122,6 @@ def bench_dense(seq, args, rate, rows, checks):
 
 
 def bench_token_sparse(seq, args, rate, rows, checks, t_sdpa, q, k, v):
-    from kernels.triton_sparse_prefill_attention import sparse_prefill_attention_triton
-    from kernels.triton_token_sparse_scores import token_sparse_scores_triton
-
     lens = torch.full((1,), seq, dtype=torch.int32, device="cuda")
     window = 128
     t_score = _bench(lambda: token_sparse_scores_triton(q, k, lens, window))
@@ -177,8 +175,6 @@ def bench_token_sparse(seq, args, rate, rows, checks, t_sdpa, q, k, v):
 
 
 def bench_pod(seq, args, rate, rows, checks):
-    from kernels.triton_pod_prefill_attention import pod_prefill_attention_triton
-
     shape_q = (1, args.q_heads, seq, args.head_dim)
     shape_k = (1, args.kv_heads, seq, args.head_dim)
     q = torch.randn(shape_q, device="cuda", dtype=args.dtype, requires_grad=True)
@@ -240,10 +236,6 @@ def bench_pod(seq, args, rate, rows, checks):
 
 def _tuned_configs():
     """The config each autotuned podkit kernel picked (last tuned key), for the record."""
-    from kernels import _prefill_pod_bwd, _prefill_pod_fwd
-    from kernels import triton_prefill_attention as prefill_attention
-    from kernels import triton_sparse_prefill_attention as sparse_prefill_attention
-
     kernels = dict(prefill=prefill_attention._prefill_attention_kernel,
                    sparse_prefill=sparse_prefill_attention._sparse_prefill_kernel,
                    pod_forward=_prefill_pod_fwd.pod_forward_kernel, pod_dkdv=_prefill_pod_bwd.pod_dkdv_kernel,

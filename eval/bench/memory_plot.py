@@ -38,7 +38,7 @@ def plot_memory_vs_context(reports: dict[str, dict], path: str | Path) -> Path:
     import matplotlib  # lazy: matplotlib is optional (plots only)
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: matplotlib is optional (plots only)
 
     measured = {label: sorted((r["seq"], r["peak_memory_gib_max_rank"]) for r in report.get("rows", [])
                               if r.get("peak_memory_gib_max_rank") is not None)
@@ -87,7 +87,7 @@ def plot_kv_memory(result: dict, path: str | Path) -> Path:
     import matplotlib  # lazy: matplotlib is optional (plots only)
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: matplotlib is optional (plots only)
 
     bars = _kv_bars(result.get("memory", {}))
     if not bars:

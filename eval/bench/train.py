@@ -34,8 +34,11 @@ import time
 from pathlib import Path
 
 import torch
+from transformers import LlamaConfig, LlamaForCausalLM
 
 from eval.bench.process_group import run_process_group
+from kernels.triton_pod_prefill_attention import pod_attention_path
+from sparse_models import PodkitLlamaConfig, PodkitLlamaForCausalLM
 
 H200_BF16_PEAK = 989.5e12
 
@@ -66,8 +69,6 @@ def parse_args(argv):
 
 
 def model_config(args):
-    from sparse_models import PodkitLlamaConfig
-
     return PodkitLlamaConfig(vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=args.intermediate,
                              num_hidden_layers=args.layers, num_attention_heads=args.heads,
                              num_key_value_heads=args.kv_heads, max_position_embeddings=max(args.seq, 8192),
@@ -76,10 +77,6 @@ def model_config(args):
 
 
 def build_model(scheme: str, args, device):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from sparse_models import PodkitLlamaForCausalLM
-
     config = model_config(args)
     torch.manual_seed(0)
     if scheme == "dense":
@@ -114,7 +111,7 @@ def _deepspeed_engine(model, args):
             port = s.getsockname()[1]
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     if not torch.cuda.is_available():
-        import deepspeed.ops
+        import deepspeed.ops  # lazy: DeepSpeed is optional and heavy (training benchmarks only)
 
         deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
     config = {"train_micro_batch_size_per_gpu": args.batch, "gradient_accumulation_steps": 1, "gradient_clipping": 1.0,
@@ -163,8 +160,6 @@ def measure(scheme: str, args, device, use_deepspeed: bool) -> dict:
               "loss": float(loss.detach()), "peak_memory_gib": torch.cuda.max_memory_allocated() / 2 ** 30
               if device.type == "cuda" else None, "process_id": os.getpid()}
     if scheme == "pod":
-        from kernels.triton_pod_prefill_attention import pod_attention_path
-
         result["pod_attention"] = pod_attention_path(device)  # PODKIT_POD_ATTENTION's route on this device
     return result
 
@@ -232,7 +227,7 @@ def main(argv=None) -> int:
     use_deepspeed = not args.no_deepspeed
     if use_deepspeed:
         try:
-            import deepspeed  # noqa: F401
+            import deepspeed  # noqa: F401  # lazy: probes for the optional DeepSpeed
         except ImportError:
             print("deepspeed is not installed: plain torch AdamW steps (pass --no-deepspeed to silence this)")
             use_deepspeed = False

@@ -42,8 +42,11 @@ tests/train/test_bench_train_multi_gpu.py checks the launcher and the JSON.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
+import shutil
+import socket
 import sys
 import time
 from pathlib import Path
@@ -52,8 +55,16 @@ if __package__ in (None, ""):  # launched by deepspeed as a script: make the rep
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
 
+from eval.bench.memory_plot import _label, plot_memory_vs_context  # noqa: E402
 from eval.bench.process_group import run_process_group  # noqa: E402
+from sparse_models import PodkitLlamaConfig, PodkitLlamaForCausalLM  # noqa: E402
+from train.long_context import CheckpointOffload, attach_checkpoint_offload, enable_tiled_mlp  # noqa: E402
+from train.objective import ObjectiveLoss  # noqa: E402
+from train.recipe_schema import LORA_DEFAULT_TARGETS  # noqa: E402
+from train.sequence_parallel import attach_sequence_parallel, sequence_parallel_loss, setup_sequence_parallel  # noqa: E402
+from train.trainer import add_lora_adapters  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 TEARDOWN_GRACE_S = 60  # seconds a job may take to exit after writing its result
@@ -139,9 +150,8 @@ def deepspeed_config(args, world: int) -> dict:
 
 
 def build_model(args, ds_config):
+    # lazy: may import DeepSpeed, after run_worker sets DS_ACCELERATOR
     from transformers.integrations import HfDeepSpeedConfig
-
-    from sparse_models import PodkitLlamaConfig, PodkitLlamaForCausalLM
 
     keep_alive = HfDeepSpeedConfig(ds_config)  # ZeRO-3: transformers builds the model inside deepspeed.zero.Init
     config = PodkitLlamaConfig(vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=args.intermediate,
@@ -159,9 +169,6 @@ def build_model(args, ds_config):
         model.set_sparse_attention(prefill_scheme="dense", decode_scheme="dense")
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if args.method == "lora":  # train.method: lora with the recipe's default targets (every projection)
-        from train.recipe_schema import LORA_DEFAULT_TARGETS
-        from train.trainer import add_lora_adapters
-
         model = add_lora_adapters(model, r=args.lora_r, alpha=2 * args.lora_r, dropout=0.0,
                                   target_modules=LORA_DEFAULT_TARGETS)
     return model.train(), keep_alive
@@ -173,15 +180,10 @@ def run_worker(args) -> int:
     import deepspeed  # lazy: DeepSpeed is heavy (training benchmarks only)
 
     if not torch.cuda.is_available():
-        import deepspeed.ops
+        import deepspeed.ops  # lazy: DeepSpeed is optional and heavy (training benchmarks only)
 
         deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False  # skip the shm op's JIT build on CPU
     deepspeed.init_distributed()
-    import torch.distributed as dist
-
-    from train.objective import ObjectiveLoss
-    from train.sequence_parallel import attach_sequence_parallel, sequence_parallel_loss, setup_sequence_parallel
-
     rank, world = dist.get_rank(), dist.get_world_size()
     local = int(os.environ.get("LOCAL_RANK", 0))
     device = torch.device(f"cuda:{local}") if torch.cuda.is_available() else torch.device("cpu")
@@ -195,8 +197,6 @@ def run_worker(args) -> int:
         attach_sequence_parallel(model, sp)
     offload = None
     if args.tiled_mlp or args.activation_offload:
-        from train.long_context import CheckpointOffload, attach_checkpoint_offload, enable_tiled_mlp
-
         if args.tiled_mlp:
             enable_tiled_mlp(model, args.seq // args.sp, args.tiled_mlp_shards)
         if args.activation_offload:
@@ -273,9 +273,6 @@ def deepspeed_launcher(python: str | None = None, search_path: str | None = None
     interpreter (a virtualenv's bin/), the one on ``PATH`` (``search_path``, default the environment's;
     DeepSpeed installed elsewhere, e.g. a system or user site), or ``python -m deepspeed.launcher.runner``
     (what that script runs) when the package imports here. Raises FileNotFoundError naming all three."""
-    import importlib.util
-    import shutil
-
     python = python or sys.executable
     beside = Path(python).parent / "deepspeed"
     if beside.is_file() and os.access(beside, os.X_OK):
@@ -291,8 +288,6 @@ def deepspeed_launcher(python: str | None = None, search_path: str | None = None
 
 
 def _free_port() -> int:
-    import socket
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -388,8 +383,6 @@ def main(argv=None) -> int:
     out.write_text(json.dumps(report, indent=1))
     print(f"-> {out}")
     if args.find_max_context and any(r["peak_memory_gib_max_rank"] is not None for r in report["rows"]):
-        from eval.bench.memory_plot import _label, plot_memory_vs_context
-
         print(f"-> {plot_memory_vs_context({_label(report): report}, out.with_suffix('.png'))}")
     return 0 if not report["failures"] or args.find_max_context and report.get("longest_trainable_context") else 1
 

@@ -28,6 +28,15 @@ import time
 from pathlib import Path
 
 import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from sparse_models import PodkitLlamaForCausalLM  # noqa: F401  (registers the podkit classes)
+from sparse_models.engine import GenerationEngine
+from train.data import token_windows
+from train.evaluate import perplexity
+from train.export import write_model_card
+from train.models import public_model_name
+from train.recipe import load_recipe
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -40,8 +49,6 @@ def engine_perplexity(model, windows: torch.Tensor, *, use_cuda_graphs: bool | N
     """Teacher-forced perplexity through :class:`GenerationEngine`: ``windows [W, S]`` scored from token 1 on.
 
     All windows decode together (batch W): prefill token 0, then S - 1 decode steps feeding the true tokens."""
-    from sparse_models.engine import GenerationEngine
-
     batch, length = windows.shape
     engine = GenerationEngine(model, max_batch_size=batch, max_seq_len=length + 1,
                               **({} if use_cuda_graphs is None else {"use_cuda_graphs": use_cuda_graphs}))
@@ -134,13 +141,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.windows < 1:
         parser.error(f"--windows={args.windows}: expected an integer >= 1")
 
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from sparse_models import PodkitLlamaForCausalLM  # noqa: F401  (registers the podkit classes)
-    from train.data import token_windows
-    from train.evaluate import perplexity
-    from train.recipe import load_recipe
-
     recipe_path = args.export / "recipe.yaml"
     recipe = load_recipe(recipe_path, check_environment=False) if recipe_path.is_file() else None
     length = args.length or (recipe.eval_context_length if recipe else 2048)
@@ -200,14 +200,10 @@ def _summary(report: dict, args) -> list[str]:
 
 
 def _update_card(export: Path, recipe, report: dict) -> None:
-    from train.export import write_model_card
-
     (export / "chain.json").write_text(json.dumps({k: v for k, v in report.items() if k != "export"}, indent=1))
     blocks = json.loads((export / "pod_blocks.json").read_text())["anchor_layers"]
     results_path = export / "eval_results.json"
     results = json.loads(results_path.read_text()) if results_path.is_file() else None
-    from train.models import public_model_name
-
     write_model_card(export, recipe, blocks, base_model=public_model_name(recipe), results=results)
 
 

@@ -181,7 +181,7 @@ def plot_if_possible(plot, *args) -> None:
     """Call a plotting function unless matplotlib is missing (the H200 image has none): JSON and
     markdown are the results; PNGs can be drawn later from ``records.jsonl`` on another machine."""
     try:
-        import matplotlib  # noqa: F401
+        import matplotlib  # noqa: F401  lazy: probes for the optional matplotlib
     except ImportError:
         print(f"matplotlib is not installed: skipping {args[-1]}")
         return

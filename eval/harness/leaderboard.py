@@ -48,6 +48,7 @@ import argparse
 import copy
 import json
 import platform
+import subprocess
 import sys
 import time
 import traceback
@@ -56,8 +57,12 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
+import torch
+from tqdm import tqdm
+
 from eval.harness import fidelity
 from eval.harness import leaderboard_records as lr
+from eval.harness.peers_kvpress import PRESSES
 from eval.models import load_model, load_tokenizer
 from eval.runner import apply_overrides, retrieval_generate
 from eval.schemes import Setting, budget_overrides, budget_sweep_methods, method_rank
@@ -156,8 +161,6 @@ def run_setting(model, tokenizer, setting, samples: list[ruler.RulerSample], rec
                 deadline: float = float("inf")) -> bool:
     """Answer every sample not yet in ``records`` under the model's current scheme, one record each;
     False if ``deadline`` (a ``time.time()``) came first."""
-    from tqdm import tqdm
-
 
     todo = [s for s in samples if (setting.label, s.task, s.max_length, s.index, s.seed) not in records.done]
     for sample in tqdm(todo, desc=setting.label, leave=False):
@@ -186,8 +189,6 @@ def run_setting_engine(model, tokenizer, setting, samples: list[ruler.RulerSampl
                        deadline: float = float("inf"), batch_size: int = 64) -> bool:
     """:func:`run_setting` through podkit's generation engine (sparse_models/engine/answers.py): the same protocol,
     ``batch_size`` prompts at a time, CUDA-graph decode steps on a GPU; False if ``deadline`` came first."""
-    import torch
-
     todo = [s for s in samples if (setting.label, s.task, s.max_length, s.index, s.seed) not in records.done]
     for start in range(0, len(todo), batch_size):
         if time.time() > deadline:
@@ -239,16 +240,12 @@ def calibration_for(model, tokenizer, out: Path, args) -> dict[str, Any]:
 
 
 def device_name(device: str) -> str:
-    import torch
-
     if device.startswith("cuda"):
         return torch.cuda.get_device_name()
     return f"{platform.machine()} CPU, {torch.get_num_threads()} threads"
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    import torch
-
     parser = argparse.ArgumentParser(prog="python -m eval.leaderboard", description="RULER fidelity leaderboard: score vs KV kept / read per scheme")
     parser.add_argument("--out", default="outputs/leaderboard")
     parser.add_argument("--model", default="default", help="'default' (SmolLM2-135M-Instruct) or a checkpoint folder")
@@ -281,8 +278,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--generate-only", action="store_true", help="write the samples files and stop")
     parser.add_argument("--peers", action="store_true", help="then run kvpress's presses in .venv-peers (make peers)")
     parser.add_argument("--peers-venv", default=".venv-peers")
-    from eval.harness.peers_kvpress import PRESSES
-
     parser.add_argument("--peer-presses", nargs="+", default=None, choices=PRESSES,
                         help="kvpress presses (default: all six)")
     parser.add_argument("--peer-ratios", nargs="+", type=float, default=None,
@@ -387,8 +382,6 @@ def main(argv: list[str] | None = None) -> dict:
     if args.pod_adapted and (not args.settings or "pod_adapted" in args.settings):
         del model
         adapted = load_model(args.pod_adapted, device=args.device, dtype=args.dtype, **cache_override(args))
-        from eval.schemes import Setting
-
         setting = Setting("pod_adapted", "pod_adapted", {})
         for length in args.lengths:
             finished &= run(adapted, tokenizer, setting, samples[length], records, deadline=deadline,
@@ -415,10 +408,6 @@ def start_peers(args: argparse.Namespace, seconds_left: float | None = None) -> 
     """Start kvpress's presses in their own virtualenv (``make peers`` creates it) on the same samples files,
     alongside podkit's rows; ``--peer-jobs N``: N processes, each with its share of the presses and its own
     records file (a 135M model leaves a GPU mostly idle; kvpress answers one prompt at a time)."""
-    import subprocess
-
-    from eval.harness.peers_kvpress import PRESSES
-
     python = Path(args.peers_venv) / "bin" / "python"
     if not python.exists():
         raise SystemExit(f"--peers: {python} does not exist: create it with `make peers` (kvpress pins "
@@ -470,7 +459,7 @@ def write_outputs(out: Path, records: list[dict], meta: dict) -> dict:
                                         f"{meta.get('samples_per_task')} samples per task\n\n" + markdown)
     print(markdown)
     try:
-        import matplotlib  # noqa: F401
+        import matplotlib  # noqa: F401  lazy: probes for the optional matplotlib
     except ImportError:
         print("matplotlib is not installed: leaderboard.png not drawn (run --replot where it is)")
         return result
@@ -560,7 +549,7 @@ def plot(summary: dict, path: Path, common: dict | None = None) -> Path:
     import matplotlib  # lazy: matplotlib is optional (plots only)
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: matplotlib is optional (plots only)
 
 
     lengths = sorted({int(n) for entries in summary.values() for n in entries})

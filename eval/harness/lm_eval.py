@@ -19,6 +19,8 @@ import re
 import sys
 from pathlib import Path
 
+from eval.models import is_default_model
+
 TASKS_DIR = Path(__file__).resolve().parents[1] / "tasks"
 OFFLINE_VARIABLES = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE")
 
@@ -42,7 +44,7 @@ def resolve_default_pretrained(argv: list[str]) -> list[str]:
     from ``pretrained`` (lm-eval's RULER tasks, via the metadata) finds a real folder."""
     if not any(_DEFAULT_PRETRAINED.search(arg) for arg in argv):
         return list(argv)
-    from sparse_models.smollm2 import default_model_path
+    from sparse_models.smollm2 import default_model_path  # lazy: sparse_models imports torch (seconds)
 
     folder = str(default_model_path())
     return [_DEFAULT_PRETRAINED.sub(lambda m: f"{m.group(1)}pretrained={folder}", arg) for arg in argv]
@@ -53,11 +55,9 @@ def model_context_limit(model_args: dict) -> tuple[int | None, str]:
     ``max_position_embeddings`` (what HFLM's ``max_length`` resolves to); with where the number comes from."""
     if model_args.get("max_length") is not None:
         return int(model_args["max_length"]), f"max_length={model_args['max_length']}"
-    from eval.models import is_default_model
-
     pretrained = str(model_args.get("pretrained", "default"))
     if is_default_model(pretrained):
-        from sparse_models.smollm2 import default_model_path
+        from sparse_models.smollm2 import default_model_path  # lazy: sparse_models imports torch (seconds)
 
         pretrained = str(default_model_path())
     config = Path(pretrained) / "config.json"
@@ -101,11 +101,12 @@ def main(argv: list[str] | None = None) -> int:
     repo_root = str(TASKS_DIR.parent.parent)
     if repo_root not in sys.path:
         sys.path.insert(0, repo_root)  # task code under eval/tasks imports eval.*
-    from lm_eval._cli import HarnessCLI  # what lm_eval.__main__.cli_evaluate runs, with a check in between
-    from lm_eval.utils import setup_logging  # lazy: lm-eval is optional
+    # HarnessCLI: what lm_eval.__main__.cli_evaluate runs, with a check in between
+    from lm_eval._cli import HarnessCLI  # lazy: lm-eval is the optional eval extra
+    from lm_eval.utils import setup_logging  # lazy: lm-eval is the optional eval extra
 
-    import eval.harness.lm_eval_model  # noqa: F401  (registers "podkit")
-    from sparse_models.config import ConfigError
+    import eval.harness.lm_eval_model  # noqa: F401  (registers "podkit")  lazy: it imports lm-eval
+    from sparse_models.config import ConfigError  # lazy: sparse_models imports torch (seconds)
 
     try:
         argv = resolve_default_pretrained(sys.argv[1:] if argv is None else argv)

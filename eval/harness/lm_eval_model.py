@@ -22,13 +22,15 @@ only acts on generated tokens after the first (and not at all on log-likelihood 
 
 from __future__ import annotations
 
+import inspect
 import logging
 from typing import Any
 
+import torch
 from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 
-from eval.models import load_model, load_tokenizer
+from eval.models import load_model, load_tokenizer, parse_override_value
 from eval.schemes import budget_overrides
 from sparse_models.config import SparseAttentionConfig, is_override_key, unknown_option_error
 
@@ -51,8 +53,6 @@ PODKIT_ARGS = ("pretrained", "dtype", "device", "budget")
 def hflm_arguments() -> list[str]:
     """The keyword arguments HFLM's constructor names (its ``**kwargs`` only reach ``from_pretrained`` of a model
     HFLM loads itself, which a podkit model never is)."""
-    import inspect
-
     params = inspect.signature(HFLM.__init__).parameters.values()
     return [p.name for p in params if p.name != "self" and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]
 
@@ -71,8 +71,6 @@ def check_model_args(kwargs: dict[str, Any]) -> None:
                                                 "tidal_budget) or an HFLM argument (batch_size, max_length, ...)")
     overrides, _ = split_model_args(kwargs)
     if overrides:
-        from eval.models import parse_override_value
-
         SparseAttentionConfig().with_overrides(**{k: parse_override_value(v) for k, v in overrides.items()})
 
 
@@ -95,8 +93,6 @@ class PodkitLM(HFLM):
 
     def __init__(self, pretrained: str = "default", dtype: str = "auto", device: str | None = None,
                  **kwargs: Any) -> None:
-        import torch
-
         if device is None or (str(device).startswith("cuda") and not torch.cuda.is_available()):
             device = "cuda" if torch.cuda.is_available() else "cpu"  # lm-eval's default is cuda:0
         check_model_args(kwargs)

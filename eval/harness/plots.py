@@ -21,7 +21,7 @@ def _plt():
     import matplotlib  # lazy: matplotlib is optional (plots only)
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: matplotlib is optional (plots only)
 
     return plt
 

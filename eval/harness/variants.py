@@ -269,7 +269,7 @@ def write_outputs(out: Path, result: dict) -> None:
     except ImportError:
         return
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: matplotlib is optional (plots only)
 
     fig, axes = plt.subplots(1, len(result["methods"]), figsize=(7 * len(result["methods"]), 4.5), squeeze=False)
     for ax, (method, block) in zip(axes[0], result["methods"].items()):

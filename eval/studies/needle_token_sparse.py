@@ -32,6 +32,7 @@ import sys
 from pathlib import Path
 
 import torch
+from tqdm.auto import tqdm
 
 from eval.models import load_model, load_tokenizer
 from eval.studies.needle_heads import teacher_forced_prompt
@@ -65,8 +66,6 @@ def kept_shares(indices: torch.Tensor, seq_len: int, window: int, key_positions:
 def analyse_prompts(model, prompts: list[dict], *, progress: bool = True) -> dict:
     """``prompts``: ``{"ids": {protocol: [token ids]}, "key_positions", "length", "depth"}``. The
     model must have ``prefill_scheme="token_sparse"`` set. Returns per-prompt, per-layer shares."""
-    from tqdm.auto import tqdm
-
     config = model.model.sparse_config
     if config.prefill_scheme != "token_sparse":
         raise ValueError(f"prefill_scheme={config.prefill_scheme!r}: set prefill_scheme='token_sparse' first")
@@ -120,7 +119,7 @@ def plot_summary(summary: dict, path: str | Path) -> Path:
     import matplotlib  # lazy: matplotlib is optional (plots only)
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: matplotlib is optional (plots only)
 
 
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))

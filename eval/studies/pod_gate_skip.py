@@ -49,14 +49,22 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
+from tqdm import tqdm
+
 from eval.data.texts import TEXT_NAMES
-from eval.harness.fidelity import plot_if_possible
+from eval.harness.fidelity import (  # POD_SINK / POD_RECENT: the zero-shot window of the fidelity sweep (recipe 16 + 240)
+    POD_RECENT,
+    POD_SINK,
+    plot_if_possible,
+)
 from eval.harness.plots import _plt
 from eval.harness.quality import run_perplexity, summarise
 from eval.models import is_default_model, load_model, load_tokenizer
 from eval.runner import apply_overrides
 from eval.schemes import Setting, pod_zero_shot
 from sparse_models.calibration.outputs import save_figure
+from sparse_models.calibration.pod_similarity import read_blocks_json
 from sparse_models.schemes.pod_skip_stats import gate_histogram, record_gate_skips, skip_summary
 
 REPO = Path(__file__).resolve().parents[2]
@@ -113,11 +121,6 @@ def check_arguments(args: argparse.Namespace) -> dict:
     pod = _model_pod_config(args.model)
     blocks = args.blocks_file
     if pod is None:
-        from eval.harness.fidelity import (  # the zero-shot window of the fidelity sweep (recipe 16 + 240)
-            POD_RECENT,
-            POD_SINK,
-        )
-
         blocks = blocks or str(REPO / DEFAULT_BLOCKS)
         sink = POD_SINK if args.sink is None else args.sink
         recent = POD_RECENT if args.recent is None else args.recent
@@ -137,8 +140,6 @@ def check_arguments(args: argparse.Namespace) -> dict:
         if not path.is_file():
             _fail("--blocks-file", blocks, "no such file: expected a POD blocks JSON (recipes/pod_blocks/*.json, "
                                            "or the pod_blocks.json that train/pod.py writes)")
-        from sparse_models.calibration.pod_similarity import read_blocks_json
-
         try:
             read_blocks_json(path)
         except (ValueError, KeyError, json.JSONDecodeError) as error:
@@ -151,8 +152,6 @@ def check_arguments(args: argparse.Namespace) -> dict:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    import torch
-
     parser = argparse.ArgumentParser(prog="python -m eval.pod_gate_skip", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="default",
@@ -201,8 +200,6 @@ def _compact(summary: dict) -> dict:
 
 def measure(model, tokenizer, settings: dict, args: argparse.Namespace) -> dict:
     """The no-tau run and one run per tau, each recorded; returns the report's measurements."""
-    from tqdm import tqdm
-
     base = model.sparse_config
     overrides = pod_zero_shot(settings["blocks_file"], pod_sink_tokens=settings["sink"],
                               pod_recent_window=settings["recent"], pod_gate_estimate=args.gate_estimate).overrides
@@ -312,8 +309,6 @@ def _print_table(report: dict) -> None:
 def main(argv: list[str] | None = None) -> dict:
     args = build_parser().parse_args(argv)
     settings = check_arguments(args)
-
-    import torch
 
     started = time.time()
     model = load_model(args.model, device=args.device, dtype=args.dtype)

@@ -98,7 +98,7 @@ def plot_gains(gains: dict[tuple[int, int], float], num_layers: int, num_kv_head
     grid = torch.full((num_kv_heads, num_layers), float("nan"))
     for (layer, head), gain in gains.items():
         grid[head, layer] = gain
-    from matplotlib.colors import TwoSlopeNorm
+    from matplotlib.colors import TwoSlopeNorm  # lazy: matplotlib is optional (plots only)
 
     fig, ax = plt.subplots(figsize=(max(6, num_layers * 0.3), 1.6 + 0.5 * num_kv_heads))
     finite = grid[~grid.isnan()]

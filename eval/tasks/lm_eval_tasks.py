@@ -23,6 +23,12 @@ _REPO_ROOT = str(Path(__file__).resolve().parents[2])
 if _REPO_ROOT not in sys.path:  # lm-eval imports this file by path; eval.* lives at the repo root
     sys.path.insert(0, _REPO_ROOT)
 
+from eval.models import load_tokenizer  # noqa: E402  (after the sys.path line above)
+from eval.tasks.needle import needle_correct, needle_grid  # noqa: E402
+from eval.tasks.passkey import passkey_correct, passkey_grid  # noqa: E402
+from eval.tasks.perplexity import perplexity_windows  # noqa: E402
+from train.long_context_eval.ruler import TASKS, generate, score  # noqa: E402
+
 DEFAULT_LENGTHS = [2048, 4096, 8192]
 
 
@@ -35,8 +41,6 @@ def _grid_args(kwargs: dict[str, Any]) -> dict[str, Any]:
 
 
 def _tokenizer(kwargs: dict[str, Any]):
-    from eval.models import load_tokenizer
-
     return load_tokenizer(kwargs.get("tokenizer") or kwargs.get("pretrained") or "default")
 
 
@@ -48,8 +52,6 @@ def _as_dataset(rows: list[dict[str, Any]]):
 
 def passkey_dataset(**kwargs: Any):
     """Passkey prompts over lengths x depths; ``haystack`` defaults to the synthetic filler."""
-    from eval.tasks.passkey import passkey_grid
-
     samples = passkey_grid(_tokenizer(kwargs), haystack=kwargs.get("haystack", "filler"), **_grid_args(kwargs))
     return _as_dataset([sample.to_dict() for sample in samples])
 
@@ -61,8 +63,6 @@ def passkey_text_dataset(**kwargs: Any):
 
 def needle_dataset(**kwargs: Any):
     """Needle-QA prompts; the haystack defaults to Pride and Prejudice."""
-    from eval.tasks.needle import needle_grid
-
     samples = needle_grid(_tokenizer(kwargs), haystack=kwargs.get("haystack", "pride_and_prejudice"),
                           **_grid_args(kwargs))
     return _as_dataset([sample.to_dict() for sample in samples])
@@ -70,8 +70,6 @@ def needle_dataset(**kwargs: Any):
 
 def perplexity_dataset(**kwargs: Any):
     """Held-out book windows, one document per window, ``lengths`` tokens each."""
-    from eval.tasks.perplexity import perplexity_windows
-
     tokenizer = _tokenizer(kwargs)
     rows = []
     for length in _grid_args(kwargs)["lengths"]:
@@ -82,14 +80,10 @@ def perplexity_dataset(**kwargs: Any):
 
 
 def process_passkey(doc: dict[str, Any], results: list[str]) -> dict[str, float]:
-    from eval.tasks.passkey import passkey_correct
-
     return {"acc": float(passkey_correct(results[0], doc["passkey"]))}
 
 
 def process_needle(doc: dict[str, Any], results: list[str]) -> dict[str, float]:
-    from eval.tasks.needle import needle_correct
-
     return {"acc": float(needle_correct(results[0], doc["passkey"]))}
 
 
@@ -117,8 +111,6 @@ RULER_DEFAULT_LENGTHS = [4096]
 def ruler_dataset(task: str, **kwargs: Any):
     """One RULER task's samples over ``lengths``; each row has ``input``, ``gen_prefix``, ``outputs``,
     ``max_length`` (the budget it was sized to) and ``task``."""
-    from train.long_context_eval.ruler import generate
-
     lengths = kwargs.get("lengths", kwargs.get("max_seq_lengths", RULER_DEFAULT_LENGTHS))
     lengths = _grid_args({"lengths": lengths})["lengths"]
     num_samples, seed = int(kwargs.get("num_samples", 20)), int(kwargs.get("seed", 0))
@@ -131,8 +123,6 @@ def ruler_dataset(task: str, **kwargs: Any):
 
 def process_ruler(doc: dict[str, Any], results: list[str]) -> dict[str, float]:
     """RULER's score of the generation (train.long_context_eval.ruler.score): ``string_match_all``, or ``part`` for QA."""
-    from train.long_context_eval.ruler import score
-
     return {"score": score(doc["task"], results[0], doc["outputs"])}
 
 
@@ -146,8 +136,6 @@ def _ruler_builder(task: str):
 
 
 def _register_ruler_builders() -> None:
-    from train.long_context_eval.ruler import TASKS
-
     for task in TASKS:
         globals()[f"ruler_{task}"] = _ruler_builder(task)
 

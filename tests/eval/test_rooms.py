@@ -93,3 +93,88 @@ def test_the_old_commands_still_run():
     light = [m for m in ENTRY_POINTS if m not in ("lm_eval", "peers_kvpress")]  # lm-eval's / kvpress's own CLIs
     done = subprocess.run([sys.executable, "-c", code, *light], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stdout[-2000:] + done.stderr[-4000:]
+
+
+# eval/studies/needle_heads.py's three local imports are left to the helper that owns that file (issue 30); the
+# exemption names the lines, so a new un-commented import there still fails.
+LAZY_EXEMPT = {("eval/studies/needle_heads.py", "from tqdm.auto import tqdm"),
+               ("eval/studies/needle_heads.py", "import matplotlib.pyplot as plt"),
+               ("eval/studies/needle_heads.py", "from matplotlib.patches import Rectangle")}
+
+
+def unexplained_local_imports(root: Path = REPO, package: str = "eval") -> list[str]:
+    """``import`` / ``from ... import`` inside a function body of ``root/package`` without a comment containing
+    "lazy" on its line(s) or the line above (issue 30: imports are hoisted to module level unless there is a reason,
+    an optional or heavy dependency, said in that comment). A comment above a run of consecutive imports covers the
+    run: ``# lazy: Triton kernel modules`` over three ``from kernels.triton_... import``."""
+    problems = []
+    for path in sorted((root / package).rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        lines = path.read_text(encoding="utf-8").splitlines()
+
+        def says_lazy(node: ast.stmt) -> bool:
+            return any("lazy" in line for line in lines[node.lineno - 1:node.end_lineno])
+
+        def above_says_lazy(node: ast.stmt) -> bool:
+            above = lines[node.lineno - 2].strip() if node.lineno > 1 else ""
+            return above.startswith("#") and "lazy" in above
+
+        def visit(node: ast.AST, in_function: bool) -> None:
+            inside = in_function or isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+            for field in ("body", "orelse", "finalbody", "handlers"):
+                statements = getattr(node, field, None)
+                if not inside or not isinstance(statements, list):
+                    continue
+                run_explained = False  # the run of adjacent imports this one is in has a "lazy" comment above
+                previous_import = None
+                for statement in statements:
+                    if isinstance(statement, (ast.Import, ast.ImportFrom)):
+                        if previous_import is None or statement.lineno != previous_import.end_lineno + 1:
+                            run_explained = above_says_lazy(statement)
+                        if not (run_explained or says_lazy(statement) or above_says_lazy(statement)
+                                or (rel, lines[statement.lineno - 1].strip()) in LAZY_EXEMPT):
+                            problems.append(f"{rel}:{statement.lineno}: {lines[statement.lineno - 1].strip()}")
+                        previous_import = statement
+                    else:
+                        previous_import = None
+            for child in ast.iter_child_nodes(node):
+                visit(child, inside)
+
+        visit(ast.parse("\n".join(lines)), False)
+    return problems
+
+
+def test_function_level_imports_say_why_they_are_lazy():
+    problems = unexplained_local_imports()
+    assert not problems, ("function-level imports with no '# lazy: <reason>' comment on the line or the line above; "
+                          "hoist them to module level or say why not:\n" + "\n".join(problems))
+
+
+def test_the_lazy_import_check_catches_an_unexplained_one(tmp_path):
+    (tmp_path / "eval" / "sub").mkdir(parents=True)
+    (tmp_path / "eval" / "sub" / "mod.py").write_text(
+        "import json\n\n\n"
+        "def plot():\n"
+        "    import matplotlib  # lazy: matplotlib is optional (plots only)\n\n"
+        "    # lazy: lm-eval is the optional eval extra\n"
+        "    from lm_eval import utils\n"
+        "    from lm_eval import api\n"
+        "    x = 1\n"
+        "    import copy\n"
+        "    if x:\n"
+        "        from eval.models import load_model\n"
+        "    try:\n"
+        "        pass\n"
+        "    except ImportError:\n"
+        "        import re\n"
+        "    return json, matplotlib, utils, api, copy, load_model, re\n\n\n"
+        "class A:\n"
+        "    import os  # a class body is not a function\n\n"
+        "    def m(self):\n"
+        "        import re  # not why\n"
+        "        f = lambda: __import__('os')\n"
+        "        return f\n")
+    assert unexplained_local_imports(tmp_path) == ["eval/sub/mod.py:11: import copy",
+                                                   "eval/sub/mod.py:13: from eval.models import load_model",
+                                                   "eval/sub/mod.py:17: import re",
+                                                   "eval/sub/mod.py:25: import re  # not why"]
