@@ -17,10 +17,18 @@ layer m, query head h and answer query:
 * **kept by own top-k**: the part on head h's own top-(k-1) at layer m (all of it in the full
   layers): exact per-head top-k, the oracle that ``quest@k:quest_page_size=1`` runs in the fidelity
   sweep;
-* two more selections at the same selection layers: ``kv_group`` (``tidal.selection="kv_group"``,
-  one list per KV head from its query heads' summed probabilities) and, as a diagnostic that reads
-  up to Hq times more keys, the union of all heads' lists. If the union keeps the needle where the
-  per-head lists do not, the selection layer does see the needle, in other heads than the reader.
+* more selections at the same selection layers: ``kv_group`` (``tidal.selection="kv_group"``,
+  one list per KV head from its query heads' summed probabilities); ``group_union`` and ``all_union``
+  (``tidal.selection="group_union"`` / ``"all_union"``: the budgeted rank-unions of a KV group's / all
+  heads' lists, k positions per list, chosen by ``kernels.select_topk_positions`` itself, the code the
+  scheme runs); and, as a diagnostic that reads up to Hq times more keys, the *unbudgeted* union of all
+  heads' lists. If the union keeps the needle where the per-head lists do not, the selection layer does
+  see the needle, in other heads than the reader.
+* **needle tokens kept**: per selection and budget, the share of (head, answer query) pairs whose list
+  holds at least one pass-key token (``any``) and the mean share of the pass-key tokens it holds
+  (``tokens``), pooled over the retrieval heads, over every head of the layers that read a selection,
+  and over the retrieval heads of those layers; layers that read every key count as keeping all of them.
+  Unweighted by mass: a pair whose head does not read the key at that query counts too.
 
 Aggregates are ratios of sums over prompts and answer queries. *Retrieval heads* are the (layer, head)
 pairs whose mean dense needle mass is at least ``--head-threshold``. The states are dense ones, the
@@ -29,7 +37,8 @@ most favourable case for TidalDecode: in a real sparse decode the queries drift 
     python -m eval.needle_heads --lengths 2048 4096 --depths 10 --budgets 32 64 128 256 \\
         --out benchmarks/results/fidelity_smollm2/needle_heads
 
-Writes ``<out>.json`` (format ``podkit.needle_heads/1``) and ``<out>.png`` (heatmaps over layers x
+Writes ``<out>.json`` (format ``podkit.needle_heads/1``; ``group_union``, ``all_union`` and
+``needle_tokens_kept`` are additions that older readers ignore) and ``<out>.png`` (heatmaps over layers x
 heads). Shapes: ``Hq`` query heads, ``A`` answer queries, ``S`` keys, ``L`` layers.
 """
 
@@ -46,6 +55,7 @@ import torch
 from eval.models import load_model, load_tokenizer
 from eval.tasks.haystack import check_haystack
 from eval.tasks.passkey import NEEDLE, passkey_grid
+from kernels.reference import select_topk_positions
 from sparse_models.calibration.outputs import save_figure, write_json
 from sparse_models.calibration.tidal_reselection import last_query_logits, topk_mask
 from sparse_models.config import SparseAttentionConfig
@@ -110,19 +120,51 @@ def selection_sources(model, selection_layers: list[int], full_layers: list[int]
     return [row.selection_source if row.decode == "sparse-over-selected" else None for row in plan]
 
 
-SELECTIONS = ("query_head", "kv_group", "union_of_heads", "own_topk")
+SELECTIONS = ("query_head", "kv_group", "group_union", "all_union", "union_of_heads", "own_topk")
 SELECTION_LABELS = {"query_head": "TidalDecode (each query head its own list, the paper's)",
                     "kv_group": "TidalDecode, tidal.selection=kv_group (one list per KV head)",
-                    "union_of_heads": "union of all heads' lists at the selection layer (diagnostic, up to Hq x k keys)",
+                    "group_union": "TidalDecode, tidal.selection=group_union (budgeted rank-union of a KV "
+                                   "group's lists, k per KV head)",
+                    "all_union": "TidalDecode, tidal.selection=all_union (budgeted rank-union of all heads' "
+                                 "lists, k for the layer)",
+                    "union_of_heads": "union of all heads' lists at the selection layer (diagnostic, unbudgeted: "
+                                      "up to Hq x k keys)",
                     "own_topk": "own top-k at the reading layer (exact per-head oracle)"}
+SCHEME_MODES = ("group_union", "all_union")  # rows chosen by kernels.select_topk_positions(mode=...) itself
 
 
-def selection_masks(logits: torch.Tensor, budget: int, group_size: int) -> dict[str, torch.Tensor]:
+def scheme_selection_mask(logits: torch.Tensor, budget: int, group_size: int, mode: str,
+                          current: torch.Tensor | None = None) -> torch.Tensor:
+    """Bool ``[1,Hq,A,S]``: the past positions ``kernels.select_topk_positions(mode=mode)`` keeps for each
+    answer query, run as a one-token decode step per query (the scheme's selection code, recent = 1).
+
+    ``logits``: causal ``[1,Hq,A,S]`` (-inf at and after each query, :func:`last_query_logits`); the
+    current token (query a sits at ``S - A + a``) is always in the list and left out of the mask, as
+    the needle masses leave it out. ``current``: ``[1,Hq,A]`` its logits, which enter the summed
+    probabilities the union modes break ties with; None puts it at -1e4 (no share of the softmax).
+    """
+    _, num_heads, queries, keys = logits.shape
+    scores = logits[0].transpose(0, 1).clone()  # [A,Hq,S]: one decode step per answer query
+    positions = torch.arange(keys - queries, keys, device=logits.device)
+    fill = current[0].transpose(0, 1) if current is not None else torch.full_like(scores[..., 0], -1e4)
+    scores[torch.arange(queries), :, positions] = fill.to(scores.dtype)
+    index = select_topk_positions(scores, positions + 1, budget, group_size=group_size, mode=mode)  # [A,Hs,k]
+    index = torch.where((index >= 0) & (index != positions[:, None, None]), index, torch.full_like(index, keys))
+    mask = torch.zeros(queries, index.shape[1], keys + 1, dtype=torch.bool, device=logits.device)
+    mask.scatter_(-1, index, True)
+    mask = mask[..., :keys].repeat_interleave(num_heads // index.shape[1], dim=1)  # Hs -> Hq
+    return mask.transpose(0, 1).unsqueeze(0)
+
+
+def selection_masks(logits: torch.Tensor, budget: int, group_size: int,
+                    current: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """Bool ``[1,Hq,A,S]`` masks of the positions each selection keeps from one layer's logits.
 
     ``query_head``: each head's top-(k-1) (TidalDecode, paper). ``kv_group``: top-(k-1) of the summed
     softmax of the G query heads of each KV head (``tidal.selection="kv_group"``, up to the current
-    token's share of each head's normalisation). ``union_of_heads``: any head's top-(k-1).
+    token's share of each head's normalisation). ``group_union`` / ``all_union``: the scheme's budgeted
+    rank-unions (:func:`scheme_selection_mask`; ``current`` as there). ``union_of_heads``: any head's
+    top-(k-1), unbudgeted.
     """
 
     own = topk_mask(logits, budget - 1)
@@ -131,7 +173,10 @@ def selection_masks(logits: torch.Tensor, budget: int, group_size: int) -> dict[
     summed = summed.masked_fill(~torch.isfinite(logits[:, ::group_size]), float("-inf"))
     grouped = topk_mask(summed, budget - 1).repeat_interleave(group_size, dim=1)
     union = own.any(dim=1, keepdim=True).expand_as(own)
-    return {"query_head": own, "kv_group": grouped, "union_of_heads": union}
+    masks = {"query_head": own, "kv_group": grouped, "union_of_heads": union}
+    for mode in SCHEME_MODES:
+        masks[mode] = scheme_selection_mask(logits, budget, group_size, mode, current)
+    return masks
 
 
 class NeedleMassAccumulator:
@@ -144,12 +189,18 @@ class NeedleMassAccumulator:
         self.budgets, self.group_size, self.full_layers = list(budgets), group_size, set(full_layers)
         self.needle = torch.zeros(shape, dtype=torch.float64)
         self.kept = {name: {b: torch.zeros(shape, dtype=torch.float64) for b in self.budgets} for name in SELECTIONS}
+        # answer queries whose list holds >= 1 pass-key token, and the summed share of the key tokens held
+        self.hits = {name: {b: torch.zeros(shape, dtype=torch.float64) for b in self.budgets} for name in SELECTIONS}
+        self.key_share = {name: {b: torch.zeros(shape, dtype=torch.float64) for b in self.budgets}
+                          for name in SELECTIONS}
         self.queries = 0
 
-    def add(self, logits: list[torch.Tensor], key_positions: list[int], sources: list[int | None]) -> dict:
+    def add(self, logits: list[torch.Tensor], key_positions: list[int], sources: list[int | None],
+            current: list[torch.Tensor] | None = None) -> dict:
         """``logits[l]``: ``[1,Hq,A,S]`` causal logits of the answer queries at layer l (-inf at and
         after each query); ``sources[l]``: the selection layer layer l reads, None if it reads every
-        key. Returns this prompt's totals (for the per-prompt records)."""
+        key; ``current[l]``: ``[1,Hq,A]`` each query's logit on itself (see :func:`scheme_selection_mask`).
+        Returns this prompt's totals (for the per-prompt records)."""
         key_mask = torch.zeros(logits[0].shape[-1], dtype=torch.bool, device=logits[0].device)
         key_mask[key_positions] = True
         on_key = [torch.softmax(x, dim=-1) * key_mask for x in logits]  # [1,Hq,A,S] each
@@ -157,7 +208,8 @@ class NeedleMassAccumulator:
 
         def mask(budget: int, layer: int, name: str) -> torch.Tensor:
             if layer not in masks[budget]:
-                masks[budget][layer] = selection_masks(logits[layer], budget, self.group_size)
+                masks[budget][layer] = selection_masks(logits[layer], budget, self.group_size,
+                                                       None if current is None else current[layer])
             return masks[budget][layer][name]
 
         prompt = {"needle": 0.0, **{name: {b: 0.0 for b in self.budgets} for name in SELECTIONS}}
@@ -168,12 +220,19 @@ class NeedleMassAccumulator:
             for b in self.budgets:
                 for name in SELECTIONS:
                     if name == "own_topk" and layer not in self.full_layers:
-                        kept = (on_key[layer] * mask(b, layer, "query_head")).sum(-1)[0].double()
+                        chosen = mask(b, layer, "query_head")
                     elif source is None:
-                        kept = mass
+                        chosen = None
                     else:
-                        kept = (on_key[layer] * mask(b, source, name)).sum(-1)[0].double()
+                        chosen = mask(b, source, name)
+                    if chosen is None:  # reads every key
+                        kept, held = mass, torch.ones_like(mass)
+                    else:
+                        kept = (on_key[layer] * chosen).sum(-1)[0].double()
+                        held = (chosen & key_mask).sum(-1)[0].double() / len(key_positions)  # [Hq,A]
                     self.kept[name][b][layer] += kept.sum(-1).cpu()
+                    self.hits[name][b][layer] += (held > 0).double().sum(-1).cpu()
+                    self.key_share[name][b][layer] += held.sum(-1).cpu()
                     prompt[name][b] += float(kept.sum())
         self.queries += logits[0].shape[2]
         return prompt
@@ -183,6 +242,14 @@ class NeedleMassAccumulator:
 
     def kept_fraction(self, name: str, budget: int) -> torch.Tensor:
         return self.kept[name][budget] / self.needle.clamp_min(1e-12)
+
+
+def current_token_logits(q_last: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """``[B,Hq,Q]`` fp32: each of the last Q queries' logit on its own key (what
+    :func:`last_query_logits` masks), scaled as there; query heads ``kv * G + g`` read KV head ``kv``."""
+    queries, group = q_last.shape[2], q_last.shape[1] // k.shape[1]
+    own_keys = k[:, :, -queries:].float().repeat_interleave(group, dim=1)
+    return (q_last.float() * own_keys).sum(-1) * q_last.shape[-1] ** -0.5
 
 
 @torch.no_grad()
@@ -211,8 +278,10 @@ def analyse_prompts(model, prompts: list[TeacherForcedPrompt], *, budgets: list[
         queries = prompt.num_answer_queries
         logits = [last_query_logits(captured[layer][0][:, :, -queries:], captured[layer][1])
                   for layer in range(num_layers)]
+        current = [current_token_logits(captured[layer][0][:, :, -queries:], captured[layer][1])
+                   for layer in range(num_layers)]
         del captured
-        totals = acc.add(logits, prompt.key_positions, sources)
+        totals = acc.add(logits, prompt.key_positions, sources, current)
         needle = max(totals["needle"], 1e-12)
         records.append({"length": prompt.length, "depth": prompt.depth, "tokens": len(prompt.input_ids),
                          "passkey": prompt.passkey, "key_tokens": len(prompt.key_positions),
@@ -234,11 +303,25 @@ def analyse_prompts(model, prompts: list[TeacherForcedPrompt], *, budgets: list[
         """Kept share of the retrieval heads' summed needle mass."""
         return sum(float(acc.kept[name][budget][lh]) for lh in heads) / total if total else float("nan")
 
+    def tokens_kept(counts: dict, name: str, budget: int, where: list) -> float:
+        """Per (head, answer query) pair of ``where``, pooled: the share counted in ``counts``."""
+        pairs = len(where) * acc.queries
+        return sum(float(counts[name][budget][lh]) for lh in where) / pairs if pairs else float("nan")
+
+    sparse_heads = [(layer, head) for layer in range(num_layers) if sources[layer] is not None
+                    for head in range(num_heads)]
+    needle_tokens = {group: {measure: {name: {b: tokens_kept(counts, name, b, where) for b in budgets}
+                                       for name in SELECTIONS}
+                             for measure, counts in (("any", acc.hits), ("tokens", acc.key_share))}
+                     for group, where in (("retrieval_heads", heads), ("sparse_layer_heads", sparse_heads),
+                                          ("sparse_layer_retrieval_heads", [lh for lh in heads if lh in sparse_heads]))}
+
     return {"needle_mass": mean_mass, "kept": {name: {b: acc.kept_fraction(name, b) for b in budgets}
                                                for name in SELECTIONS},
             "sources": sources, "retrieval_heads": retrieval, "head_threshold": head_threshold,
             "budgets": list(budgets), "selection_layers": list(selection_layers), "full_layers": list(full_layers),
             "retrieval_kept": {name: {b: pooled(name, b) for b in budgets} for name in SELECTIONS},
+            "needle_tokens_kept": needle_tokens,
             "answer_queries": acc.queries, "prompts": records}
 
 
@@ -255,6 +338,14 @@ def write_needle_heads_json(path: str | Path, result: dict, **metadata) -> Path:
         "selections": SELECTION_LABELS,
         "retrieval_heads_kept": {name: {str(b): round(v, 5) for b, v in per.items()}
                                  for name, per in result["retrieval_kept"].items()},
+        "needle_tokens_kept": {
+            "description": "share of (head, answer query) pairs whose list holds >= 1 pass-key token ('any') and "
+                           "the mean share of the pass-key tokens it holds ('tokens'), over the retrieval heads, "
+                           "over every head of the layers that read a selection, and over the retrieval heads "
+                           "of those layers; layers that read every key count as keeping every key token",
+            **{group: {measure: {name: {str(b): round(v, 5) for b, v in per.items()} for name, per in by_name.items()}
+                       for measure, by_name in by_measure.items()}
+               for group, by_measure in result["needle_tokens_kept"].items()}},
         "retrieval_heads": result["retrieval_heads"],
         "needle_mass": matrix(result["needle_mass"]),
         "kept": {name: {str(b): matrix(x) for b, x in per.items()} for name, per in result["kept"].items()},
@@ -310,8 +401,12 @@ def plot_needle_heads(result: dict, path: str | Path, budget: int = 128) -> Path
     budgets = result["budgets"]
     for name, label, marker in (("query_head", "TidalDecode (per query head)", "o"),
                                 ("kv_group", "TidalDecode, kv_group", "^"),
-                                ("union_of_heads", "union of heads' lists (diagnostic)", "v"),
+                                ("group_union", "TidalDecode, group_union", "<"),
+                                ("all_union", "TidalDecode, all_union", ">"),
+                                ("union_of_heads", "union of heads' lists (diagnostic, unbudgeted)", "v"),
                                 ("own_topk", "own top-k (exact oracle)", "s")):
+        if name not in result["retrieval_kept"]:  # files written before the row existed
+            continue
         curve.plot(budgets, [100 * result["retrieval_kept"][name][b] for b in budgets], marker=marker, label=label)
     curve.set_xscale("log", base=2)
     curve.set_xticks(budgets, [str(b) for b in budgets])

@@ -7,18 +7,22 @@ import pytest
 import torch
 
 from eval.studies.needle_heads import (
+    SCHEME_MODES,
     SELECTIONS,
     NeedleMassAccumulator,
     analyse_prompts,
+    current_token_logits,
     key_token_positions,
     main,
     result_from_json,
+    scheme_selection_mask,
     selection_masks,
     selection_sources,
     teacher_forced_prompt,
 )
 from eval.tasks.passkey import make_passkey_sample
 from kernels.reference import select_topk_positions
+from sparse_models.calibration.tidal_reselection import last_query_logits
 
 
 @pytest.fixture(scope="module")
@@ -139,5 +143,105 @@ def test_json_round_trip_and_replot(tmp_path, tiny_podkit, tiny_tokenizer):
     assert data["format"] == "podkit.needle_heads/1" and data["selection_source_per_layer"] == [None] * 3 + [2] * 3
     back = result_from_json(path)
     assert torch.allclose(back["kept"]["kv_group"][8], result["kept"]["kv_group"][8].float(), atol=1e-5)
+    assert torch.allclose(back["kept"]["all_union"][4], result["kept"]["all_union"][4].float(), atol=1e-5)
+    assert set(data["needle_tokens_kept"]["retrieval_heads"]["any"]) == set(SELECTIONS)
+    assert data["needle_tokens_kept"]["sparse_layer_heads"]["tokens"]["group_union"].keys() == {"4", "8"}
     pytest.importorskip("matplotlib")
     assert plot_needle_heads(back, tmp_path / "nh.png", budget=8).stat().st_size > 0
+
+
+@pytest.mark.parametrize("mode", SCHEME_MODES)
+@pytest.mark.parametrize("group_size", [1, 3])
+def test_union_masks_are_the_schemes_selection_one_decode_step_per_query(mode, group_size):
+    """scheme_selection_mask = kernels.reference.select_topk_positions(mode=...) run separately for each
+    answer query on the keys before it (its current slot dropped, a KV list shared by its G heads)."""
+    torch.manual_seed(2)
+    num_kv, queries, keys, budget = 2, 4, 40, 7
+    num_heads = num_kv * group_size
+    logits = last_query_logits(torch.randn(1, num_heads, queries, 8), torch.randn(1, num_kv, keys, 8))
+    current = torch.randn(1, num_heads, queries)
+    mask = scheme_selection_mask(logits, budget, group_size, mode, current)
+    assert mask.shape == logits.shape and mask.dtype == torch.bool
+    for a in range(queries):
+        position = keys - queries + a
+        scores = logits[0, :, a, :position + 1].clone()
+        scores[:, position] = current[0, :, a]
+        index = select_topk_positions(scores[None], torch.tensor([position + 1]), budget, group_size=group_size,
+                                      mode=mode)[0]  # [Hkv, budget]
+        assert index.shape[0] == num_kv and int((index == position).sum()) == num_kv  # the current slot, once each
+        for head in range(num_heads):
+            expected = torch.zeros(keys, dtype=torch.bool)
+            listed = index[head // group_size]
+            expected[listed[(listed >= 0) & (listed != position)]] = True
+            assert torch.equal(mask[0, head, a], expected), (mode, a, head)
+
+
+def test_all_union_is_budgeted_and_the_diagnostic_union_is_not():
+    """At budget k every list of group_union / all_union holds k - 1 past keys (k with the current one), the
+    same ones for all heads under all_union; the unbudgeted union of the heads' lists holds more."""
+    torch.manual_seed(3)
+    num_kv, group_size, queries, keys, budget = 2, 3, 3, 64, 6
+    logits = last_query_logits(torch.randn(1, num_kv * group_size, queries, 8), torch.randn(1, num_kv, keys, 8))
+    masks = selection_masks(logits, budget, group_size)
+    for name in ("query_head", "kv_group", "group_union", "all_union"):
+        assert torch.all(masks[name].sum(-1) == budget - 1), name
+    assert torch.equal(masks["all_union"], masks["all_union"][:, :1].expand_as(masks["all_union"]))
+    grouped = masks["group_union"].view(1, num_kv, group_size, queries, keys)
+    assert torch.equal(grouped, grouped[:, :, :1].expand_as(grouped))
+    assert int(masks["union_of_heads"].sum(-1).max()) > budget - 1
+    # the budgeted unions are subsets of the diagnostic one: their slots have best rank < k - 1
+    for name in ("group_union", "all_union"):
+        assert torch.all(masks["union_of_heads"] >= masks[name]), name
+
+
+def test_current_token_logits_are_the_masked_diagonal():
+    torch.manual_seed(4)
+    q, k = torch.randn(1, 6, 3, 8), torch.randn(1, 2, 10, 8)
+    group = 3
+    full = (q @ k.repeat_interleave(group, 1).transpose(-1, -2)) * 8 ** -0.5  # [1,6,3,10]
+    expected = torch.stack([full[:, :, a, 10 - 3 + a] for a in range(3)], dim=-1)
+    assert torch.allclose(current_token_logits(q, k), expected, atol=1e-6)
+
+
+def test_tiny_model_union_rows_budgeted_in_range_and_full_at_full_budget(tiny_podkit, tiny_tokenizer, monkeypatch):
+    import eval.studies.needle_heads as needle_heads
+
+    seen = []
+    real = needle_heads.scheme_selection_mask
+
+    def recording(logits, budget, group_size, mode, current=None):
+        mask = real(logits, budget, group_size, mode, current)
+        seen.append((mode, budget, logits.shape[-1], int(mask.sum(-1).max()), current is not None))
+        return mask
+
+    monkeypatch.setattr(needle_heads, "scheme_selection_mask", recording)
+    prompts = [teacher_forced_prompt(tiny_tokenizer, make_passkey_sample(tiny_tokenizer, 200, depth))
+               for depth in (0.2, 0.7)]
+    longest = max(len(p.input_ids) for p in prompts)
+    budgets = [4, 16, longest + 1]
+    result = analyse_prompts(tiny_podkit, prompts, budgets=budgets, selection_layers=[2, 4], full_layers=[0, 1],
+                             head_threshold=0.01, progress=False)
+    assert {"group_union", "all_union"} <= set(SELECTIONS) and {"group_union", "all_union"} <= set(result["kept"])
+    assert {(mode, b) for mode, b, *_ in seen} == {(mode, b) for mode in SCHEME_MODES for b in budgets}
+    for mode, budget, keys, most, has_current in seen:  # k - 1 past keys at most (k with the current token)
+        assert has_current and most <= min(budget - 1, keys), (mode, budget, most)
+    assert any(most == b - 1 for mode, b, _, most, _ in seen if mode == "all_union" and b == 16)
+    for name in SELECTIONS:
+        for b in budgets:
+            kept, pooled = result["kept"][name][b], result["retrieval_kept"][name][b]
+            assert float(kept.min()) >= 0.0 and float(kept.max()) <= 1.0 + 1e-9, (name, b)
+            assert 0.0 <= pooled <= 1.0 + 1e-9
+            for group in ("retrieval_heads", "sparse_layer_heads", "sparse_layer_retrieval_heads"):
+                for measure in ("any", "tokens"):
+                    value = result["needle_tokens_kept"][group][measure][name][b]
+                    assert 0.0 <= value <= 1.0 + 1e-9, (group, measure, name, b)
+        full = result["kept"][name][longest + 1]
+        assert torch.allclose(full, torch.ones_like(full), atol=1e-9), name
+        assert result["retrieval_kept"][name][longest + 1] == pytest.approx(1.0)
+        for group in ("retrieval_heads", "sparse_layer_heads", "sparse_layer_retrieval_heads"):
+            assert result["needle_tokens_kept"][group]["any"][name][longest + 1] == pytest.approx(1.0)
+            assert result["needle_tokens_kept"][group]["tokens"][name][longest + 1] == pytest.approx(1.0)
+    # at budget 4 (3 past keys) the sparse layers cannot hold every key token of every list
+    assert result["needle_tokens_kept"]["sparse_layer_heads"]["tokens"]["all_union"][4] < 1.0
+    # the budgeted all_union's list is the union's subset: it never keeps more than the diagnostic union
+    assert torch.all(result["kept"]["all_union"][4] <= result["kept"]["union_of_heads"][4] + 1e-9)
