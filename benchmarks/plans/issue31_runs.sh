@@ -8,6 +8,9 @@
 #   board  the test seed (7919: 13 tasks x 20 samples x 2K / 4K / 8K): today's rows, the calibrated picks and Quest,
 #          one process per row on its own copy of the samples; then FP8 against bf16 KV (issue 32) for dense,
 #          TidalDecode and Quest at 2K / 4K.
+#   board2 the rest of the test board: Quest at 1/4 and 1/2 (to judge the calibrated TidalDecode there), TidalDecode
+#          and calibrated TidalDecode at 1/2 (needs $Q/variants/variants.json, or VARIANTS=<its path>).
+#   adapted EXPORT  POD and POD + TidalDecode (today's and calibrated, 1/4 and 1/8) on an adapted POD export.
 # Config defaults throughout (--no-calibrate; the sweep is not given a tidal / drift calibration), so that a
 # calibrated row differs from today's only by the swept options.
 DEV=(--seed 104729 --samples 5)
@@ -66,4 +69,31 @@ case "$1" in
     wait
     cat "$OUT/rc.txt"; grep -h "Error\|error" "$OUT"/board_*.log | tail -10
     (cd "$OUT" && tar czf board_logs.tgz board_*.log && rm -f board_*.log) ;;
+  board2|adapted)
+    board_row() {  # name, leaderboard arguments...
+      local name=$1; shift
+      rm -rf "$Q/board_$name"; cp -r "$Q/issue31_test" "$Q/board_$name"
+      timeout 560 python3 -m eval.leaderboard --out "$Q/board_$name" "${TEST[@]}" --no-calibrate "$@" \
+        > "$OUT/board_$name.log" 2>&1
+      echo "board $name rc=$?" >> "$OUT/rc.txt"
+      mkdir -p "$OUT/board/$name"
+      cp "$Q/board_$name"/*.{json,md} "$OUT/board/$name/" 2>/dev/null
+      rm -f "$OUT/board/$name"/samples_*.json
+      cp "$Q/board_$name"/records*.jsonl "$OUT/board/$name/" 2>/dev/null
+    }
+    variants=${VARIANTS:-$Q/variants/variants.json}
+    picks=(); [ -f "$variants" ] && picks=(--variants-from "$variants")
+    L3=(--lengths 2048 4096 8192)
+    if [ "$1" = board2 ]; then
+      for s in quest@1/4 quest@1/2 tidal@1/2; do board_row "${s//[@\/]/_}" "${L3[@]}" --settings "$s" & done
+      [ ${#picks[@]} -gt 0 ] && board_row tidal_calibrated_1_2 "${L3[@]}" "${picks[@]}" --settings tidal_calibrated@1/2 &
+    else
+      export_dir=$2
+      board_row "adapted_$(basename "$(dirname "$export_dir")")" "${L3[@]}" "${picks[@]}" --pod-adapted "$export_dir" \
+        --fractions 1/4 1/8 --settings pod_adapted pod_adapted+tidal@1/4 pod_adapted+tidal@1/8 \
+        pod_adapted+tidal_calibrated@1/4 pod_adapted+tidal_calibrated@1/8 --batch-size 64 &
+    fi
+    wait
+    cat "$OUT/rc.txt"; grep -h "Error\|error" "$OUT"/board_*.log | tail -10
+    (cd "$OUT" && tar czf "board_logs_$1.tgz" board_*.log && rm -f board_*.log) ;;
 esac

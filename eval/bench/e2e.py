@@ -25,6 +25,11 @@ vocab 128256) in bf16 on one GPU; random weights do not change the time of a ste
   engine's static cache, FP8 scales included) and the largest batch whose KV fits in 120 GB minus the weights,
   for dense and POD (``--check-fit`` allocates it).
 
+``--variants BASE:key=value[:key=value...]`` adds rows of a scheme's variant beside it (eval.calibrate's picks, for
+example ``tidal:tidal_selection=all_union`` or ``token_sparse@0.5:token_sparse_window=256``): BASE is a decode scheme
+of ``--schemes``' kind (a decode row) or a prefill case name (a prefill row); the row is named by the spec itself, and
+its overrides are validated like every flat override before the model is built.
+
 ``--kv-cache-dtypes`` (default ``bfloat16``; ``bfloat16 fp8_e4m3`` for both) picks the engine's KV storage
 (kernels/fp8_kv.py: e4m3 data + one fp32 scale per token and KV head, ``2 * (D + 4)`` bytes per token and KV
 head for K + V against ``4 * D`` in bf16). Every memory and decode row runs once per dtype; an FP8 decode cell is
@@ -64,8 +69,10 @@ from eval.bench.kernels_decode import copy_bandwidth
 from eval.bench.memory_plot import plot_kv_memory
 from kernels import skipping_value_checks
 from kernels.fp8_kv import KV_CACHE_DTYPES, bytes_per_token
+from sparse_models.config import SparseAttentionConfig, is_override_key, parse_override_value, unknown_option_error
 from sparse_models.engine import GenerationEngine
 from sparse_models.schemes.registry import get_scheme, scheme_names
+from sparse_models.validation import ConfigError
 
 LLAMA3_8B = dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
                  num_attention_heads=32, num_key_value_heads=8, rope_theta=500000.0, max_position_embeddings=139264,
@@ -508,6 +515,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--schemes", nargs="+", default=["podkit-dense", "tidal", "pod", "pod+tidal"],
                     help="podkit-dense or registered decode schemes ("
                          + ", ".join(n for n in scheme_names("decode") if n != "dense") + ")")
+    ap.add_argument("--variants", nargs="+", default=[], metavar="BASE:KEY=VALUE",
+                    help="extra rows: a decode scheme or prefill case with flat overrides, e.g. "
+                         "tidal:tidal_selection=all_union token_sparse@0.5:token_sparse_window=256")
     ap.add_argument("--budget", type=int, default=2048)
     ap.add_argument("--steps", type=int, default=20, help="timed decode steps per row")
     ap.add_argument("--hf-steps", type=int, default=6)
@@ -621,12 +631,52 @@ def measure_memory(run: Run, model, args: argparse.Namespace, shape: dict, wbyte
                 run.save()
 
 
+def parse_variant(spec: str) -> tuple[str, dict]:
+    """``BASE:key=value[:key=value...]`` -> (BASE, flat overrides); values as on the command line
+    (``sparse_models.config.parse_override_value``). A malformed spec or an unknown key raises ConfigError."""
+    base, *pairs = spec.split(":")
+    if not base or not pairs:
+        raise ConfigError(f"--variants {spec!r}: expected BASE:key=value[:key=value...] (e.g. "
+                          f"tidal:tidal_selection=all_union)")
+    extra = {}
+    for pair in pairs:
+        key, sep, text = pair.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--variants {spec!r}: {pair!r} is not key=value")
+        if not is_override_key(key):
+            raise unknown_option_error(key, text)
+        extra[key] = parse_override_value(text)
+    return base, extra
+
+
+def resolve_variants(args: argparse.Namespace, shape: dict, cases: dict) -> tuple[dict, dict]:
+    """The ``--variants`` rows: (decode name -> overrides, prefill name -> (overrides, keep ratio)), each
+    validated by building its SparseAttentionConfig, so that a bad variant fails before any model is built."""
+    decode_bases = {"podkit-dense", *scheme_names("decode")}
+    decode, prefill = {}, {}
+    for spec in args.variants:
+        base, extra = parse_variant(spec)
+        if base in cases:
+            overrides, ratio = cases[base]
+            prefill[spec] = (overrides | extra, ratio)
+            SparseAttentionConfig().with_overrides(**prefill[spec][0])
+        elif base in decode_bases:
+            decode[spec] = scheme_overrides(base, shape["num_hidden_layers"], shape["num_key_value_heads"],
+                                            args.budget, args.tiny) | extra
+            SparseAttentionConfig().with_overrides(**decode[spec])
+        else:
+            raise ConfigError(f"--variants {spec!r}: base {base!r} is neither a decode scheme ("
+                              f"{', '.join(sorted(decode_bases))}) nor a prefill case ({', '.join(cases)})")
+    return decode, prefill
+
+
 def decode_cell(model, args: argparse.Namespace, shape: dict, context: int, batch: int, scheme: str,
                 kv_cache_dtype: str, device: str, errors: list) -> dict:
-    """One scheme's engine decode at (context, batch) with this KV dtype; a torch.compile failure is retried
-    eagerly (recorded in ``errors``) so that it does not cost the row."""
-    overrides = scheme_overrides(scheme, shape["num_hidden_layers"], shape["num_key_value_heads"], args.budget,
-                                 args.tiny) | {"decode_kernels": args.decode_kernels, "kv_cache_dtype": kv_cache_dtype}
+    """One scheme's (or ``--variants`` row's) engine decode at (context, batch) with this KV dtype; a torch.compile
+    failure is retried eagerly (recorded in ``errors``) so that it does not cost the row."""
+    base = args.decode_variants[scheme] if scheme in args.decode_variants else scheme_overrides(
+        scheme, shape["num_hidden_layers"], shape["num_key_value_heads"], args.budget, args.tiny)
+    overrides = base | {"decode_kernels": args.decode_kernels, "kv_cache_dtype": kv_cache_dtype}
     compile_layers = not args.no_compile and device == "cuda"
     try:
         return time_engine_decode(model, context, batch, overrides, args.steps,
@@ -665,7 +715,7 @@ def measure_decode(run: Run, model, args: argparse.Namespace, shape: dict, model
             continue
         row = result["decode"].setdefault(key, {})
         add_floors(row, shape, context, batch, model_dtype, bw, wread, args.kv_cache_dtypes)
-        for scheme in args.schemes:
+        for scheme in [*args.schemes, *args.decode_variants]:
             for dtype in args.kv_cache_dtypes:
                 name = cell_name(scheme, dtype)
                 if dtype != args.kv_cache_dtypes[0] and run.out_of_time(f"decode {key} {name}"):
@@ -675,6 +725,10 @@ def measure_decode(run: Run, model, args: argparse.Namespace, shape: dict, model
                     base = row.get(scheme, {}).get("ms_per_token")
                     if name != scheme and base:
                         row[name]["over_bfloat16"] = round(row[name]["ms_per_token"] / base, 4)
+                    if scheme in args.decode_variants:  # a variant against its scheme's row, same dtype
+                        plain = row.get(cell_name(scheme.split(":")[0], dtype), {}).get("ms_per_token")
+                        if plain:
+                            row[name]["over_base"] = round(row[name]["ms_per_token"] / plain, 4)
                     print(f"decode {key} {name}: {row[name]['ms_per_token']:.3f} ms/token "
                           f"(floor {row.get('floor_ms', float('nan')):.3f})", flush=True)
                 except Exception as err:  # noqa: BLE001 - record and go on
@@ -777,6 +831,13 @@ def main(argv=None) -> int:
         shape["num_hidden_layers"] = args.num_layers
     if args.tiny:
         apply_tiny(args)
+    cases = prefill_cases(shape, args)
+    try:
+        args.decode_variants, prefill_variants = resolve_variants(args, shape, cases)
+    except ConfigError as err:
+        print(f"eval.bench e2e: {err}", file=sys.stderr)
+        return 2
+    cases |= prefill_variants
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -790,7 +851,8 @@ def main(argv=None) -> int:
               "shape": shape, "dtype": str(dtype).replace("torch.", ""), "budget": args.budget,
               "pod_anchor_layers": pod_anchor_layers(shape["num_hidden_layers"], shape["num_key_value_heads"],
                                                      2 if args.tiny else 9),
-              "decode_kernels": args.decode_kernels, "kv_cache_dtypes": args.kv_cache_dtypes, "decode": {}, "prefill": {}, "memory": {}, "errors": []}
+              "decode_kernels": args.decode_kernels, "kv_cache_dtypes": args.kv_cache_dtypes,
+              "variants": args.variants, "decode": {}, "prefill": {}, "memory": {}, "errors": []}
     result["transformers"] = transformers.__version__
 
     run = Run(result, out, args.time_budget_s)
@@ -813,7 +875,7 @@ def main(argv=None) -> int:
     if "decode" in args.sections:
         measure_decode(run, model, args, shape, dtype, bw, wread, device)
     if "prefill" in args.sections:
-        measure_prefill(run, model, args, prefill_cases(shape, args))
+        measure_prefill(run, model, args, cases)
 
     run.save()
     draw(result, png)

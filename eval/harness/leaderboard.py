@@ -145,6 +145,21 @@ def calibrated_settings(picks: dict[str, dict[str, Any]], length: int, fractions
     return out
 
 
+def adapted_settings(picks: dict[str, dict[str, Any]], length: int, fractions: list[str]):
+    """The rows of ``--pod-adapted``'s export: ``pod_adapted`` (its own config, POD decode), and POD + TidalDecode
+    on it (``pod+tidal``: TidalDecode's selection over POD's shared-key cache, one kernel) per fraction, with the
+    calibrated TidalDecode pick too where ``--variants-from`` gives one (``pod_adapted+tidal_calibrated@<f>``)."""
+    out = [Setting("pod_adapted", "pod_adapted", {})]
+    for fraction in fractions:
+        budget = int(Fraction(fraction) * length)
+        tidal = budget_overrides("pod+tidal", budget)
+        out.append(Setting(budget_label("pod_adapted+tidal", fraction), "pod_adapted+tidal", tidal, budget=budget))
+        if "tidal" in picks:
+            out.append(Setting(budget_label("pod_adapted+tidal_calibrated", fraction), "pod_adapted+tidal",
+                               tidal | picks["tidal"], budget=budget))
+    return out
+
+
 def kv_fractions(model, num_tokens: int) -> tuple[float, float]:
     """(kept, read): the fraction of a ``num_tokens`` context's KV cache held after prefill and read by one
     decode step, averaged over layers (and KV heads), from the model's current per-layer plan and what its
@@ -261,7 +276,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              "pick: adds tidal_calibrated@<fraction> and token_sparse_calibrated rows")
     parser.add_argument("--settings", nargs="+", default=None,
                         help="run only these labels (dense tidal@1/8 quest@1/8 streaming@1/8 token_sparse@0.005 "
-                             "pod_zero_shot pod_adapted)")
+                             "pod_zero_shot pod_adapted pod_adapted+tidal@1/8 pod_adapted+tidal_calibrated@1/8)")
     parser.add_argument("--pod-adapted", default=None, help="the POD adaptation's exported checkpoint folder")
     parser.add_argument("--calibration-from", default=None, help="an eval.fidelity --out folder to reuse")
     parser.add_argument("--no-calibrate", action="store_true", help="config defaults; POD zero-shot is skipped")
@@ -379,13 +394,18 @@ def main(argv: list[str] | None = None) -> dict:
             print(f"[{time.time() - started:7.0f}s] samples {first}-{min(first + block, args.samples) - 1} at "
                   f"{length}: {len(settings)} settings x {len(args.tasks)} tasks", flush=True)
     apply_overrides(model, base, {})
-    if args.pod_adapted and (not args.settings or "pod_adapted" in args.settings):
+    adapted_rows = {length: [s for s in adapted_settings(calibrated_picks(args.variants_from), length, args.fractions)
+                             if not args.settings or s.label in args.settings] for length in args.lengths}
+    if args.pod_adapted and any(adapted_rows.values()):
         del model
         adapted = load_model(args.pod_adapted, device=args.device, dtype=args.dtype, **cache_override(args))
-        setting = Setting("pod_adapted", "pod_adapted", {})
+        adapted_base = adapted.sparse_config
         for length in args.lengths:
-            finished &= run(adapted, tokenizer, setting, samples[length], records, deadline=deadline,
-                            model_name=args.pod_adapted)
+            for setting in adapted_rows[length]:
+                apply_overrides(adapted, adapted_base, setting.overrides)
+                finished &= run(adapted, tokenizer, setting, samples[length], records, deadline=deadline,
+                                model_name=args.pod_adapted)
+        apply_overrides(adapted, adapted_base, {})
     if not finished:
         print(f"--time-limit {args.time_limit:g} s reached: rerun the same command to continue", flush=True)
     codes = [process.wait() for process in peers]

@@ -311,3 +311,27 @@ def test_plain_checkpoint_made_twice_at_once_is_complete(tmp_path, monkeypatch):
     plain = peers_kvpress.plain_checkpoint(source, dest)
     assert json.loads((plain / "config.json").read_text()) == {"model_type": "llama", "architectures": []}
     assert sorted(p.name for p in plain.iterdir()) == ["config.json", "model.safetensors"]
+
+
+def test_adapted_export_rows_add_pod_plus_tidal_per_fraction():
+    from sparse_models.config import SparseAttentionConfig
+
+    rows = {s.label: s for s in leaderboard.adapted_settings({}, 4096, ["1/4", "1/8"])}
+    assert list(rows) == ["pod_adapted", "pod_adapted+tidal@1/4", "pod_adapted+tidal@1/8"]
+    assert rows["pod_adapted"].overrides == {}  # the export's own config: POD decode
+    assert rows["pod_adapted+tidal@1/8"].overrides == {"decode_scheme": "pod+tidal", "tidal_budget": 512}
+    assert rows["pod_adapted+tidal@1/4"].budget == 1024
+    picked = {s.label: s for s in leaderboard.adapted_settings({"tidal": {"tidal_selection": "all_union"}}, 2048,
+                                                                 ["1/8"])}
+    calibrated = picked["pod_adapted+tidal_calibrated@1/8"]
+    assert calibrated.overrides == {"decode_scheme": "pod+tidal", "tidal_budget": 256, "tidal_selection": "all_union"}
+    # the rows are loadable settings of a POD export: POD's anchors stay, TidalDecode reads the budget
+    # (8 layers: TidalDecode keeps its first layers and a re-selection layer dense, so 4 would read everything)
+    anchors = [[layer - layer % 2] * 2 for layer in range(8)]  # odd layers share both KV heads' keys
+    export = SparseAttentionConfig().with_overrides(prefill_scheme="pod", decode_scheme="pod", pod_sink_tokens=16,
+                                                    pod_recent_window=84, pod_anchor_layers=anchors)
+    config = SimpleNamespace(num_hidden_layers=8, num_key_value_heads=2, model_type="llama", vocab_size=100)
+    model = SimpleNamespace(config=config, sparse_config=export.with_overrides(**calibrated.overrides))
+    kept, read = leaderboard.kv_fractions(model, 1000)
+    assert kept == pytest.approx(1 - 0.5 * 0.5 * 0.9)  # POD's cache: half the units keep 100 of 1000 keys
+    assert read < 1.0

@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# Issue 29 on one H200, second round: POD trained at the serving length (the 8K recipe) and units chosen by learned
+# gates (pod.protect_units: auto), each beside the dense fine-tune control trained the same way, scored on the
+# test split (13 tasks x 20 samples at 2K / 4K / 8K). Runs are started in the background so that a later device
+# call (carrying the next inputs) does not wait for them, and they resume from their last checkpoint if a call's
+# end took them down.
+#
+#   probe_start / probe_check   whether a background process outlives its call (the answer decides nothing here:
+#                               `launch` restarts what is not running, resuming from checkpoints)
+#   launch NAME...              start the named runs that have no export and are not running (see `settings`)
+#   wait SECONDS                wait for the launched runs (at most SECONDS), then print their progress
+#   rows NAME...                score each run's export on the test split, and POD's weights run densely
+#   collect                     tar what the runs wrote (curves, losses, maps, gates, logs) under $OUT
+#
+# Inputs are staged by issue29_control_vs_pod.sh stage (wheels, GGUF parts, token shards, RULER samples).
+set -u
+part=${1:-}; shift || true
+case "$part" in
+  probe_start|probe_check|launch|wait|rows|collect) ;;
+  *) echo "unknown part '$part'; allowed: probe_start, probe_check, launch, wait, rows, collect" >&2; exit 2 ;;
+esac
+OUT=${OUT:-outputs/issue29_serving_length}; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
+P=/tmp/p29; RUNS=$P/runs; mkdir -p "$RUNS"
+export PYTHONUNBUFFERED=1 PYTHONPATH="$P/site:/tmp/site${PYTHONPATH:+:$PYTHONPATH}" PODKIT_CACHE="$P/cache" \
+  TORCH_EXTENSIONS_DIR=/tmp/torch_ext DS_ACCELERATOR=cuda HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false \
+  PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+common=(long_context.samples_dir="$P/ruler_samples" train.save_total_limit=1)
+
+settings() {  # name -> recipe, token cache and overrides (globals RECIPE, TOKENS, OVR)
+  local r2=recipes/smollm2_135m_gpu.yaml r8=recipes/smollm2_135m_gpu_8k.yaml
+  case "$1" in
+    control_8k)  RECIPE=$r8 TOKENS=$P/tokens_8k OVR=(train.attention=dense eval.every_steps=1000 train.save_steps=250) ;;
+    pod_8k)      RECIPE=$r8 TOKENS=$P/tokens_8k OVR=(eval.every_steps=1000 train.save_steps=250) ;;
+    # the gates see 4K episodes (8 of them): 8K ones would cost 4x the 2K recipe's gate optimisation
+    pod_8k_auto) RECIPE=$r8 TOKENS=$P/tokens_8k OVR=(pod.protect_units=auto "pod.unit_selection={length: 4096, samples: 8}"
+                                                      eval.every_steps=1000 train.save_steps=250) ;;
+    pod_auto)    RECIPE=$r2 TOKENS=$P/tokens OVR=(pod.protect_units=auto eval.every_steps=400 train.save_steps=100) ;;
+    *) return 1 ;;
+  esac
+}
+
+running() { [ -f "$RUNS/$1.pid" ] && kill -0 "$(cat "$RUNS/$1.pid")" 2>/dev/null; }
+
+case "$part" in
+  probe_start)
+    setsid nohup bash -c 'for i in $(seq 1 900); do date +%s > /tmp/bg_probe; sleep 1; done' >/dev/null 2>&1 < /dev/null &
+    echo "probe started at $(date +%s)" | tee "$OUT/probe.txt" ;;
+  probe_check)
+    now=$(date +%s); last=$(cat /tmp/bg_probe 2>/dev/null || echo 0)
+    echo "probe last beat $(( now - last )) s ago (alive if <= 2)" | tee -a "$OUT/probe.txt" ;;
+  launch)
+    for name in "$@"; do
+      settings "$name" || { echo "unknown run '$name'" >&2; exit 2; }
+      if [ -f "$RUNS/$name/export/config.json" ]; then echo "$name: exported"; continue; fi
+      if running "$name"; then echo "$name: running"; continue; fi
+      [ -d "$TOKENS" ] || { echo "$name: no token shards at $TOKENS, not started"; continue; }
+      resume=()
+      ls -d "$RUNS/$name"/checkpoint-* >/dev/null 2>&1 && resume=(train.resume_from_checkpoint=auto)
+      cmd=$(printf '%q ' env PODKIT_TOKEN_CACHE="$TOKENS" timeout 1700 python3 train/pod.py "$RECIPE" \
+        --stages explore,train,export train.output_dir="$RUNS/$name" "${common[@]}" "${resume[@]}" "${OVR[@]}")
+      setsid nohup bash -c "$cmd; echo \"$name rc=\$?\" >> '$RUNS/rc.txt'" >> "$RUNS/$name.train.log" 2>&1 < /dev/null &
+      echo $! > "$RUNS/$name.pid"
+      echo "$name: started: $cmd"
+    done ;;
+  wait)
+    limit=${1:-60}; started=$(date +%s)
+    while [ $(( $(date +%s) - started )) -lt "$limit" ]; do
+      alive=0
+      for pidf in "$RUNS"/*.pid; do [ -f "$pidf" ] && kill -0 "$(cat "$pidf")" 2>/dev/null && alive=$((alive + 1)); done
+      [ "$alive" -eq 0 ] && break
+      sleep 10
+    done
+    for log in "$RUNS"/*.train.log; do
+      [ -f "$log" ] || continue
+      name=$(basename "$log" .train.log)
+      state=done; running "$name" && state=running
+      echo "== $name ($state): $(grep -o 'step [0-9]*/[0-9]*' "$log" | tail -1)"
+      grep "\[units\] [0-9]* unit\|\[curve\] step\|\[train\] \|\[export\]\|Error" "$log" | tail -4 | cut -c1-400
+    done
+    cat "$RUNS/rc.txt" 2>/dev/null
+    nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader ;;
+  rows)
+    mkdir -p "$OUT/rows"
+    score() {  # row name, model, output, [dense]
+      if [ ! -f "$2/config.json" ]; then echo "$1: no export at $2, skipped"; return; fi
+      PYTHONPATH="$PWD:$PYTHONPATH" timeout 560 python3 benchmarks/plans/issue29_score_row.py "$@" \
+        long_context.samples_dir="$P/ruler_samples" long_context.batch_size=64 > "$OUT/rows/$1.log" 2>&1
+      echo "$1 rc=$?"
+    }
+    started=$(date +%s)
+    for run in "$@"; do
+      score "$run" "$RUNS/$run/export" "$OUT/rows/$run.json" &
+      case "$run" in control*) ;; *) score "${run}_dense" "$RUNS/$run/export" "$OUT/rows/${run}_dense.json" dense & ;; esac
+    done
+    wait
+    echo "rows wall $(( $(date +%s) - started )) s" | tee "$OUT/rows/wall.txt"
+    grep -h "s$\|Error" "$OUT"/rows/*.log | tail -30
+    (cd "$OUT" && tar czf rows.tgz rows && rm -rf rows) ;;
+  collect)
+    (cd "$RUNS" && tar czf "$OUT/runs.tgz" --ignore-failed-read ./*.train.log rc.txt \
+      ./*/learning_curve.json ./*/learning_curve.png ./*/losses.jsonl ./*/train_metrics.json \
+      ./*/export/pod_blocks.json ./*/export/README.md ./*/exploration/unit_gates.json ./*/exploration/unit_gates.png \
+      2>/dev/null)
+    ls -la "$OUT" ;;
+esac

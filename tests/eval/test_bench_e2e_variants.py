@@ -1,0 +1,44 @@
+"""``python -m eval.bench e2e --variants``: a scheme's variant (eval.calibrate's pick) timed beside the scheme itself,
+for decode and for Token Sparse prefill, and a bad variant refused before any model is built (tiny model, CPU)."""
+
+import json
+
+import pytest
+
+from eval.bench import e2e
+
+
+def test_variant_rows_sit_beside_their_scheme(tmp_path):
+    out = tmp_path / "e2e.json"
+    assert e2e.main(["--tiny", "--out", str(out), "--sections", "decode", "prefill", "--schemes", "tidal",
+                     "--hf-rows", "--variants", "tidal:tidal_selection=all_union",
+                     "tidal:tidal_selection=kv_group:tidal_recent_share=0.25",
+                     "token_sparse@0.5:token_sparse_window=8"]) == 0
+    result = json.loads(out.read_text())
+    assert result["variants"][0] == "tidal:tidal_selection=all_union"
+    for row in result["decode"].values():
+        for name in ("tidal:tidal_selection=all_union", "tidal:tidal_selection=kv_group:tidal_recent_share=0.25"):
+            cell = row[name]
+            assert cell["ms_per_token"] > 0, cell
+            assert cell["over_base"] == pytest.approx(cell["ms_per_token"] / row["tidal"]["ms_per_token"], rel=1e-3)
+    (prefill,) = result["prefill"].values()
+    assert prefill["token_sparse@0.5:token_sparse_window=8"]["seconds"] > 0
+    assert "token_sparse@0.5" in prefill
+    assert "tidal:tidal_selection=all_union" in (tmp_path / "e2e.md").read_text()
+
+
+@pytest.mark.parametrize("spec, words", [
+    ("tidal", ["BASE:key=value"]),
+    ("tidal:tidal_selection", ["is not key=value"]),
+    ("tidal:tidal_selectoin=all_union", ["tidal_selectoin", "did you mean tidal_selection"]),
+    ("tidal:tidal_selection=everything", ["tidal.selection", "everything"]),
+    ("nosuch:tidal_budget=8", ["'nosuch'", "decode scheme", "prefill case"]),
+])
+def test_a_bad_variant_is_one_line_before_any_model(spec, words, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(e2e, "build_model", lambda *a, **k: pytest.fail("built a model before checking --variants"))
+    assert e2e.main(["--tiny", "--out", str(tmp_path / "e.json"), "--variants", spec]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    for word in words:
+        assert word in err, err
+    assert not (tmp_path / "e.json").exists()
