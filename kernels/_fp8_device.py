@@ -48,14 +48,29 @@ def quantize_row(x, mask):
 
 
 @triton.jit
-def load_kv_tile(ptrs, mask, scale_ptrs, row_mask, dtype: tl.constexpr, FP8: tl.constexpr):
+def load_kv_tile(ptrs, mask, scale_ptrs, row_mask, dtype: tl.constexpr, FP8: tl.constexpr, HOP: tl.constexpr = True,
+                 REMASK: tl.constexpr = False):
     """A [BLOCK_N, BLOCK_D] tile of keys or values in ``dtype`` and its per-row fp32 scales [BLOCK_N] (FP8), or
     the tile as stored and ``row_mask`` in place of scales, unused (bf16 / fp16 / fp32 caches: no extra load or op).
     E4M3 -> fp16 / bf16 / fp32 is exact, so the caller applies the scales in fp32 (to the logits, and through
-    ``online_softmax_update``'s ``v_scale``). One return: the compiler types every return of a function alike."""
+    ``online_softmax_update``'s ``v_scale``). One return: the compiler types every return of a function alike.
+    HOP (the default, what every kernel used first) converts through fp32; HOP=False converts straight to
+    ``dtype``: on sm_90 Triton 3.6 lowers e4m3 -> fp16 to one ``cvt.rn.f16x2.e4m3x2`` per element pair and
+    e4m3 -> bf16 to that plus ``cvt.bf16.f16`` per element, where the fp32 hop adds ``cvt.f32.f16`` and
+    ``cvt.rn.bf16.f32`` per element (PTX read from tests/kernels/sm90_compile.py-style compiles). Same values.
+    REMASK re-applies ``mask`` after the conversion (a no-op on the values: masked elements are 0 already). It
+    changes the compiled code: without it Triton 3.6 moves the layout change to the MMA operand above the
+    conversion, onto the 8-bit tile, and a tile that the dot reads transposed (the values of p @ v) then goes
+    through shared memory one byte per ``ld.shared.b8`` (sm_90's ldmatrix transposes 16-bit elements only); the
+    ``tl.where`` keeps the conversion in the load's layout, so the 16-bit tile takes ``ldmatrix.trans``."""
     t = tl.load(ptrs, mask=mask, other=0.0)
     if FP8:
-        t = t.to(tl.float32).to(dtype)
+        if HOP:
+            t = t.to(tl.float32).to(dtype)
+        else:
+            t = t.to(dtype)
+        if REMASK:
+            t = tl.where(mask, t, 0.0)
         scale = tl.load(scale_ptrs, mask=row_mask, other=0.0)
     else:
         scale = row_mask

@@ -45,6 +45,8 @@ from kernels._decode_topk import select_slots
 _BLOCK_N = 64
 _NUM_WARPS = 4
 _NUM_STAGES = 2
+# CVT=3's weight on fp16 probabilities (see _decode_split_kernel), a power of two so that undoing it is exact
+V16_BOOST = tl.constexpr(256.0)
 
 
 @triton.jit
@@ -64,7 +66,7 @@ def _decode_split_kernel(
     D: tl.constexpr, BLOCK_D: tl.constexpr,
     RETURN_SCORES: tl.constexpr, EXCLUDE_LAST: tl.constexpr, IEEE: tl.constexpr,
     HIST0: tl.constexpr = False, GH: tl.constexpr = 1, BITS: tl.constexpr = 8, LEVELS: tl.constexpr = 4,
-    FP8: tl.constexpr = False,
+    FP8: tl.constexpr = False, CVT: tl.constexpr = 0, REMASK: tl.constexpr = 0,
 ):
     """Program (split, b*Hkv + kvh): keys [split*chunk, split*chunk + chunk) of one sequence and KV
     head, for the G query heads kvh*G .. kvh*G+G-1. Writes o_part/lse_part and, with
@@ -72,7 +74,11 @@ def _decode_split_kernel(
     current slot seq_len-1, which TidalDecode appends to the selection unconditionally). With HIST0
     (needs RETURN_SCORES) it also counts the top radix digit of every finite logit it writes, per
     head, into hist[b*Hq + head, 0, :] (the first pass of kernels/_decode_topk_split.py). FP8: K/V are
-    float8_e4m3fn with per-slot fp32 scales KS/VS [B,Hkv,N], dequantised in registers (kernels/fp8_kv.py)."""
+    float8_e4m3fn with per-slot fp32 scales KS/VS [B,Hkv,N], dequantised in registers (kernels/fp8_kv.py); CVT picks
+    how (FP8 only, see FP8_DECODE_VARIANTS): 0 through fp32, 1 straight to q's dtype, 2 keys to fp16 and the
+    q.k dot in fp16 (q cast to fp16), 3 keys and values to fp16, both dots in fp16. 2 and 3 apply to 16-bit q
+    only (fp32 q keeps IEEE fp32 dots, as CVT=1). REMASK (FP8): 1 re-masks the converted V tile, 2 the K tile
+    too (kernels/_fp8_device.load_kv_tile: keeps the 8-bit tile out of byte-wise shared-memory transposes)."""
     split = tl.program_id(0)
     bh = tl.program_id(1)
     b = (bh // Hkv).to(tl.int64)  # int64: batch offsets of a large cache overflow int32
@@ -88,6 +94,12 @@ def _decode_split_kernel(
     heads = kvh * G + offs_g
     q = tl.load(Q + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
                 mask=g_mask[:, None] & d_mask[None, :], other=0.0)
+    # FP8 with CVT >= 2: the q.k dot runs in fp16, the cheapest e4m3 conversion on sm_90 (one cvt per pair);
+    # bf16 -> fp16 is exact for |q| in [2^-17, 65504] (fp16's 11 bits hold bf16's 8 down to its subnormals)
+    K16: tl.constexpr = FP8 and CVT >= 2 and not IEEE
+    V16: tl.constexpr = FP8 and CVT >= 3 and not IEEE
+    if K16:
+        q = q.to(tl.float16)
     k_base = K + b * stride_kb + kvh * stride_kh
     v_base = V + b * stride_vb + kvh * stride_vh
     ks_base = KS + b * stride_ksb + kvh * stride_ksh
@@ -104,9 +116,16 @@ def _decode_split_kernel(
         n_mask = offs_n < end
         kv_mask = n_mask[:, None] & d_mask[None, :]
         k, k_sc = F8.load_kv_tile(k_base + offs_n[:, None] * stride_kn + offs_d[None, :], kv_mask,
-                                  ks_base + offs_n * stride_ksn, n_mask, Q.dtype.element_ty, FP8)
+                                  ks_base + offs_n * stride_ksn, n_mask, tl.float16 if K16 else Q.dtype.element_ty,
+                                  FP8, CVT == 0, REMASK >= 2)
         v, v_sc = F8.load_kv_tile(v_base + offs_n[:, None] * stride_vn + offs_d[None, :], kv_mask,
-                                  vs_base + offs_n * stride_vsn, n_mask, Q.dtype.element_ty, FP8)
+                                  vs_base + offs_n * stride_vsn, n_mask, tl.float16 if V16 else Q.dtype.element_ty,
+                                  FP8, CVT == 0, REMASK >= 1)
+        if V16:
+            # fp16 probabilities p * v_scale underflow (fp16's normals end at 2^-14, v_scale = amax / 448): weigh
+            # them by 2^8 too, undone on acc below (exact: a power of two); fp16 overflows only past a value amax of
+            # 65504 * 448 / 2^8 (about 1.1e5)
+            v_sc = v_sc * V16_BOOST
         s = C.tile_logits(q, k, sm_scale, True, IEEE)
         if FP8:
             s = s * k_sc[None, :]
@@ -141,10 +160,50 @@ def _decode_split_kernel(
         row = b * (Hkv * G) + kvh * G + hist_head
         tl.atomic_add(Hist + row * (LEVELS * NB) + bins % NB, hist, mask=(hist_head < G) & (hist > 0))
 
+    if V16:
+        acc = acc * (1.0 / V16_BOOST)
     C.store_partial(OPart, LSEPart, m_i, l_i, acc,
                     b * stride_opb + heads * stride_oph + split * stride_ops,
                     b * stride_lpb + heads * stride_lph + split,
                     g_mask, offs_d, D)
+
+
+# FP8 full-decode variants (issue 32: the FP8 kernel ran no faster than bf16 on an H200 although it reads half
+# the bytes), A/B-timed by benchmarks/plans/issue32_fp8_variants.py. cvt: the CVT constexpr of
+# _decode_split_kernel (0 e4m3 -> fp32 -> q's dtype; 1 e4m3 -> q's dtype; 2 keys as fp16, q.k in fp16; 3 keys and
+# values as fp16, both dots in fp16); remask: the REMASK constexpr (1: V, 2: K and V re-masked after the
+# conversion, see kernels/_fp8_device.load_kv_tile: "vreg" names); block_n / num_warps / num_stages: the launch;
+# waves: programs per SM that
+# kernels/_decode_common.plan_splits aims at. Why tiles and waves: a tile of FP8 rows is half the bytes of a bf16
+# one, so with the bf16 launch (chosen for 2-byte rows) each SM has half the bytes in flight, and a kernel that
+# is latency-bound on its loads (Little's law) then moves half the bytes per second. "base" is the default.
+FP8_DECODE_VARIANTS = {
+    "base": dict(cvt=0, remask=0, block_n=_BLOCK_N, num_warps=_NUM_WARPS, num_stages=_NUM_STAGES, waves=4),
+    "direct": dict(cvt=1, remask=0, block_n=64, num_warps=4, num_stages=2, waves=4),
+    "f16": dict(cvt=3, remask=0, block_n=64, num_warps=4, num_stages=2, waves=4),
+    "base_vreg": dict(cvt=0, remask=1, block_n=64, num_warps=4, num_stages=2, waves=4),
+    "direct_vreg": dict(cvt=1, remask=1, block_n=64, num_warps=4, num_stages=2, waves=4),
+    "f16_vreg": dict(cvt=3, remask=1, block_n=64, num_warps=4, num_stages=2, waves=4),
+    "f16_kvreg": dict(cvt=3, remask=2, block_n=64, num_warps=4, num_stages=2, waves=4),
+    "f16_vreg_n128": dict(cvt=3, remask=1, block_n=128, num_warps=4, num_stages=2, waves=4),
+    "f16_vreg_n128_w8": dict(cvt=3, remask=1, block_n=128, num_warps=8, num_stages=2, waves=4),
+    "f16_vreg_n128_s3": dict(cvt=3, remask=1, block_n=128, num_warps=4, num_stages=3, waves=4),
+    "f16_vreg_n64_s4": dict(cvt=3, remask=1, block_n=64, num_warps=4, num_stages=4, waves=4),
+    "f16_vreg_n256_w8": dict(cvt=3, remask=1, block_n=256, num_warps=8, num_stages=2, waves=4),
+    "direct_vreg_n128_w8": dict(cvt=1, remask=1, block_n=128, num_warps=8, num_stages=2, waves=4),
+    "f16_vreg_n128_w8_waves8": dict(cvt=3, remask=1, block_n=128, num_warps=8, num_stages=2, waves=8),
+}
+_FP8_VARIANT_ENV = "PODKIT_FP8_DECODE_VARIANT"
+
+
+def resolve_fp8_variant(fp8_variant: str | None = None) -> dict:
+    """The launch of an FP8 full decode: ``fp8_variant`` or, when None, $PODKIT_FP8_DECODE_VARIANT (default
+    "base"), looked up in FP8_DECODE_VARIANTS. Raises ValueError naming the source for an unknown name."""
+    name = fp8_variant if fp8_variant is not None else os.environ.get(_FP8_VARIANT_ENV, "base")
+    if name not in FP8_DECODE_VARIANTS:
+        source = "fp8_variant" if fp8_variant is not None else _FP8_VARIANT_ENV
+        raise ValueError(f"{source} must be one of {tuple(FP8_DECODE_VARIANTS)}, got {name!r}")
+    return FP8_DECODE_VARIANTS[name]
 
 
 def _check_decode_inputs(q, k_cache, v_cache, seq_lens, k_scale=None, v_scale=None):
@@ -160,12 +219,12 @@ def _check_decode_inputs(q, k_cache, v_cache, seq_lens, k_scale=None, v_scale=No
 
 def _launch_decode(q, k_cache, v_cache, seq_lens, scale, scores, exclude_last, lse_out=None,
                    block_n=_BLOCK_N, num_warps=_NUM_WARPS, num_stages=_NUM_STAGES, hist=None, k_scale=None,
-                   v_scale=None):
+                   v_scale=None, cvt=0, remask=0, waves=4):
     B, Hq, D = q.shape
     Hkv, N = k_cache.shape[1], k_cache.shape[2]
     G = Hq // Hkv
     q, k_cache, v_cache = (C.last_dim_contiguous(t) for t in (q, k_cache, v_cache))
-    num_splits, chunk = C.plan_splits(N, B * Hkv, q.device, block_n)
+    num_splits, chunk = C.plan_splits(N, B * Hkv, q.device, block_n, waves=waves)
     o_part, lse_part = C.alloc_partials(B, Hq, num_splits, D, q.device)
     scores_arg = scores if scores is not None else lse_part
     launch = dict(num_warps=num_warps) if C.interpreting() else dict(num_warps=num_warps, num_stages=num_stages)
@@ -186,7 +245,8 @@ def _launch_decode(q, k_cache, v_cache, seq_lens, scale, scores, exclude_last, l
         RETURN_SCORES=scores is not None, EXCLUDE_LAST=exclude_last,
         IEEE=q.dtype == torch.float32,
         HIST0=hist is not None, GH=triton.next_power_of_2(G), BITS=TS.BITS, LEVELS=TS.LEVELS,
-        FP8=k_scale is not None,
+        FP8=k_scale is not None, CVT=cvt if k_scale is not None else 0,
+        REMASK=remask if k_scale is not None else 0,
         **launch,
     )
     out = torch.empty(B, Hq, D, device=q.device, dtype=q.dtype)
@@ -195,7 +255,7 @@ def _launch_decode(q, k_cache, v_cache, seq_lens, scale, scores, exclude_last, l
 
 
 def decode_attention_triton(q, k_cache, v_cache, seq_lens, *, scale=None, return_scores=False, k_scale=None,
-                            v_scale=None):
+                            v_scale=None, fp8_variant=None):
     """Full decode attention.
 
     q: [B,Hq,D]; k_cache, v_cache: [B,Hkv,N,D] (q's float dtype: fp16 / bf16 / fp32, or both float8_e4m3fn
@@ -203,12 +263,15 @@ def decode_attention_triton(q, k_cache, v_cache, seq_lens, *, scale=None, return
     [1, N]. Hq = G * Hkv for any G.
     Returns out [B,Hq,D] (q.dtype; fp32 accumulation), and with return_scores=True also
     scores [B,Hq,N] fp32 raw logits q.k*scale with -inf at slots >= seq_lens[b].
+    fp8_variant: FP8 caches only, a name of FP8_DECODE_VARIANTS (None: $PODKIT_FP8_DECODE_VARIANT, default
+    "base"); all give the same results within rounding (issue 32's A/B timing).
     """
     B, Hq, Hkv, N, D, G = _check_decode_inputs(q, k_cache, v_cache, seq_lens, k_scale, v_scale)
+    launch = resolve_fp8_variant(fp8_variant) if k_scale is not None else {}
     scale = C.resolve_scale(scale, D)
     scores = torch.empty(B, Hq, N, device=q.device, dtype=torch.float32) if return_scores else None
     out = _launch_decode(q, k_cache, v_cache, seq_lens, scale, scores, exclude_last=False, k_scale=k_scale,
-                         v_scale=v_scale)
+                         v_scale=v_scale, **launch)
     return (out, scores) if return_scores else out
 
 

@@ -83,7 +83,7 @@ def _bf16_variants():
     for G in (1, 4, 8):
         yield ("decode_split", f"selection G={G}", DA._decode_split_kernel,
                dict(G=G, BLOCK_G=16, RETURN_SCORES=True, EXCLUDE_LAST=True, HIST0=True, GH=G, BITS=8, LEVELS=4,
-                    **tile), {}, DA._NUM_WARPS, DA._NUM_STAGES)
+                    CVT=0, REMASK=0, **tile), {}, DA._NUM_WARPS, DA._NUM_STAGES)  # CVT, REMASK: FP8 "base"
     yield ("group_probability", "hist0", DA._group_probability_kernel,
            dict(G=4, BLOCK_G=4, BLOCK_N=256, HIST0=True, BITS=8, LEVELS=4), {}, 4, 2)
     passes = dict(BITS_=TS.BITS, LEVELS_=TS.LEVELS, BLOCK=TS._BLOCK)
