@@ -104,7 +104,7 @@ def _prefill(layer, q, k, v, state, k_anchor, q_anchor=None):
     out = scheme.prefill[role](layer, q, k, v, state, k_anchor, q_anchor)
     if state.cache is not None:
         state.cache.write(layer, k, v, state.old_lens, state.num_new)
-        state.cache.update_quest_pages(layer, state.old_lens, state.new_lens)
+        state.cache.update_key_state(layer, state.old_lens, state.new_lens)
     return out
 
 
@@ -113,7 +113,7 @@ def _decode(layer, q, k, v, state):
     cache = state.cache
     lens = state.new_lens
     cache.write(layer, k, v, state.old_lens, state.num_new)
-    cache.update_quest_pages(layer, state.old_lens, lens)
+    cache.update_key_state(layer, state.old_lens, lens)
     scheme = get_scheme(state.config.decode_scheme)
     if p.decode not in scheme.decode:
         raise RuntimeError(f"unknown decode role {p.decode!r} for layer {layer} (scheme {scheme.name!r})")
@@ -131,7 +131,7 @@ def _chunk(layer, q, k, v, state):
     if p.pod_keys and chunk is not None:
         return chunk(layer, q, k, v, state)
     cache.write(layer, k, v, state.old_lens, state.num_new)
-    cache.update_quest_pages(layer, state.old_lens, state.new_lens)
+    cache.update_key_state(layer, state.old_lens, state.new_lens)
     # an FP8 cache reads back dequantised (fp32) K/V: the chunk attends over them in its own dtype, as the engine's
     # continuing chunks do (engine/prefill.py); a no-op cast for a cache of the model's dtype
     return kernels.prefill_attention(q, cache.layer_keys(layer).to(q.dtype), cache.layer_values(layer).to(q.dtype),

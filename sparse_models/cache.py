@@ -8,11 +8,10 @@ Per layer it keeps values ``[B, Hkv, N, D]`` and keys, post-RoPE, laid out by th
   keeps only ``sink`` keys plus a ring of the last ``recent`` keys (``[B, heads, sink + recent, D]``,
   slot ``t < sink`` = position t, slot ``sink + j % recent`` = position j). The saving is real:
   those positions' keys are never allocated. :meth:`kv_bytes` reports it against a dense cache.
-- Quest (arXiv 2406.10774): per-page, per-channel key max/min ``[B, Hkv, P, D]`` (fp32) for the
-  Quest layers, updated on every append.
-
 - A scheme's own ``StateBuffer``s (``CacheNeeds.buffers``, laid out by ``sparse_models/cache_layout.py``):
-  [B, Hkv, entries, *trailing] per layer of its roles, reordered and grown with the rest.
+  [B, Hkv, entries, *trailing] per layer of its roles, reordered and grown with the rest. Those a ``KeyState``
+  names follow the stored keys (:meth:`update_key_state` after each write): Quest's (arXiv 2406.10774) per-page,
+  per-channel key max / min ``page_max`` / ``page_min`` [B, Hkv, P, D], fp32 here (``StateBuffer.dynamic_dtype``).
 
 - ``kv_cache_dtype="fp8_e4m3"`` (``layout.fp8``; kernels/fp8_kv.py): values, keys and POD's ring hold
   float8_e4m3fn, each with fp32 scales [B, H, N] (``value_scale``, ``key_scale``, ``local_scale``: one per token or
@@ -41,7 +40,6 @@ import kernels
 from kernels.fp8_kv import FP8_DTYPE, SCALE_DTYPE, kv_storage_dtype
 
 from .cache_layout import CacheLayout
-from .key_pages import fold_token
 from .kv_bytes import KVBytes
 from .plan import LayerPlan
 from .ring import local_slot_positions, written_ring
@@ -59,7 +57,7 @@ class SparseKVCache(Cache):
         plan: the model's per-layer plan (``sparse_models.plan.build_plan``).
         num_kv_heads, head_dim: Hkv and D.
         layout: the state beyond K/V (``sparse_models/cache_layout.cache_layout``: POD's ring window for layers
-            with ``pod_keys``, the layers keeping page max/min and their page size, the correction period).
+            with ``pod_keys``, the scheme's buffers (Quest's pages) and their layers, the correction period).
         capacity: slots to allocate up front (grows on demand; ``generate`` passes max_length).
     """
 
@@ -73,8 +71,6 @@ class SparseKVCache(Cache):
         self.head_dim = head_dim
         self.sink = layout.ring_sink
         self.recent = layout.ring_recent
-        self.quest_page_size = layout.page_size
-        self.page_layers = frozenset(layout.page_layers)
         self.initial_capacity = capacity
         self.correction_period = layout.correction_period
         self.capacity = 0
@@ -90,8 +86,6 @@ class SparseKVCache(Cache):
         self.key_scale: list[torch.Tensor | None] = [None] * self.num_layers
         self.local_scale: list[torch.Tensor | None] = [None] * self.num_layers
         self.value_scale: list[torch.Tensor | None] = [None] * self.num_layers
-        self.page_max: list[torch.Tensor | None] = [None] * self.num_layers
-        self.page_min: list[torch.Tensor | None] = [None] * self.num_layers
         self.buffers: dict[tuple[int, str], torch.Tensor] = {}  # (layer, name) -> the scheme's StateBuffer
         self.tidal_indices: dict[int, torch.Tensor] = {}
         self.decoded_tokens: torch.Tensor | None = None  # [B, T] token ids of the last T decode steps
@@ -155,8 +149,7 @@ class SparseKVCache(Cache):
         self.__init__(self.plan, self.num_kv_heads, self.head_dim, layout=self.layout, capacity=self.initial_capacity)
 
     def _map_batch(self, fn) -> None:
-        for store in (self.keys, self.local_keys, self.values, self.page_max, self.page_min, self.key_scale,
-                      self.local_scale, self.value_scale):
+        for store in (self.keys, self.local_keys, self.values, self.key_scale, self.local_scale, self.value_scale):
             for i, t in enumerate(store):
                 if t is not None:
                     store[i] = fn(t)
@@ -194,7 +187,8 @@ class SparseKVCache(Cache):
                 scale[layer] = (None if data[layer] is None
                                 else torch.ones(data[layer].shape[:-1], dtype=SCALE_DTYPE, device=device))
         for buffer in self.layout.buffers_of(layer):
-            self.buffers[(layer, buffer.name)] = buffer.allocate(batch, self.num_kv_heads, capacity, dtype, device)
+            self.buffers[(layer, buffer.name)] = buffer.allocate(batch, self.num_kv_heads, capacity, dtype, device,
+                                                                 dynamic=True)
 
     def reserve(self, batch: int, needed: int, dtype, device) -> None:
         """Allocate on first use and grow (by doubling, 64-slot granules) so that ``needed`` slots fit."""
@@ -205,7 +199,7 @@ class SparseKVCache(Cache):
             for layer in range(self.num_layers):
                 self._alloc_layer(layer, batch, capacity, dtype, device)
             self.capacity = capacity
-            self._refresh_quest_pages(list(range(self.num_layers)))
+            self._rebuild_key_state(range(self.num_layers))
             return
         if self.seq_lens.shape[0] != batch:
             raise ValueError(f"the cache holds {self.seq_lens.shape[0]} sequences but the input has batch size {batch}")
@@ -223,14 +217,15 @@ class SparseKVCache(Cache):
                 more = buffer.allocate(t.shape[0], t.shape[1], capacity, t.dtype, t.device)[:, :, t.shape[2]:]
                 self.buffers[(layer, buffer.name)] = torch.cat([t, more], dim=2)
         self.capacity = capacity
-        self._refresh_quest_pages(list(range(self.num_layers)))
+        self._rebuild_key_state(range(self.num_layers))
 
     def write(self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor, start: torch.Tensor,
               num_new: torch.Tensor) -> None:
         """Store new tokens' K/V. k_new, v_new: [B, Hkv, S, D]; row b's token j goes to slot start[b] + j.
 
         Entries j >= num_new[b] (padding) land past the sequence end, where nothing reads them, except
-        in POD's local ring and Quest's pages, which only take real tokens.
+        in POD's local ring and the key state (Quest's pages, :meth:`update_key_state`), which only take real
+        tokens.
         """
         batch, _, s, d = k_new.shape
         slots = (start[:, None] + torch.arange(s, device=start.device)[None, :])  # [B, S]
@@ -286,8 +281,7 @@ class SparseKVCache(Cache):
         if (layer, name) not in self.buffers:
             raise RuntimeError(f"layer {layer} keeps no state buffer {name!r} (its scheme's CacheNeeds.buffers)")
         t = self.buffers[(layer, name)]
-        buffer = next(b for b in self.layout.buffers_of(layer) if b.name == name)
-        return t if self.view_limit is None else t[:, :, : buffer.entries(self.view_limit)]
+        return t if self.view_limit is None else t[:, :, : self.layout.buffer(layer, name).entries(self.view_limit)]
 
     def layer_values(self, layer: int) -> torch.Tensor:
         """[B, Hkv, N', D] values of ``layer`` (N' = the view limit)."""
@@ -345,34 +339,37 @@ class SparseKVCache(Cache):
         k.permute(0, 2, 1, 3)[rows, pos[rows, slots]] = local.permute(0, 2, 1, 3)[rows, slots]
         return k
 
-    # ------------------------------------------------------------------ Quest pages
-    def _refresh_quest_pages(self, layers: list[int]) -> None:
-        if self.quest_page_size is None or self.seq_lens is None:
+    # ------------------------------------------------------------------ key state (Quest's pages)
+    def _rebuild_key_state(self, layers) -> None:
+        """The buffers that follow the stored keys (``layout.key_state``), recomputed from the keys of ``layers``."""
+        if self.seq_lens is None:
             return
         for layer in layers:
-            if layer in self.page_layers:
-                self.page_max[layer], self.page_min[layer] = kernels.quest_page_minmax(
-                    self.keys[layer], self.seq_lens, self.quest_page_size, k_scale=self.key_scale[layer])
+            self._rebuild_layer_state(layer, self.seq_lens)
 
-    def quest_pages(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(page_max, page_min) [B, Hkv, P', D] of ``layer``, P' covering the view limit."""
-        pages = self.page_max[layer].shape[2] if self.view_limit is None else -(-self.view_limit // self.quest_page_size)
-        return self.page_max[layer][:, :, :pages], self.page_min[layer][:, :, :pages]
+    def _rebuild_layer_state(self, layer: int, lens: torch.Tensor) -> None:
+        for state in self.layout.key_state_of(layer):
+            dtypes = [self.buffers[(layer, name)].dtype for name in state.names]
+            new = state.rebuild(self.keys[layer], lens, self.key_scale[layer], state.slots_per_entry, dtypes[0])
+            for name, t, dtype in zip(state.names, new, dtypes):
+                self.buffers[(layer, name)] = t.to(dtype)
 
-    def update_quest_pages(self, layer: int, old_lens: torch.Tensor, new_lens: torch.Tensor) -> None:
-        """Refresh the page max/min of ``layer`` after an append (only the touched page on decode)."""
-        if self.quest_page_size is None or layer not in self.page_layers:
+    def update_key_state(self, layer: int, old_lens: torch.Tensor, new_lens: torch.Tensor) -> None:
+        """Bring the buffers that follow ``layer``'s keys (Quest's pages) up to date after a write: one token per
+        sequence folds in (``KeyState.fold``), anything else rebuilds them (``KeyState.rebuild``)."""
+        states = self.layout.key_state_of(layer)
+        if not states:
             return
-        ps = self.quest_page_size
         if not bool(((new_lens - old_lens) == 1).all()):
-            self.page_max[layer], self.page_min[layer] = kernels.quest_page_minmax(self.keys[layer], new_lens, ps,
-                                                                                   k_scale=self.key_scale[layer])
+            self._rebuild_layer_state(layer, new_lens)
             return
         rows = torch.arange(new_lens.shape[0], device=new_lens.device)
         k = self.keys[layer][rows, :, new_lens - 1]  # [B, Hkv, D]: the appended token's key as stored
         if self.fp8:
             k = kernels.dequantize_kv(k, self.key_scale[layer][rows, :, new_lens - 1])
-        fold_token(self.page_max[layer], self.page_min[layer], k, new_lens - 1, ps, rows)
+        for state in states:
+            state.fold(tuple(self.buffers[(layer, name)] for name in state.names), k, new_lens - 1,
+                       state.slots_per_entry, rows)
 
     # ------------------------------------------------------------------ bookkeeping
     def record_decoded(self, tokens: torch.Tensor) -> None:
@@ -387,7 +384,7 @@ class SparseKVCache(Cache):
         self.steps_since_correction += 1
 
     def kv_bytes(self) -> KVBytes:
-        """Bytes allocated for keys, values and page metadata, and a dense cache's bytes (same capacity); FP8: the
-        float8 data and the fp32 scales."""
+        """Bytes allocated for keys, values and the scheme's buffers (metadata: Quest's pages), and a dense cache's
+        bytes (same capacity); FP8: the float8 data and the fp32 scales."""
         return KVBytes.of(self.keys + self.local_keys + self.key_scale + self.local_scale,
-                          self.values + self.value_scale, self.page_max + self.page_min)
+                          self.values + self.value_scale, self.buffers.values())

@@ -85,9 +85,5 @@ class CacheDecodeView:
     def sparse(self, q: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
         return kernels.sparse_decode_attention(q, self.keys, self.values, indices)
 
-    def key_pages(self) -> tuple[torch.Tensor, torch.Tensor, int]:
-        page_max, page_min = self.cache.quest_pages(self.layer)
-        return page_max, page_min, self.cache.quest_page_size
-
     def buffer(self, name: str) -> torch.Tensor:
         return self.cache.state_buffer(self.layer, name)

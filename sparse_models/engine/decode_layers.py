@@ -7,8 +7,8 @@ no data-dependent shapes: the same Python runs eagerly and under CUDA-graph capt
 :class:`StaticDecodeView` exposes them as the scheme-facing view (``full``: exact attention, POD
 non-anchor heads reading proximal keys from the ring and distant keys from the anchor layer, POD arXiv
 2412.02252; ``select``: + TidalDecode's top-k positions, arXiv 2410.05076; ``sparse``: attention over
-slot lists; ``key_pages``: Quest's page max/min, arXiv 2406.10774). Which of them a layer runs is the
-decode scheme's business (``sparse_models/schemes/<method>.py``).
+slot lists; ``buffer``: a scheme's declared cache state, e.g. Quest's page max/min, arXiv 2406.10774). Which of
+them a layer runs is the decode scheme's business (``sparse_models/schemes/<method>.py``).
 
 On an FP8 cache (``kv_cache_dtype="fp8_e4m3"``) every op gets the scales of the buffers it reads
 (``k_scale`` / ``v_scale``, POD's ``k_local_scale`` / ``k_anchor_scale``) and dequantises in registers; the
@@ -216,8 +216,3 @@ class StaticDecodeView:
         if (self.layer, name) not in self.cache.buffers:
             raise EngineError(f"layer {self.layer} keeps no state buffer {name!r} (its scheme's CacheNeeds.buffers)")
         return self.cache.buffers[(self.layer, name)][: self.lens.shape[0]]
-
-    def key_pages(self):
-        batch = self.lens.shape[0]
-        return (self.cache.page_max[self.layer][:batch], self.cache.page_min[self.layer][:batch],
-                self.cache.page_size)

@@ -17,11 +17,11 @@ Layouts (per layer ``l``, chosen by the per-layer plan, ``sparse_models.plan``):
     keys at the sink slots ``0..sink-1`` and a ring of the last ``recent`` positions at slot
     ``sink + pos % recent`` (ARCHITECTURE.md pod_decode_attention). Non-anchor units keep
     nothing else, so the memory saving is real.
-* Quest (arXiv 2406.10774) adds, per Quest layer, ``page_max`` / ``page_min``: [Bmax, Hkv, P, D]
-  (P = ceil(N / page_size)), the per-channel key max / min of each page, updated on every append.
 * A scheme's own ``StateBuffer``s (``CacheNeeds.buffers``, laid out by ``sparse_models/cache_layout.py``):
-  ``buffers[(layer, name)]`` [Bmax, Hkv, entries, *trailing], reset by a fresh prefill, updated by its decode
-  functions through ``view.buffer``.
+  ``buffers[(layer, name)]`` [Bmax, Hkv, entries, *trailing] in the model's dtype, reset by a fresh prefill, updated
+  by its decode functions through ``view.buffer``, or, those a ``KeyState`` names, by every write here: Quest's
+  (arXiv 2406.10774) ``page_max`` / ``page_min`` [Bmax, Hkv, P, D] (P = ceil(N / page_size)), the per-channel key
+  max / min of each page.
 * ``kv_cache_dtype="fp8_e4m3"`` (``layout.fp8``; kernels/fp8_kv.py): ``values``, ``keys``, ``key_pool`` and
   ``local_keys`` hold float8_e4m3fn, and each has its fp32 scales [Bmax, H, N] (``value_scale``, ``key_scale``,
   ``key_pool_scale``, ``local_scale``: one per token or ring slot and KV head). The prefill quantises
@@ -37,10 +37,9 @@ from dataclasses import dataclass
 import torch
 
 import kernels
-from kernels.fp8_kv import FP8_DTYPE, SCALE_DTYPE, kv_storage_dtype, round_outward
+from kernels.fp8_kv import FP8_DTYPE, SCALE_DTYPE, kv_storage_dtype
 
 from ..cache_layout import CacheLayout
-from ..key_pages import fold_token
 from ..kv_bytes import KVBytes
 from ..ring import ring_slots, written_ring
 from .errors import EngineError
@@ -78,7 +77,7 @@ class StaticCache:
         num_kv_heads, head_dim: Hkv, D.
         max_batch: Bmax; capacity: N slots per sequence.
         layout: the state beyond K/V (``sparse_models/cache_layout.cache_layout``: POD's ring window for layers
-            with ``pod_keys``, the layers keeping page max/min and their page size).
+            with ``pod_keys``, the scheme's buffers (Quest's pages) and their layers).
         fused_append: write a decode token's keys, values and POD ring keys with ``kernels.append_kv`` (one
             launch per layer) instead of indexed assignments (the engine's ``decode_kernels="fused"``).
     """
@@ -100,7 +99,6 @@ class StaticCache:
         self.layout = layout
         self.sink = layout.ring_sink
         self.recent = layout.ring_recent
-        self.page_size = layout.page_size or 1  # unused without page layers
         self.fused_append = fused_append  # decode appends through kernels.append_kv (one launch per layer)
         shape = (max_batch, num_kv_heads, capacity, head_dim)
         self.fp8 = layout.fp8
@@ -133,14 +131,7 @@ class StaticCache:
         self.key_scale = [scales(t) for t in self.keys]
         self.local_scale = [scales(t) for t in self.local_keys]
         self.key_pool_scale = scales(self.key_pool)
-        alloc = dict(dtype=dtype, device=self.device)
-        pages = -(-capacity // self.page_size)
-        self.quest_layers = tuple(layout.page_layers)
-        self.page_max = {l: torch.full((max_batch, num_kv_heads, pages, head_dim), float("-inf"), **alloc)
-                         for l in self.quest_layers}
-        self.page_min = {l: torch.full((max_batch, num_kv_heads, pages, head_dim), float("inf"), **alloc)
-                         for l in self.quest_layers}
-        # the schemes' declared state (CacheNeeds.buffers), (layer, name) -> [Bmax, Hkv, E, *trailing]
+        # the schemes' declared state (CacheNeeds.buffers: Quest's pages, ...), (layer, name) -> [Bmax, Hkv, E, ...]
         self.buffers = {(layer, b.name): b.allocate(max_batch, num_kv_heads, capacity, dtype, self.device)
                         for b in layout.buffers for layer in b.layers}
         # kernels.append_kv's key rows of POD layers: head h's unit in key_pool, -1 for a non-anchor head
@@ -225,10 +216,23 @@ class StaticCache:
                     self.full_keys(layer, run.h0, run.h1, self.max_batch)[b, :, positions] = k[:, run.h0:run.h1]
             if local is not None:
                 local[b, :, self.ring_slots(positions)] = k
-        if layer in self.page_max:
-            if self.fp8:  # the page bound covers the key as stored (dequantised), kernels/fp8_kv.py
-                k = kernels.dequantize_kv(self.keys[layer][b, :, positions], self.key_scale[layer][b, :, positions])
-            fold_token(self.page_max[layer], self.page_min[layer], k, positions, self.page_size, b)
+        states = self.layout.key_state_of(layer)
+        if states and self.fp8:  # the key state covers the key as stored (dequantised), kernels/fp8_kv.py
+            k = kernels.dequantize_kv(self.keys[layer][b, :, positions], self.key_scale[layer][b, :, positions])
+        for state in states:
+            state.fold(self._state_buffers(layer, state), k, positions, state.slots_per_entry, b)
+
+    def _state_buffers(self, layer: int, state) -> tuple[torch.Tensor, ...]:
+        return tuple(self.buffers[(layer, name)] for name in state.names)
+
+    def _rebuild_key_state(self, layer: int, batch: int, lens: torch.Tensor) -> None:
+        """The buffers that follow ``layer``'s stored keys (``layout.key_state``: Quest's pages), recomputed for rows
+        [0, batch) from their first ``lens`` keys."""
+        for state in self.layout.key_state_of(layer):
+            k_scale = self.key_scale[layer][:batch] if self.fp8 else None
+            new = state.rebuild(self.keys[layer][:batch], lens, k_scale, state.slots_per_entry, self.dtype)
+            for t, value in zip(self._state_buffers(layer, state), new):
+                t[:batch] = value
 
     def _append_fp8(self, layer: int, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor, b) -> None:
         """The unfused decode append of an FP8 cache: the token's K/V quantised per KV head (kernels.quantize_kv),
@@ -252,7 +256,7 @@ class StaticCache:
 
         ``lens`` [B] is each sequence's length after the chunk; columns at positions >= lens[b]
         (right padding) may be written to the dense buffers (they are past the sequence and get
-        overwritten by later tokens) but never into POD's ring or Quest's pages.
+        overwritten by later tokens) but never into POD's ring or the key state (Quest's pages).
         """
         batch, _, s, d = k.shape
         pos = offsets[:, None] + torch.arange(s, device=k.device)[None, :]  # [B, S]
@@ -281,14 +285,11 @@ class StaticCache:
         local = self.local_keys[layer]
         if local is not None:
             local[:batch] = written_ring(local[:batch], k, offsets, lens, self.sink, self.recent)
-        if layer in self.page_max:
-            pmax, pmin = kernels.quest_page_minmax(self.keys[layer][:batch], lens, self.page_size)
-            self.page_max[layer][:batch] = pmax.to(self.dtype)
-            self.page_min[layer][:batch] = pmin.to(self.dtype)
+        self._rebuild_key_state(layer, batch, lens)
 
     def _write_chunk_fp8(self, layer: int, k, v, offsets, lens, put) -> None:
         """``write_chunk`` of an FP8 cache: K/V quantised per (token, KV head) and stored with their scales; the ring
-        takes the quantised keys and their scales; Quest's pages bound the dequantised keys, rounded outward."""
+        takes the quantised keys and their scales; the key state (Quest's pages) follows the dequantised keys."""
         batch = k.shape[0]
         kq, ks = kernels.quantize_kv(k)  # [B, Hkv, S, D], [B, Hkv, S]
         vq, vs = kernels.quantize_kv(v)
@@ -307,10 +308,7 @@ class StaticCache:
                                                            offsets, lens, self.sink, self.recent)
             self.local_scale[layer][:batch] = written_ring(self.local_scale[layer][:batch, :, :, None], ks[..., None],
                                                            offsets, lens, self.sink, self.recent)[..., 0]
-        if layer in self.page_max:
-            pmax, pmin = kernels.quest_page_minmax(self.keys[layer][:batch], lens, self.page_size,
-                                                   k_scale=self.key_scale[layer][:batch])
-            self.page_max[layer][:batch], self.page_min[layer][:batch] = round_outward(pmax, pmin, self.dtype)
+        self._rebuild_key_state(layer, batch, lens)
 
     def fill_random(self, lens: torch.Tensor, generator: torch.Generator | None = None) -> None:
         """Benchmarks: put random keys/values in every buffer and set positions = lens (no model run)."""
@@ -328,13 +326,8 @@ class StaticCache:
                     scale[i].copy_(xs)
                 else:
                     t.normal_(generator=generator)
-        for layer in self.quest_layers:
-            k_scale = self.key_scale[layer][:batch] if self.fp8 else None
-            pmax, pmin = kernels.quest_page_minmax(self.keys[layer][:batch], lens, self.page_size, k_scale=k_scale)
-            if self.fp8:
-                pmax, pmin = round_outward(pmax, pmin, self.dtype)
-            self.page_max[layer][:batch] = pmax.to(self.dtype)
-            self.page_min[layer][:batch] = pmin.to(self.dtype)
+        for layer in range(self.num_layers):
+            self._rebuild_key_state(layer, batch, lens)
         self.positions[:batch] = lens.to(self.device)
 
     # ------------------------------------------------------------------------------------------
@@ -342,8 +335,7 @@ class StaticCache:
     # ------------------------------------------------------------------------------------------
 
     def kv_bytes(self) -> KVBytes:
-        """Bytes really allocated for keys and values (+ Quest metadata) against a dense cache of the same size
-        (FP8: the float8 data and the fp32 scales)."""
+        """Bytes really allocated for keys and values (+ the scheme's buffers as metadata: Quest's pages) against a
+        dense cache of the same size (FP8: the float8 data and the fp32 scales)."""
         return KVBytes.of([*self.keys, self.key_pool, *self.local_keys, *self.key_scale, self.key_pool_scale,
-                           *self.local_scale], [*self.values, *self.value_scale],
-                          [*self.page_max.values(), *self.page_min.values()])
+                           *self.local_scale], [*self.values, *self.value_scale], self.buffers.values())

@@ -7,9 +7,9 @@ A scheme bundles, for one method:
   (``config.json`` key and flat-override prefix: ``tidal`` -> ``tidal_budget``);
 * its phases: ``prefill_roles`` and/or ``decode_roles`` say what each layer does (the per-layer plan,
   ``sparse_models/plan.py``), and ``prefill`` / ``decode`` map each of those roles to a function;
-* ``cache``: the cache state it needs beyond K/V (POD's shared keys, key pages per role, the
-  TidalDecode KV correction period, :class:`StateBuffer`s of its own), one description both caches allocate
-  from (``sparse_models/cache_layout.py``);
+* ``cache``: the cache state it needs beyond K/V (POD's shared keys, the TidalDecode KV correction period,
+  :class:`StateBuffer`s of its own such as Quest's key pages, with a :class:`KeyState` where they follow the stored
+  keys), one description both caches allocate from (``sparse_models/cache_layout.py``);
 * hooks the generic code calls instead of importing it: ``chunk``, ``model_view``, ``prefill_stats``;
 * ``budget``: the one meaning of a ``--budget B`` for it (``generate --budget``, ``eval.schemes``,
   the benchmarks all go through :meth:`Budget.overrides`);
@@ -62,9 +62,6 @@ class DecodeView(Protocol):
 
     def sparse(self, q: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
         """Attention over the listed slots only (indices [B, Hs, K], -1 padded) -> [B, Hq, D]."""
-
-    def key_pages(self) -> tuple[torch.Tensor, torch.Tensor, int]:
-        """Per-page key max/min [B, Hkv, P, D] and the page size (layers whose role keeps pages)."""
 
     def buffer(self, name: str) -> torch.Tensor:
         """The layer's :class:`StateBuffer` ``name``, [B, Hkv, E, *trailing] (E entries cover at least the slots the
@@ -150,27 +147,55 @@ class Budget:
 
 @dataclass(frozen=True)
 class StateBuffer:
-    """Per-layer cache state a scheme declares (``CacheNeeds.buffers``: an H2O-like accumulated score, ...). Both
-    caches allocate it from this description (``sparse_models/cache_layout.py``) as
-    [B, Hkv, ceil(N / slots_per_entry), *trailing], filled with ``fill``, reorder it with the batch (beams) and grow
-    it with the cache; ``view.buffer(name)`` hands it to the scheme's decode functions, which update it in place
-    (no host syncs: the engine captures them).
+    """Per-layer cache state a scheme declares (``CacheNeeds.buffers``: Quest's page max / min, an H2O-like
+    accumulated score, ...). Both caches allocate it from this description (``sparse_models/cache_layout.py``) as
+    [B, Hkv, ceil(N / slots_per_entry), *trailing], filled with ``fill``, reorder it with the batch (beams), grow it
+    with the cache and count it in ``kv_bytes()`` (metadata); ``view.buffer(name)`` hands it to the scheme's decode
+    functions, which read it and may update it in place (no host syncs: the engine captures them). State that
+    follows the stored keys (written on every append, not by a decode function) is named by a :class:`KeyState` too.
 
     Attributes:
         name: its key for ``view.buffer``.
         roles: decode roles whose layers keep it.
-        slots_per_entry: cache slots one entry covers (1: one entry per position).
+        slots_per_entry: cache slots one entry covers (1: one entry per position), or config -> that number
+            (Quest: ``quest.page_size``).
         trailing: (config, head_dim) -> the dims after the entry axis (``()``: one number per entry).
         fill: the value of an entry nothing wrote.
-        dtype: None: the cache's K/V dtype.
+        dtype: None: the cache's K/V dtype (the model's dtype, FP8 caches included).
+        dynamic_dtype: the dtype the model's dynamic cache (``sparse_models/cache.py``, the research path) keeps it
+            in instead (None: as ``dtype``). Quest's pages keep there the fp32 bounds ``kernels.quest_page_minmax``
+            computes; the engine's static buffers hold the model's dtype its kernels read.
     """
 
     name: str
     roles: tuple[str, ...]
-    slots_per_entry: int = 1
+    slots_per_entry: int | Callable[[Any], int] = 1
     trailing: Callable[[Any, int], tuple[int, ...]] = lambda config, head_dim: ()
     fill: float = 0.0
     dtype: torch.dtype | None = None
+    dynamic_dtype: torch.dtype | None = None
+
+
+@dataclass(frozen=True)
+class KeyState:
+    """StateBuffers a cache keeps in step with a layer's stored keys (Quest's page max / min): both caches call these
+    functions on every write of a layer that keeps the ``buffers`` (such a layer keeps all its heads' keys: the
+    dense key layout), so the scheme's decode functions only read them.
+
+    Attributes:
+        buffers: names of :class:`StateBuffer`s of the same ``CacheNeeds`` (same roles and ``slots_per_entry``), in
+            the order the two functions take and return them.
+        rebuild: (keys [B, Hkv, N, D] as stored, lens [B], k_scale [B, Hkv, N] of an FP8 cache or None,
+            slots_per_entry, dtype) -> the buffers' whole contents [B, Hkv, E, *trailing] in ``dtype`` from the first
+            ``lens[b]`` stored keys of each row (after a prefill or a chunk).
+        fold: (buffers [Bmax >= B, Hkv, E, *trailing], k [B, Hkv, D] the token's key as attention reads it (FP8:
+            dequantised, fp32), positions [B], slots_per_entry, rows [B] = 0 .. B-1) -> None: in place, one decode
+            token joins them. Graph-safe (the engine captures it).
+    """
+
+    buffers: tuple[str, ...]
+    rebuild: Callable[..., tuple[torch.Tensor, ...]]
+    fold: Callable[..., None]
 
 
 @dataclass(frozen=True)
@@ -180,20 +205,20 @@ class CacheNeeds:
     Both caches are built from it through ``sparse_models/cache_layout.cache_layout`` (one description).
 
     Attributes:
-        pod_keys: non-anchor (layer, KV head) units keep only sink + ring keys (POD's saving).
+        pod_keys: non-anchor (layer, KV head) units keep only sink + ring keys (POD's saving). This is the key
+            storage itself (those keys are never allocated), not state beside it: each cache lays it out in its
+            key buffers (``sparse_models/ring.py`` indexes it for both).
         ring_window: config -> (sink, recent) of that ring.
-        page_roles: decode roles whose layers keep per-page key max/min.
-        page_size: config -> page size of those pages.
         correction_period: config -> TidalDecode's KV correction period T, or None.
         buffers: further per-layer state (:class:`StateBuffer`), allocated by both caches from the description.
+        key_state: the buffers among them that follow the stored keys (:class:`KeyState`).
     """
 
     pod_keys: bool = False
     ring_window: Callable[[Any], tuple[int, int]] | None = None
-    page_roles: tuple[str, ...] = ()
-    page_size: Callable[[Any], int] | None = None
     correction_period: Callable[[Any], int | None] | None = None
     buffers: tuple[StateBuffer, ...] = ()
+    key_state: tuple[KeyState, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
-"""The cache state both caches share one implementation of (``sparse_models/key_pages.py``, ``sparse_models/ring.py``)
-agrees with its definition: pages folded token by token equal ``kernels.quest_page_minmax`` of the whole keys, and
-a ring written from a chunk holds, at every position's slot, that position's key."""
+"""The cache state both caches share one implementation of (Quest's ``KeyState`` in ``sparse_models/schemes/quest.py``,
+``sparse_models/ring.py``) agrees with its definition: pages folded token by token equal ``kernels.quest_page_minmax``
+of the whole keys, and a ring written from a chunk holds, at every position's slot, that position's key."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import kernels
-from sparse_models.key_pages import fold_token
 from sparse_models.ring import local_slot_positions, ring_slots, written_ring
+from sparse_models.schemes.quest import fold_token
 
 
 def test_pages_folded_token_by_token_equal_the_whole_page_minmax():

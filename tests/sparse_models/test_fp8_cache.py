@@ -55,7 +55,8 @@ def test_both_caches_allocate_fp8_data_and_fp32_scales():
         if sc.local_keys[layer] is not None:
             assert sc.local_keys[layer].dtype == FP8_DTYPE and sc.local_scale[layer].shape == (2, 2, 8)
     quest = GenerationEngine(model, max_batch_size=1, max_seq_len=24, **scheme_overrides("quest", 2), **FP8).cache
-    assert all(t.dtype == torch.float32 for t in quest.page_max.values())  # the model's dtype (fp32 here)
+    pages = [t for (_, name), t in quest.buffers.items() if name in ("page_max", "page_min")]
+    assert pages and all(t.dtype == torch.float32 for t in pages)  # the model's dtype (fp32 here)
 
 
 FP8_SCHEMES = ["dense", "tidal", "tidal-correction", "quest", "streaming", "pod", "pod-gate-skip-anchor", "pod+tidal",

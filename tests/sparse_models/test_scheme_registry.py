@@ -43,11 +43,11 @@ class SpyView:
         self.read.append(int((indices >= 0).sum(-1).max()))
         return self._out(q)
 
-    def key_pages(self):
+    def buffer(self, name):
         g = torch.Generator().manual_seed(0)
         pages = -(-int(self.lens.max()) // self.config.quest.page_size)
         page_max = torch.randn(self.lens.shape[0], NUM_KV, pages, D, generator=g)
-        return page_max, page_max - 1.0, self.config.quest.page_size
+        return {"page_max": page_max, "page_min": page_max - 1.0}[name]
 
 
 def _config_for(name: str, **overrides) -> SparseAttentionConfig:
@@ -295,3 +295,36 @@ def test_a_scheme_with_its_own_cache_state_is_one_object_in_both_paths():
                              cache=CacheNeeds(buffers=(StateBuffer("decoded_at", ("toy",), dtype=torch.float32),)))
     engine = _check_both_paths(toy, model_seed=7, prompt_seed=4, runs=2)
     assert set(engine.cache.buffers) == {(layer, "decoded_at") for layer in range(1, 4)}
+
+
+def test_quest_pages_are_state_buffers_both_caches_allocate_from_one_description():
+    """Quest's page max / min are StateBuffers with a KeyState in ``schemes/quest.py`` (no page fields in the generic
+    CacheNeeds): both caches hold them for exactly the quest layers, with ceil(N / page_size) pages of D channels,
+    fp32 in the model's cache (``dynamic_dtype``) and the model's dtype in the engine's, counted as kv_bytes metadata."""
+    from dataclasses import fields
+
+    from test_engine import podkit_model, random_prompts
+
+    from sparse_models.engine import GenerationEngine
+    from sparse_models.schemes.base import CacheNeeds
+
+    assert not {"page_roles", "page_size"} & {f.name for f in fields(CacheNeeds)}
+    model = podkit_model(6, 2, seed=5)
+    overrides = dict(decode_scheme="quest", quest_budget=8, quest_page_size=4, quest_dense_layers=[0])
+    model.set_sparse_attention(SparseAttentionConfig(), **overrides)
+    prompt = random_prompts([13], seed=2)[0]
+    cache = model.new_cache()
+    model(torch.tensor([prompt]), cache=cache, use_cache=True)
+    engine = GenerationEngine(model, max_batch_size=1, max_seq_len=cache.capacity, **overrides)
+    engine.generate([prompt], max_new_tokens=1)
+    quest_layers = {row.layer for row in model.plan if row.decode == "quest"}
+    names = {(layer, name) for layer in quest_layers for name in ("page_max", "page_min")}
+    assert quest_layers and set(cache.buffers) == names == set(engine.cache.buffers)
+    head_dim = cache.head_dim
+    for key in names:
+        model_t, engine_t = cache.buffers[key], engine.cache.buffers[key]
+        assert model_t.shape == engine_t.shape == (1, 2, -(-cache.capacity // 4), head_dim)
+        assert model_t.dtype == torch.float32 and engine_t.dtype == engine.cache.dtype
+        torch.testing.assert_close(model_t[:, :, :4], engine_t[:, :, :4].float())  # the prompt's 13 keys' pages
+    metadata = sum(t.numel() * t.element_size() for t in cache.buffers.values())
+    assert cache.kv_bytes().metadata == metadata
