@@ -799,6 +799,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     before any model is built."""
     args = build_parser().parse_args(argv)
     args.kv_cache_dtypes = sorted(set(args.kv_cache_dtypes), key=KV_CACHE_DTYPES.index)
+    args.decode_variants = {}  # --variants' decode rows, resolved by main once the shape is known
     return args
 
 
