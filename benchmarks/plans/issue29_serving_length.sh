@@ -9,7 +9,7 @@
 #                               `launch` restarts what is not running, resuming from checkpoints)
 #   launch NAME...              start the named runs that have no export and are not running (see `settings`)
 #   wait SECONDS                wait for the launched runs (at most SECONDS), then print their progress
-#   rows NAME...                score each run's export on the test split, and POD's weights run densely
+#   rows ROW...                 score rows on the test split: RUN (its export) or RUN:dense (POD's weights run densely)
 #   collect                     tar what the runs wrote (curves, losses, maps, gates, logs) under $OUT
 #
 # Inputs are staged by issue29_control_vs_pod.sh stage (wheels, GGUF parts, token shards, RULER samples).
@@ -35,6 +35,9 @@ settings() {  # name -> recipe, token cache and overrides (globals RECIPE, TOKEN
     pod_8k_auto) RECIPE=$r8 TOKENS=$P/tokens_8k OVR=(pod.protect_units=auto "pod.unit_selection={length: 4096, samples: 8}"
                                                       eval.every_steps=1000 train.save_steps=250) ;;
     pod_auto)    RECIPE=$r2 TOKENS=$P/tokens OVR=(pod.protect_units=auto eval.every_steps=400 train.save_steps=100) ;;
+    # LoRA instead of full fine-tuning (the issue's candidate: less of the model moves); peft's usual 5x learning rate
+    pod_lora)    RECIPE=$r2 TOKENS=$P/tokens OVR=(train.method=lora train.learning_rate=5.0e-4 eval.every_steps=400
+                                                  train.save_steps=100) ;;
     *) return 1 ;;
   esac
 }
@@ -80,6 +83,8 @@ case "$part" in
     cat "$RUNS/rc.txt" 2>/dev/null
     nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader ;;
   rows)
+    # ROW is RUN (its export as exported) or RUN:dense (POD's weights run densely), scored in the order given,
+    # ROWS_PARALLEL at a time (nine 8K rows at batch 64 do not fit in one H200's memory together)
     mkdir -p "$OUT/rows"
     score() {  # row name, model, output, [dense]
       if [ ! -f "$2/config.json" ]; then echo "$1: no export at $2, skipped"; return; fi
@@ -88,9 +93,13 @@ case "$part" in
       echo "$1 rc=$?"
     }
     started=$(date +%s)
-    for run in "$@"; do
-      score "$run" "$RUNS/$run/export" "$OUT/rows/$run.json" &
-      case "$run" in control*) ;; *) score "${run}_dense" "$RUNS/$run/export" "$OUT/rows/${run}_dense.json" dense & ;; esac
+    for row in "$@"; do
+      while [ "$(jobs -rp | wc -l)" -ge "${ROWS_PARALLEL:-4}" ]; do sleep 2; done
+      run=${row%%:*}
+      case "$row" in
+        *:dense) score "${run}_dense" "$RUNS/$run/export" "$OUT/rows/${run}_dense.json" dense & ;;
+        *) score "$run" "$RUNS/$run/export" "$OUT/rows/$run.json" & ;;
+      esac
     done
     wait
     echo "rows wall $(( $(date +%s) - started )) s" | tee "$OUT/rows/wall.txt"
