@@ -194,7 +194,7 @@ def _merge_core_with_band(out_p, lse2_p, out_d, lse_d, seq_lens, start):
 
 class PodSplitAttentionFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k_own, k_anchor, v, seq_lens, sink, recent, scale, core):
+    def forward(ctx, q, q_distant, k_own, k_anchor, v, seq_lens, sink, recent, scale, core):
         seq_total = q.shape[2]
         # the band; padding rows already 0 with lse +inf, rows without a proximal key lse -inf
         out, lse2, _ = _pod_forward(q, k_own, k_anchor, v, seq_lens, sink, recent, scale, False, prox_only=True)
@@ -202,17 +202,18 @@ class PodSplitAttentionFunction(torch.autograd.Function):
         length = seq_total - start
         lse_d_raw, saved, kv_repeated = None, (), False
         if length > 0:
-            out_d, lse_d_raw, saved, native_gqa = _core_forward(core, q, k_anchor, v, sink, recent, scale)
+            out_d, lse_d_raw, saved, native_gqa = _core_forward(core, q_distant, k_anchor, v, sink, recent, scale)
             kv_repeated = not native_gqa
             out, lse2 = _merge_core_with_band(out, lse2, out_d, _rows(lse_d_raw, length), seq_lens, start)
-        ctx.save_for_backward(q, k_own, k_anchor, v, seq_lens, out, lse2)
+        ctx.shared_queries = q_distant is q  # key sharing: the core's query gradient goes to dq itself
+        ctx.save_for_backward(q, q_distant, k_own, k_anchor, v, seq_lens, out, lse2)
         ctx.core_state = (core, lse_d_raw, saved, kv_repeated, length)
         ctx.pod_args = (sink, recent, scale)
         return out
 
     @staticmethod
     def backward(ctx, dout):
-        q, k_own, k_anchor, v, seq_lens, out, lse2 = ctx.saved_tensors
+        q, q_distant, k_own, k_anchor, v, seq_lens, out, lse2 = ctx.saved_tensors
         core, lse_d_raw, saved, kv_repeated, length = ctx.core_state
         sink, recent, scale = ctx.pod_args
         dout = dout.contiguous()
@@ -220,36 +221,46 @@ class PodSplitAttentionFunction(torch.autograd.Function):
         dq, dk_own, _, dv = _pod_backward(dout, q, k_own, k_anchor, v, seq_lens, out, lse2, sink, recent, scale,
                                           prox_only=True, delta=delta)
         dk_anchor = torch.zeros_like(k_anchor)
+        # score sharing: the distant pairs' query gradient belongs to the anchor layer's queries
+        dq_distant = None if ctx.shared_queries else torch.zeros_like(q_distant)
         if length > 0:
             start = sink + recent
             seq_total = q.shape[2]
             batch, num_kv_heads = k_anchor.shape[:2]
             group = q.shape[1] // num_kv_heads
-            q_core, k_core, v_core = _core_views(q, k_anchor, v, sink, recent, kv_repeated)
+            q_core, k_core, v_core = _core_views(q_distant, k_anchor, v, sink, recent, kv_repeated)
             lse_core = lse_d_raw.clone()  # the backend's layout (strides, padding), the merged values
             _rows(lse_core, length).copy_(lse2[:, :, start:] * (1.0 / LOG2_E))
             dq_d, dk_d, dv_d = core.backward(dout[:, :, start:], q_core, k_core, v_core, out[:, :, start:], lse_core,
                                              saved, scale)
-            dq[:, :, start:] += dq_d
+            if dq_distant is None:
+                dq[:, :, start:] += dq_d
+            else:
+                dq_distant[:, :, start:] = dq_d
             if kv_repeated:
                 fold = (batch, num_kv_heads, group, length, -1)
                 dk_d = dk_d.reshape(fold).sum(2, dtype=torch.float32)
                 dv_d = dv_d.reshape(fold).sum(2, dtype=torch.float32)
             dk_anchor[:, :, sink:seq_total - recent] = dk_d
             dv[:, :, sink:seq_total - recent] += dv_d
-        return dq, dk_own, dk_anchor, dv, None, None, None, None, None
+        return dq, dq_distant, dk_own, dk_anchor, dv, None, None, None, None, None
 
 
-def pod_split_attention(q, k_own, k_anchor, v, seq_lens, *, sink: int, recent: int, scale: float):
+def pod_split_attention(q, k_own, k_anchor, v, seq_lens, *, sink: int, recent: int, scale: float,
+                        q_distant=None):
     """POD attention = torch's fused causal core + the Triton proximal band (module docstring), differentiable.
 
-    Inputs as ``pod_prefill_attention_triton`` (already checked there). Returns None, having computed nothing, when
-    no fused backend takes the core on this device (the caller then runs the single-pass kernels)."""
+    Inputs as ``pod_prefill_attention_triton`` (already checked there). ``q_distant`` [B, Hq, S, D]: the queries of
+    the distant pairs, ``q`` itself by default (key sharing, paper v2); the anchor layer's queries give v1's score
+    sharing (METHODS.md A.3: distant logits ``q_a . k_a``), since the core is then the anchor's own distant
+    attention applied to this layer's values. Returns None, having computed nothing, when no fused backend takes
+    the core on this device (the caller then runs the single-pass kernels or the reference)."""
     seq_total = q.shape[2]
+    q_distant = q if q_distant is None else q_distant
     core = None
     if seq_total - sink - recent > 0:
-        core = causal_core_for(q[:, :, sink + recent:], k_anchor[:, :, sink:seq_total - recent],
+        core = causal_core_for(q_distant[:, :, sink + recent:], k_anchor[:, :, sink:seq_total - recent],
                                v[:, :, sink:seq_total - recent], scale)
         if core is None:
             return None
-    return PodSplitAttentionFunction.apply(q, k_own, k_anchor, v, seq_lens, sink, recent, scale, core)
+    return PodSplitAttentionFunction.apply(q, q_distant, k_own, k_anchor, v, seq_lens, sink, recent, scale, core)

@@ -366,7 +366,8 @@ def pod_proximal_mask(query_pos, key_pos, sink, recent):
     return (key_pos < sink) | ((query_pos - key_pos) < recent)
 
 
-def pod_prefill_attention(q, k_own, k_anchor, v, seq_lens, *, sink, recent, scale=None, return_gate=False):
+def pod_prefill_attention(q, k_own, k_anchor, v, seq_lens, *, sink, recent, scale=None, return_gate=False,
+                          q_distant=None):
     """POD prefill / training attention (METHODS.md A.3), differentiable through autograd.
 
     Two masked passes merged by log-sum-exp: proximal pairs (j <= i, j < sink or i - j < recent)
@@ -376,6 +377,8 @@ def pod_prefill_attention(q, k_own, k_anchor, v, seq_lens, *, sink, recent, scal
 
     Args:
         q: [B, Hq, S, D]; k_own, k_anchor, v: [B, Hkv, S, D]; seq_lens: [B] (right padding).
+        q_distant: [B, Hq, S, D] queries of the distant pairs (default ``q``: key sharing, paper v2). The anchor
+            layer's queries give v1's score sharing: distant logits ``q_a . k_a``.
     Returns:
         out [B, Hq, S, D] (0 on padding rows) and, with return_gate, gate [B, Hq, S] (1 where no
         distant key exists).
@@ -391,7 +394,7 @@ def pod_prefill_attention(q, k_own, k_anchor, v, seq_lens, *, sink, recent, scal
     distant = causal & ~proximal
     qc = q.to(ct)
     vv = _expand_kv(v, num_heads).to(ct)
-    if not return_gate and ct == torch.float32:
+    if not return_gate and ct == torch.float32 and q_distant is None:
         # One softmax over [proximal keys ; distant keys] is the LSE merge of the two passes, so
         # SDPA over the concatenated keys (and values twice) computes it without [S, S] logits.
         keys = torch.cat([_expand_kv(k_own, num_heads), _expand_kv(k_anchor, num_heads)], dim=2).to(ct)
@@ -401,7 +404,8 @@ def pod_prefill_attention(q, k_own, k_anchor, v, seq_lens, *, sink, recent, scal
         out = torch.where(causal.any(-1)[:, None, :, None], out, torch.zeros_like(out))
         return out.to(q.dtype)
     logits_p = torch.einsum("bhsd,bhnd->bhsn", qc, _expand_kv(k_own, num_heads).to(ct)) * sc
-    logits_d = torch.einsum("bhsd,bhnd->bhsn", qc, _expand_kv(k_anchor, num_heads).to(ct)) * sc
+    qd = qc if q_distant is None else q_distant.to(ct)
+    logits_d = torch.einsum("bhsd,bhnd->bhsn", qd, _expand_kv(k_anchor, num_heads).to(ct)) * sc
     logits_p = logits_p.masked_fill(~proximal[:, None], float("-inf"))
     logits_d = logits_d.masked_fill(~distant[:, None], float("-inf"))
     lse_p = torch.logsumexp(logits_p, -1)

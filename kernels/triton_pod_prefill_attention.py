@@ -77,7 +77,8 @@ def _check_window(name: str, value) -> int:
     return value
 
 
-def pod_prefill_attention_triton(q, k_own, k_anchor, v, seq_lens, *, sink, recent, scale=None, return_gate=False):
+def pod_prefill_attention_triton(q, k_own, k_anchor, v, seq_lens, *, sink, recent, scale=None, return_gate=False,
+                                 q_distant=None):
     """POD prefill / training attention (Triton forward and backward, differentiable).
 
     Args:
@@ -89,6 +90,9 @@ def pod_prefill_attention_triton(q, k_own, k_anchor, v, seq_lens, *, sink, recen
         sink, recent: proximal window: ``j < sink`` or ``i - j < recent`` (ints ``>= 0``).
         scale: softmax scale, default ``D ** -0.5``.
         return_gate: also return ``gate[B, Hq, S]`` fp32 (not differentiable).
+        q_distant: ``[B, Hq, S, D]`` queries of the distant pairs, default ``q`` (key sharing). The anchor layer's
+            queries give v1's score sharing; only the split route takes them (its distant core is an ordinary
+            causal attention), and where it cannot run, the reference does (kernels/reference.py).
 
     Returns:
         ``out[B, Hq, S, D]`` in q's dtype (``, gate``).
@@ -102,6 +106,12 @@ def pod_prefill_attention_triton(q, k_own, k_anchor, v, seq_lens, *, sink, recen
         if tuple(tensor.shape) != expected:
             raise ValueError(f"{name} shape {tuple(tensor.shape)} must be [B, Hkv, S, D] = {expected}")
     check_gqa(num_q_heads, k_own.shape[1], "k_own")
+    if q_distant is not None:
+        check_float_tensor("q_distant", q_distant, 4, dtype=q.dtype, device=q.device)
+        if q_distant.shape != q.shape:
+            raise ValueError(f"q_distant shape {tuple(q_distant.shape)} must equal q's {tuple(q.shape)}")
+        if return_gate:
+            raise ValueError("return_gate=True with q_distant: the gate is not computed under score sharing")
     seq_lens = check_int_vector("seq_lens", seq_lens, batch, q.device, low=0, high=seq_total)
     sink = _check_window("sink", sink)
     recent = _check_window("recent", recent)
@@ -111,7 +121,12 @@ def pod_prefill_attention_triton(q, k_own, k_anchor, v, seq_lens, *, sink, recen
         gate = torch.zeros((batch, num_q_heads, seq_total), device=q.device, dtype=torch.float32)
         return (out, gate) if return_gate else out
     if not return_gate and pod_attention_path(q.device) == "split":
-        out = pod_split_attention(q, k_own, k_anchor, v, seq_lens, sink=sink, recent=recent, scale=scale)
+        out = pod_split_attention(q, k_own, k_anchor, v, seq_lens, sink=sink, recent=recent, scale=scale,
+                                  q_distant=q_distant)
         if out is not None:
             return out
+    if q_distant is not None:  # the single-pass kernels read one query per row
+        from .reference import pod_prefill_attention
+        return pod_prefill_attention(q, k_own, k_anchor, v, seq_lens, sink=sink, recent=recent, scale=scale,
+                                     q_distant=q_distant)
     return PodPrefillAttentionFunction.apply(q, k_own, k_anchor, v, seq_lens, sink, recent, scale, return_gate)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Issue 29 on one H200, second round: POD trained at the serving length (the 8K recipe) and units chosen by learned
-# gates (pod.protect_units: auto), each beside the dense fine-tune control trained the same way, scored on the
+# Issue 29 on one H200, second round: POD trained at the serving length (the 8K recipe), units chosen by learned
+# gates (pod.protect_units: auto), LoRA and v1's score sharing, each beside the dense fine-tune control trained the same way, scored on the
 # test split (13 tasks x 20 samples at 2K / 4K / 8K). Runs are started in the background so that a later device
 # call (carrying the next inputs) does not wait for them, and they resume from their last checkpoint if a call's
 # end took them down.
@@ -38,6 +38,10 @@ settings() {  # name -> recipe, token cache and overrides (globals RECIPE, TOKEN
     # LoRA instead of full fine-tuning (the issue's candidate: less of the model moves); peft's usual 5x learning rate
     pod_lora)    RECIPE=$r2 TOKENS=$P/tokens OVR=(train.method=lora train.learning_rate=5.0e-4 eval.every_steps=400
                                                   train.save_steps=100) ;;
+    # POD v1's score sharing (member layers reuse the anchor's distant logits q_a . k_a): zero-shot it keeps far
+    # more of the dev split's answers than key sharing (benchmarks/plans/pod_sharing_probe.py); scored through the
+    # model's own cache, since the engine implements key sharing only
+    pod_scores)  RECIPE=$r2 TOKENS=$P/tokens OVR=(pod.sharing=scores eval.every_steps=400 train.save_steps=100) ;;
     *) return 1 ;;
   esac
 }

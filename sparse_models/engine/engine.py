@@ -120,6 +120,16 @@ def _synchronize(device: torch.device) -> None:
 DECODE_KERNELS = ("auto", "standard", "fused")
 
 
+def unsupported_reason(config: SparseAttentionConfig) -> str | None:
+    """Why the engine cannot run ``config`` (None: it can). It implements POD's key sharing only: v1's score
+    sharing needs the anchor layer's query of the same step in every member layer's kernel."""
+    uses_anchors = any(get_scheme(name).uses_anchors for name in (config.prefill_scheme, config.decode_scheme))
+    if uses_anchors and config.pod.sharing != "keys":
+        return (f"pod.sharing={config.pod.sharing!r} is not supported by the engine: it implements POD's key "
+                f"sharing (paper v2); use pod_sharing='keys' or the model's generate()")
+    return None
+
+
 class GenerationEngine:
     """Static-cache generation for a Llama-family model with podkit's schemes.
 
@@ -155,11 +165,9 @@ class GenerationEngine:
                               f"in (0, 1]")
         self.token_sparse_keep_ratio = token_sparse_keep_ratio
         pod = self.config.pod
-        prefill_scheme = get_scheme(self.config.prefill_scheme)
-        decode_scheme = get_scheme(self.config.decode_scheme)
-        if (prefill_scheme.uses_anchors or decode_scheme.uses_anchors) and pod.sharing != "keys":
-            raise EngineError(f"pod.sharing={pod.sharing!r} is not supported by the engine: it implements POD's key "
-                              f"sharing (paper v2); use pod_sharing='keys' or the model's generate()")
+        reason = unsupported_reason(self.config)
+        if reason is not None:
+            raise EngineError(reason)
         if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int) or max_batch_size < 1:
             raise EngineError(f"max_batch_size={max_batch_size!r} is invalid: expected an integer >= 1")
         if decode_kernels not in DECODE_KERNELS:
@@ -198,7 +206,7 @@ class GenerationEngine:
             self.plan = build_plan(self.config, parts.num_layers, parts.num_kv_heads, model_family(model.config))
         except ConfigError as err:
             raise EngineError(str(err)) from err
-        check_prefill_roles(self.plan, prefill_scheme.name)
+        check_prefill_roles(self.plan, self.config.prefill_scheme)
         self.cache = StaticCache(self.plan, parts.num_kv_heads, parts.head_dim, max_batch_size, capacity,
                                  dtype=parts.dtype, device=device, layout=cache_layout(self.config, self.plan, parts.head_dim),
                                  fused_append=fused)
@@ -226,6 +234,10 @@ class GenerationEngine:
     @property
     def capacity(self) -> int:
         return self.cache.capacity
+
+    @property
+    def device(self) -> torch.device:
+        return self.cache.device
 
     def kv_bytes(self) -> KVBytes:
         """The static cache's allocated KV bytes against a dense cache (``sparse_models/kv_bytes.py``)."""

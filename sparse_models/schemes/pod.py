@@ -97,23 +97,12 @@ def pod_scores_prefill(q: torch.Tensor, q_anchor: torch.Tensor, k_own: torch.Ten
     """POD v1 "score sharing" (METHODS.md A.3): distant logits are the anchor layer's own q_a . k_a,
     proximal logits the layer's q . k; one softmax over both, applied to the layer's own values.
 
-    Plain PyTorch with explicit [S, S] masks (an option for study, not a long-context path).
+    POD attention with the anchor's queries on the distant pairs (``kernels.pod_prefill_attention``'s
+    ``q_distant``): on CUDA the split route, whose distant core is the anchor's own causal attention.
     q, q_anchor [B, Hq, S, D]; k_own, k_anchor, v [B, Hkv, S, D] -> [B, Hq, S, D] (differentiable).
     """
-    heads, s, d = q.shape[1], q.shape[2], q.shape[3]
-    ct = torch.float64 if q.dtype == torch.float64 else torch.float32
-    pos = torch.arange(s, device=q.device)
-    lens = seq_lens.to(q.device)
-    causal = (pos[None, :] <= pos[:, None])[None] & (pos[None, None, :] < lens[:, None, None])
-    proximal = (pos[None, :] < cfg.sink_tokens) | ((pos[:, None] - pos[None, :]) < cfg.recent_window)
-    lp = torch.einsum("bhsd,bhnd->bhsn", q.to(ct), _expand(k_own, heads).to(ct))
-    ld = torch.einsum("bhsd,bhnd->bhsn", q_anchor.to(ct), _expand(k_anchor, heads).to(ct))
-    logits = torch.where(proximal[None, None], lp, ld) * d ** -0.5
-    logits = logits.masked_fill(~causal[:, None], float("-inf"))
-    rows = (pos[None, :] < lens[:, None])[:, None, :, None]  # padding rows have no key at all
-    probs = torch.softmax(logits.masked_fill(~rows, 0.0), dim=-1)
-    out = torch.matmul(probs, _expand(v, heads).to(ct)).masked_fill(~rows, 0.0)
-    return out.to(q.dtype)
+    return kernels.pod_prefill_attention(q, k_own, k_anchor, v, seq_lens.to(q.device), sink=cfg.sink_tokens,
+                                         recent=cfg.recent_window, q_distant=q_anchor.to(q.dtype))
 
 
 def pod_scores_decode(q: torch.Tensor, q_anchor: torch.Tensor, k_local: torch.Tensor, k_anchor: torch.Tensor,

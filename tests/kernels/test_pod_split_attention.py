@@ -132,3 +132,60 @@ def test_a_torch_that_cannot_name_its_backend_falls_back_to_the_fused_route(monk
     q, k = torch.randn(1, 4, 8, 16), torch.randn(1, 2, 8, 16)
     with pytest.warns(RuntimeWarning, match="single-pass Triton route"):
         assert split._sdpa_backend_choice(q, k, k, 0.25) is None
+
+
+def _scores_sharing_by_hand(q, q_anchor, k_own, k_anchor, v, seq_lens, sink, recent):
+    """v1 score sharing written out with [S, S] logits: proximal ``q . k_own``, distant ``q_anchor . k_anchor``, one
+    softmax, the layer's own values; padding rows 0 (fp64)."""
+    group = q.shape[1] // k_own.shape[1]
+    k_own, k_anchor, v = (t.repeat_interleave(group, 1) for t in (k_own, k_anchor, v))
+    s, scale = q.shape[2], q.shape[3] ** -0.5
+    i, j = torch.arange(s)[:, None], torch.arange(s)[None, :]
+    proximal = (j < sink) | (i - j < recent)
+    logits = torch.where(proximal, q @ k_own.transpose(-1, -2), q_anchor @ k_anchor.transpose(-1, -2)) * scale
+    keep = (j <= i)[None] & (j[None] < seq_lens[:, None, None].cpu())
+    probs = torch.softmax(logits.masked_fill(~keep[:, None], float("-inf")), -1)
+    rows = (torch.arange(s)[None, :] < seq_lens[:, None].cpu())[:, None, :, None]
+    return torch.where(rows, probs @ v, torch.zeros(()))
+
+
+@pytest.mark.parametrize("case", CASES + [(2, 8, 2, 150, 32, 3, 40)])
+def test_score_sharing_split_equals_the_reference(case, monkeypatch):
+    """``q_distant`` (v1 score sharing: the distant pairs take the anchor's queries): the split route's output and
+    its five gradients against the reference in fp64, and the reference against the formula written out."""
+    batch, hq, hkv, s, d, sink, recent = case
+    gen = torch.Generator().manual_seed(case_seed(case, "scores"))
+    inputs, seq_lens, dout = pod_case_inputs(case, torch.float32, gen)
+    q_anchor = torch.randn(batch, hq, s, d, generator=gen).to(DEVICE).requires_grad_()
+    calls = []
+    real = split.PodSplitAttentionFunction.apply
+    monkeypatch.setattr(split.PodSplitAttentionFunction, "apply", lambda *a: calls.append(1) or real(*a))
+    monkeypatch.setenv("PODKIT_POD_ATTENTION", "split")
+    out = pod_prefill_attention_triton(*inputs, seq_lens, sink=sink, recent=recent, q_distant=q_anchor)
+    assert calls == [1] or s <= sink + recent, "the split path did not run"
+    grads = torch.autograd.grad(out, [*inputs, q_anchor], dout)
+    exact_in = [t.detach().double().requires_grad_() for t in (*inputs, q_anchor)]
+    q, k_own, k_anchor, v, qa = exact_in
+    exact_out = reference.pod_prefill_attention(q, k_own, k_anchor, v, seq_lens, sink=sink, recent=recent,
+                                                q_distant=qa)
+    exact_grads = torch.autograd.grad(exact_out, exact_in, dout.double())
+    by_hand = _scores_sharing_by_hand(*(t.detach().cpu() for t in exact_in[:1] + exact_in[4:] + exact_in[1:4]),
+                                      seq_lens, sink, recent)
+    assert torch.allclose(exact_out.detach().cpu(), by_hand, atol=1e-10)
+    for name, got, want in zip(("out", "dq", "dk_own", "dk_anchor", "dv", "dq_anchor"), (out, *grads),
+                               (exact_out, *exact_grads)):
+        assert (got.double() - want).abs().max().item() < 2e-4, name
+    if sink + recent < s:  # the distant pairs read the anchor's queries, not the layer's
+        assert grads[4].abs().sum() > 0
+    plain = pod_prefill_attention_triton(*inputs, seq_lens, sink=sink, recent=recent)
+    assert sink + recent >= s or not torch.allclose(plain, out)
+
+
+def test_score_sharing_refuses_a_gate_and_a_wrong_shape():
+    q = torch.randn(1, 2, 8, 16, device=DEVICE)
+    k = torch.randn(1, 1, 8, 16, device=DEVICE)
+    lens = torch.tensor([8], device=DEVICE)
+    with pytest.raises(ValueError, match=r"q_distant shape \(1, 2, 4, 16\) must equal q's \(1, 2, 8, 16\)"):
+        pod_prefill_attention_triton(q, k, k, k, lens, sink=1, recent=2, q_distant=q[:, :, :4])
+    with pytest.raises(ValueError, match="return_gate=True with q_distant"):
+        pod_prefill_attention_triton(q, k, k, k, lens, sink=1, recent=2, q_distant=q, return_gate=True)
