@@ -164,7 +164,6 @@ class GenerationEngine:
             raise EngineError(f"token_sparse_keep_ratio={token_sparse_keep_ratio!r} is invalid: expected a number "
                               f"in (0, 1]")
         self.token_sparse_keep_ratio = token_sparse_keep_ratio
-        pod = self.config.pod
         reason = unsupported_reason(self.config)
         if reason is not None:
             raise EngineError(reason)

@@ -17,8 +17,8 @@ import torch
 
 from sparse_models.cache_stepper import ModelCacheStepper
 from sparse_models.engine import GenerationEngine
-from sparse_models.engine.engine import unsupported_reason
 from sparse_models.engine.answers import engine_answers, slots_needed
+from sparse_models.engine.engine import unsupported_reason
 from train.long_context_eval import ruler
 
 
