@@ -1,7 +1,8 @@
 """Per-head needle analysis: does TidalDecode's selection keep the pass key for the heads that read it?
 
-The fidelity sweep finds TidalDecode @128 at 0% passkey accuracy on SmolLM2-135M while exact per-head
-top-128 attention keeps most of dense's 60%. This command tests the explanation head by head.
+The fidelity sweep finds TidalDecode @128 losing the pass key on SmolLM2-135M while exact per-head top-128
+attention keeps most of dense's accuracy (BENCHMARKS.md, "Fidelity on SmolLM2-135M"). This command tests the
+explanation head by head.
 
 For each passkey prompt, one dense teacher-forced forward over ``context + question + answer[:-1]``
 gives the post-RoPE queries and keys of every layer. The *answer queries* are the positions that
