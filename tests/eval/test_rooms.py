@@ -178,3 +178,44 @@ def test_the_lazy_import_check_catches_an_unexplained_one(tmp_path):
                                                    "eval/sub/mod.py:13: from eval.models import load_model",
                                                    "eval/sub/mod.py:17: import re",
                                                    "eval/sub/mod.py:25: import re  # not why"]
+
+
+MAIN_LINES = 100
+
+
+def long_mains(root: Path = REPO, package: str = "eval", limit: int = MAIN_LINES) -> list[str]:
+    """Entry points of ``root/package`` longer than ``limit`` lines: a function named ``main`` / ``_main`` and a
+    module's ``if __name__ == "__main__":`` block (ARCHITECTURE.md, "eval": argument parsing, each measurement and
+    the report are named helpers)."""
+    problems = []
+    for path in sorted((root / package).rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name in ("main", "_main"):
+                name = node.name
+            elif (isinstance(node, ast.If) and node in tree.body and "__name__" in ast.unparse(node.test)
+                  and "__main__" in ast.unparse(node.test)):
+                name = "__main__ block"
+            else:
+                continue
+            length = node.end_lineno - node.lineno + 1
+            if length > limit:
+                problems.append(f"{rel}:{node.lineno}: {name} is {length} lines")
+    return problems
+
+
+def test_mains_stay_under_100_lines():
+    problems = long_mains()
+    assert not problems, f"entry points over {MAIN_LINES} lines; split them into named helpers:\n" + "\n".join(problems)
+
+
+def test_the_main_length_check_catches_a_long_one(tmp_path):
+    (tmp_path / "eval" / "bench").mkdir(parents=True)
+    def body(lines: int) -> str:
+        return "".join(f"    x{i} = {i}\n" for i in range(lines))
+
+    (tmp_path / "eval" / "bench" / "long.py").write_text(f"def main():\n{body(100)}\n\ndef helper():\n{body(200)}")
+    (tmp_path / "eval" / "short.py").write_text(f"def main():\n{body(99)}\n\nif __name__ == '__main__':\n{body(100)}")
+    assert long_mains(tmp_path) == ["eval/bench/long.py:1: main is 101 lines",
+                                    "eval/short.py:103: __main__ block is 101 lines"]
