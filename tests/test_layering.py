@@ -13,6 +13,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 LAYERS = ("kernels", "sparse_models", "train", "eval")
 
@@ -130,23 +132,23 @@ def import_circles(graph: dict[str, set[str]]) -> list[list[str]]:
     return circles
 
 
-def test_no_import_circles():
-    circles = import_circles(import_graph())
-    assert not circles, "modules that import each other (directly or through others):\n" + "\n".join(
-        " <-> ".join(c) for c in circles)
+def _layers(root: Path) -> None:
+    for layer in LAYERS:
+        (root / layer).mkdir()
 
 
-def test_no_type_only_import_circles():
-    """Not even for annotations: the model cache and POD's scheme once imported each other under TYPE_CHECKING, a
-    sign the layout belonged to neither (it is sparse_models/ring.py and cache_layout.py now)."""
-    circles = import_circles(import_graph(type_only=True))
-    assert not circles, "modules that import each other, type-only imports counted:\n" + "\n".join(
-        " <-> ".join(c) for c in circles)
+@pytest.mark.parametrize("type_only", [False, True], ids=["runtime", "type_only"])
+def test_no_import_circles(type_only):
+    """type_only: not even for annotations (the model cache and POD's scheme once imported each other under
+    TYPE_CHECKING, a sign the layout belonged to neither: it is sparse_models/ring.py and cache_layout.py now)."""
+    circles = import_circles(import_graph(type_only=type_only))
+    assert not circles, ("modules that import each other (directly or through others"
+                         + (", type-only imports counted" if type_only else "") + "):\n"
+                         + "\n".join(" <-> ".join(c) for c in circles))
 
 
 def test_the_type_only_check_catches_a_type_only_circle(tmp_path):
-    for layer in LAYERS:
-        (tmp_path / layer).mkdir()
+    _layers(tmp_path)
     (tmp_path / "sparse_models" / "cache.py").write_text("from sparse_models.schemes import pod\n")
     (tmp_path / "sparse_models" / "schemes").mkdir()
     (tmp_path / "sparse_models" / "schemes" / "pod.py").write_text(
@@ -157,8 +159,7 @@ def test_the_type_only_check_catches_a_type_only_circle(tmp_path):
 
 
 def test_the_circle_check_catches_a_lazy_circle(tmp_path):
-    for layer in LAYERS:
-        (tmp_path / layer).mkdir()
+    _layers(tmp_path)
     (tmp_path / "train" / "__init__.py").write_text("from train import data\n")
     (tmp_path / "train" / "data.py").write_text("from train.recipe import Recipe\n")
     (tmp_path / "train" / "recipe.py").write_text("def check():\n    from . import data\n")
@@ -172,8 +173,7 @@ def test_no_upward_imports():
 
 
 def test_the_walk_catches_an_upward_import(tmp_path):
-    for layer in LAYERS:
-        (tmp_path / layer).mkdir()
+    _layers(tmp_path)
     (tmp_path / "kernels" / "ok.py").write_text("import torch\nfrom . import reference\n")
     (tmp_path / "sparse_models" / "bad.py").write_text("def f():\n    from eval.models import load\n")
     (tmp_path / "train" / "bad.py").write_text("import eval.data.texts as texts\nimport sparse_models\n")
