@@ -52,6 +52,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from tqdm.auto import tqdm
 
 from eval.models import load_model, load_tokenizer
 from eval.tasks.haystack import check_haystack
@@ -257,8 +258,6 @@ def current_token_logits(q_last: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
 def analyse_prompts(model, prompts: list[TeacherForcedPrompt], *, budgets: list[int], selection_layers: list[int],
                     full_layers: list[int], head_threshold: float = 0.1, progress: bool = True) -> dict:
     """Run the analysis; returns matrices (tensors), retrieval heads and per-prompt records."""
-    from tqdm.auto import tqdm
-
 
     if not prompts:
         raise ValueError("no prompts to analyse")
@@ -376,6 +375,7 @@ def plot_needle_heads(result: dict, path: str | Path, budget: int = 128) -> Path
     import matplotlib  # lazy: matplotlib is optional (plots only)
 
     matplotlib.use("Agg")
+    # lazy: matplotlib is optional, and pyplot must come after the backend is chosen
     import matplotlib.pyplot as plt
     from matplotlib.patches import Rectangle
 

@@ -95,13 +95,6 @@ def test_the_old_commands_still_run():
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stdout[-2000:] + done.stderr[-4000:]
 
 
-# eval/studies/needle_heads.py's three local imports are left to the helper that owns that file (issue 30); the
-# exemption names the lines, so a new un-commented import there still fails.
-LAZY_EXEMPT = {("eval/studies/needle_heads.py", "from tqdm.auto import tqdm"),
-               ("eval/studies/needle_heads.py", "import matplotlib.pyplot as plt"),
-               ("eval/studies/needle_heads.py", "from matplotlib.patches import Rectangle")}
-
-
 def unexplained_local_imports(root: Path = REPO, package: str = "eval") -> list[str]:
     """``import`` / ``from ... import`` inside a function body of ``root/package`` without a comment containing
     "lazy" on its line(s) or the line above (issue 30: imports are hoisted to module level unless there is a reason,
@@ -131,8 +124,7 @@ def unexplained_local_imports(root: Path = REPO, package: str = "eval") -> list[
                     if isinstance(statement, (ast.Import, ast.ImportFrom)):
                         if previous_import is None or statement.lineno != previous_import.end_lineno + 1:
                             run_explained = above_says_lazy(statement)
-                        if not (run_explained or says_lazy(statement) or above_says_lazy(statement)
-                                or (rel, lines[statement.lineno - 1].strip()) in LAZY_EXEMPT):
+                        if not (run_explained or says_lazy(statement) or above_says_lazy(statement)):
                             problems.append(f"{rel}:{statement.lineno}: {lines[statement.lineno - 1].strip()}")
                         previous_import = statement
                     else:
