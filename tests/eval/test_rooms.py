@@ -211,3 +211,45 @@ def test_the_main_length_check_catches_a_long_one(tmp_path):
     (tmp_path / "eval" / "short.py").write_text(f"def main():\n{body(99)}\n\nif __name__ == '__main__':\n{body(100)}")
     assert long_mains(tmp_path) == ["eval/bench/long.py:1: main is 101 lines",
                                     "eval/short.py:103: __main__ block is 101 lines"]
+
+
+PRIVATE_KERNEL_PREFIXES = ("_", "triton_", "gluon_")  # the launchers and device code behind kernels' public ops
+
+
+def private_kernel_imports(root: Path = REPO, package: str = "eval") -> list[str]:
+    """Imports of a private kernel module (``kernels._*``, ``kernels.triton_*``, ``kernels.gluon_*``) outside
+    ``eval/bench``: only the benchmarks time variants under test; the rest of eval calls the public ops."""
+    problems = []
+    for path in sorted((root / package).rglob("*.py")):
+        rel = path.relative_to(root)
+        if rel.parts[1:2] == ("bench",):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names] \
+                    if node.module == "kernels" else [node.module]
+            else:
+                continue
+            for name in names:
+                parts = name.split(".")
+                if parts[0] == "kernels" and len(parts) > 1 and parts[1].startswith(PRIVATE_KERNEL_PREFIXES):
+                    problems.append(f"{rel.as_posix()}:{node.lineno}: {name}")
+    return problems
+
+
+def test_only_the_benchmarks_reach_private_kernel_modules():
+    problems = private_kernel_imports()
+    assert not problems, "private kernel modules imported outside eval/bench (use kernels' public ops):\n" + \
+        "\n".join(problems)
+
+
+def test_the_private_kernel_check_catches_one(tmp_path):
+    for room in ("bench", "harness"):
+        (tmp_path / "eval" / room).mkdir(parents=True)
+        (tmp_path / "eval" / room / "mod.py").write_text(
+            "import kernels\nfrom kernels.reference import decode_attention\nfrom kernels import _decode_topk\n"
+            "def f():\n    from kernels.triton_quest_pages import quest_page_scores_triton\n")
+    assert private_kernel_imports(tmp_path) == ["eval/harness/mod.py:3: kernels._decode_topk",
+                                                "eval/harness/mod.py:5: kernels.triton_quest_pages"]
