@@ -56,7 +56,8 @@ the prefill's quantiser (kernels/triton_fp8_quantize.py, the CUDA side of the pu
 therefore round in software (``kernels/_fp8_device.py``: c10's integer algorithm, the same bits in the interpreter
 and compiled) and store uint8 bytes through a ``uint8`` view of the cache; the divisions are ``tl.math.div_rn``
 (IEEE, as torch). The tests check byte equality with this module under the interpreter, and the FP8 variant of
-each kernel path compiles for sm_90 without a GPU (tests/kernels/sm90_compile.py). Not yet run on an H100 / H200.
+each kernel path compiles for sm_90 without a GPU (tests/kernels/sm90_compile.py); their GPU runs: BENCHMARKS.md,
+"GPU tests" and "FP8 KV cache".
 """
 
 from __future__ import annotations

@@ -168,8 +168,9 @@ def _decode_split_kernel(
                     g_mask, offs_d, D)
 
 
-# FP8 full-decode variants (issue 32: the FP8 kernel ran no faster than bf16 on an H200 although it reads half
-# the bytes), A/B-timed by benchmarks/plans/issue32_fp8_variants.py. cvt: the CVT constexpr of
+# FP8 full-decode variants (the FP8 kernel ran no faster than bf16 on an H200 although it reads half the bytes),
+# A/B-timed by benchmarks/plans/issue32_fp8_variants.py (BENCHMARKS.md, "H200, 2026-12-04: FP8 decode variants").
+# cvt: the CVT constexpr of
 # _decode_split_kernel (0 e4m3 -> fp32 -> q's dtype; 1 e4m3 -> q's dtype; 2 keys as fp16, q.k in fp16; 3 keys and
 # values as fp16, both dots in fp16); remask: the REMASK constexpr (1: V, 2: K and V re-masked after the
 # conversion, see kernels/_fp8_device.load_kv_tile: "vreg" names); block_n / num_warps / num_stages: the launch;
@@ -264,7 +265,8 @@ def decode_attention_triton(q, k_cache, v_cache, seq_lens, *, scale=None, return
     Returns out [B,Hq,D] (q.dtype; fp32 accumulation), and with return_scores=True also
     scores [B,Hq,N] fp32 raw logits q.k*scale with -inf at slots >= seq_lens[b].
     fp8_variant: FP8 caches only, a name of FP8_DECODE_VARIANTS (None: $PODKIT_FP8_DECODE_VARIANT, default
-    "base"); all give the same results within rounding (issue 32's A/B timing).
+    "base"); all give the same results within rounding (their timings: BENCHMARKS.md, "H200, 2026-12-04: FP8
+    decode variants").
     """
     B, Hq, Hkv, N, D, G = _check_decode_inputs(q, k_cache, v_cache, seq_lens, k_scale, v_scale)
     launch = resolve_fp8_variant(fp8_variant) if k_scale is not None else {}

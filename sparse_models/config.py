@@ -70,7 +70,8 @@ class _SparseAttentionConfigBase:
         """A copy with flat overrides applied, e.g. ``decode_scheme="tidal", tidal_budget=256``.
 
         Keys are ``prefill_scheme``, ``decode_scheme``, ``kv_cache_dtype`` or ``<section>_<field>`` for a config section
-        (pod, tidal, token_sparse, quest, streaming). Unknown keys raise ConfigError.
+        (one per registered scheme with parameters, ``schemes.registry.config_sections()``). Unknown keys raise
+        ConfigError.
         """
         data = self.to_dict()
         for key, value in overrides.items():

@@ -75,8 +75,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--decode-kernels", choices=["auto", "standard", "fused"], default="auto",
                    help="the decode step: standard (one cuBLAS F.linear per projection and indexed cache writes), "
                         "fused (q/k/v and gate/up each as one grouped matrix-vector launch and a one-launch KV append; "
-                        "batches of at most 64; 0.6-1.1 ms per token faster on an H200), or auto (default: fused on "
-                        "CUDA when the batch fits)")
+                        "batches of at most 64; faster per token on an H200, BENCHMARKS.md), or auto (default: "
+                        "fused on CUDA when the batch fits)")
     warm = p.add_mutually_exclusive_group()
     warm.add_argument("--warmup", dest="warmup", action="store_true", default=None,
                       help="before the timed run, generate 3 tokens on the same prompts to compile kernels and "

@@ -119,6 +119,20 @@ def test_readme_summary_agrees_with_the_status_table():
     assert disagreements(STATUS, SUMMARY) == []
 
 
+def stated_date_range(text: str) -> tuple[str, str]:
+    """The README Results intro's "GPU rows: one NVIDIA H200, <first> to <last>"."""
+    match = re.search(r"GPU rows: [^.]*?(\d{4}-\d{2}-\d{2}) to (\d{4}-\d{2}-\d{2})", text)
+    assert match, "the README's Results intro no longer states the GPU rows' dates: update this test"
+    return match.group(1), match.group(2)
+
+
+def test_readme_rows_lie_in_the_dates_it_states():
+    """The intro once said the rows ran to 12-01 above rows dated 12-02: every summary row's date is in the range."""
+    first, last = stated_date_range(_section(README, "Results"))
+    outside = sorted({row["date"] for row in SUMMARY if not first <= row["date"] <= last})
+    assert outside == [], f"README rows dated outside the stated {first} to {last}"
+
+
 def test_every_link_into_benchmarks_resolves():
     anchors = heading_anchors(BENCHMARKS)
     inside = re.findall(r"\]\(#([^)\s]+)\)", BENCHMARKS)
@@ -156,6 +170,44 @@ def test_readme_names_only_registered_schemes():
     assert {"dense", "tidal"} <= named["decode"] and {"dense", "token_sparse"} <= named["prefill"]
     for phase, names in named.items():
         assert sorted(names - set(scheme_names(phase))) == [], f"README {phase} schemes the registry lacks"
+
+
+def _readme_lists() -> dict[str, set[str]]:
+    """The README's "Prefill schemes: ... Decode schemes: ..." lists alone."""
+    return {phase: set(re.findall(r"`([^`]+)`", re.search(rf"{phase.capitalize()} schemes: ((?:`[^`]+`,?\s*)+)",
+                                                           README).group(1)))
+            for phase in ("prefill", "decode")}
+
+
+def test_readme_lists_every_registered_scheme():
+    """The other direction: a scheme in the registry but not in the README's lists (the lists went stale once)."""
+    from sparse_models.schemes.registry import scheme_names
+
+    for phase, names in _readme_lists().items():
+        assert sorted(set(scheme_names(phase)) - names) == [], f"registered {phase} schemes the README does not list"
+
+
+ARCHITECTURE = (REPO / "ARCHITECTURE.md").read_text()
+
+
+def architecture_lists(text: str) -> dict[str, list[str]]:
+    """ARCHITECTURE.md's closed lists of what the registry holds: the config sections ("... `streaming` today") and
+    the built-in roles per phase ("the built-in ones: ... in prefill; ... in decode")."""
+    sections = re.search(r"schemes/<method>\.py`; ((?:`[^`]+`,?\s*)+)today\)", text)
+    roles = re.search(r"the\s+built-in ones: (.+?) in prefill; (.+?) in decode\)", text, flags=re.S)
+    assert sections and roles, "ARCHITECTURE.md's lists of config sections / roles moved: update this test"
+    split = lambda listed: sorted(" ".join(listed.split()).split(", "))  # noqa: E731
+    return {"sections": sorted(re.findall(r"`([^`]+)`", sections.group(1))),
+            "prefill": split(roles.group(1)), "decode": split(roles.group(2))}
+
+
+def test_architecture_lists_are_the_registry():
+    from sparse_models.schemes.registry import SCHEMES, config_sections
+
+    registry = {"sections": sorted(config_sections()),
+                "prefill": sorted({role for s in SCHEMES.values() for role in s.prefill}),
+                "decode": sorted({role for s in SCHEMES.values() for role in s.decode})}
+    assert architecture_lists(ARCHITECTURE) == registry
 
 
 # --- the checks themselves, on planted text -------------------------------------------------------------------
@@ -203,6 +255,13 @@ def test_parser_reads_the_planted_tables():
 def test_a_planted_disagreement_fails(value, verdict, target, what):
     problems = _planted(_planted_readme(value, verdict, target))
     assert len(problems) == 1 and what in problems[0], problems
+
+
+def test_the_architecture_list_check_reads_a_planted_text():
+    text = ("of the registered schemes (each defined in its `schemes/<method>.py`; `pod`,\n  `recent` today); ...\n"
+            "(the built-in ones: dense, pod-anchor in prefill; dense,\n  recent in decode).")
+    assert architecture_lists(text) == {"sections": ["pod", "recent"], "prefill": ["dense", "pod-anchor"],
+                                        "decode": ["dense", "recent"]}
 
 
 def test_heading_anchors_follow_github():

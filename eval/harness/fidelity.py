@@ -1,4 +1,4 @@
-"""``python -m eval.fidelity``: the fidelity sweep on SmolLM2-135M-Instruct (issue 6, item 4).
+"""``python -m eval.fidelity``: the fidelity sweep on SmolLM2-135M-Instruct (BENCHMARKS.md, "Fidelity on SmolLM2-135M").
 
 What it measures, for dense, every budgeted decode scheme of the registry (``eval.schemes.budget_sweep_methods``:
 TidalDecode, Quest, StreamingLLM, ...) at budgets 32/64/128/256, Token
@@ -195,7 +195,8 @@ def load_records(path: Path) -> list[dict]:
 
 
 def check_targets(summary: dict) -> list[str]:
-    """The issue's targets, each as a line saying met / missed and by how much (only where measured)."""
+    """The fidelity targets (BENCHMARKS.md's status table), each as a line saying met / missed and by how much (only
+    where measured)."""
     lines: list[str] = []
     passkey, ppl = summary.get("passkey", {}), summary.get("ppl", {})
 

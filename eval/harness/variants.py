@@ -1,4 +1,5 @@
-"""RULER sweep of each method's variants (issue 31) and the documented pick, stored in an export's config.
+"""RULER sweep of each method's variants and the documented pick, stored in an export's config (BENCHMARKS.md,
+"TidalDecode and Token Sparse variants on RULER").
 
 Grids (:func:`tidal_grid`, :func:`token_sparse_grid`): a label and flat overrides each (sparse_models/config.py
 ``with_overrides``), one factor at a time from today's default plus a few combinations; TidalDecode's are crossed

@@ -1,7 +1,8 @@
 """Per-head needle analysis: does TidalDecode's selection keep the pass key for the heads that read it?
 
-The fidelity sweep finds TidalDecode @128 at 0% passkey accuracy on SmolLM2-135M while exact per-head
-top-128 attention keeps most of dense's 60%. This command tests the explanation head by head.
+The fidelity sweep finds TidalDecode @128 losing the pass key on SmolLM2-135M while exact per-head top-128
+attention keeps most of dense's accuracy (BENCHMARKS.md, "Fidelity on SmolLM2-135M"). This command tests the
+explanation head by head.
 
 For each passkey prompt, one dense teacher-forced forward over ``context + question + answer[:-1]``
 gives the post-RoPE queries and keys of every layer. The *answer queries* are the positions that
@@ -51,6 +52,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from tqdm.auto import tqdm
 
 from eval.models import load_model, load_tokenizer
 from eval.tasks.haystack import check_haystack
@@ -256,8 +258,6 @@ def current_token_logits(q_last: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
 def analyse_prompts(model, prompts: list[TeacherForcedPrompt], *, budgets: list[int], selection_layers: list[int],
                     full_layers: list[int], head_threshold: float = 0.1, progress: bool = True) -> dict:
     """Run the analysis; returns matrices (tensors), retrieval heads and per-prompt records."""
-    from tqdm.auto import tqdm
-
 
     if not prompts:
         raise ValueError("no prompts to analyse")
@@ -375,6 +375,7 @@ def plot_needle_heads(result: dict, path: str | Path, budget: int = 128) -> Path
     import matplotlib  # lazy: matplotlib is optional (plots only)
 
     matplotlib.use("Agg")
+    # lazy: matplotlib is optional, and pyplot must come after the backend is chosen
     import matplotlib.pyplot as plt
     from matplotlib.patches import Rectangle
 

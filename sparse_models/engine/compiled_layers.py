@@ -2,8 +2,8 @@
 
 Why: a decode step of a Llama-3-8B shape at batch 1 launches ~45 kernels per layer in eager PyTorch
 (RMSNorm alone is 7 elementwise kernels, RoPE ~10), ~1,400 per step; even inside a CUDA graph each
-costs a few microseconds, which adds milliseconds to a step whose memory floor is ~4.5 ms (first H200
-run: podkit dense 8.6 ms/token at 32K against a 4.5 ms floor). Inductor fuses the norm, RoPE, residual
+costs a few microseconds, which adds milliseconds to a step whose memory floor is a few milliseconds
+(BENCHMARKS.md, "Where the dense decode step's time goes"). Inductor fuses the norm, RoPE, residual
 adds and SiLU-gating into a handful of kernels; the GEMMs stay cuBLAS; attention stays podkit's
 Triton kernels (outside the compiled regions).
 

@@ -86,8 +86,8 @@ def fit_to_positions(prompts: list[list[int]], max_new_tokens: int, max_position
                      truncate: bool = False) -> tuple[list[list[int]], dict[int, int]]:
     """Check prompt + new tokens against the model's ``max_position_embeddings``, before any work.
 
-    Beyond it, RoPE positions were never trained and the output is garbage (issue 16: a 9,001-token
-    prompt to an 8,192-position model ran for minutes and printed nonsense). ``truncate``: keep the
+    Beyond it, RoPE positions were never trained and the output is garbage (such a prompt runs for
+    minutes and prints nonsense). ``truncate``: keep the
     last ``max_positions - max_new_tokens`` tokens of a longer prompt (the end usually holds the
     question) instead of raising. Returns (prompts, {index: original length} of the truncated ones).
     """
@@ -147,9 +147,9 @@ class GenerationEngine:
         decode_kernels: ``"standard"`` (one cuBLAS ``F.linear`` per projection, indexed cache writes), ``"fused"``
             (q/k/v in one launch, gate/up in one with the SiLU gating fused, ``grouped_projections``; keys and values
             appended in one launch, ``kernels.append_kv``; batches of at most 64) or ``"auto"`` (default): fused on
-            CUDA with ``max_batch_size <= 64``, standard otherwise. On an H200 the fused step is 0.6-1.1 ms faster
-            per token than the standard one for every scheme (BENCHMARKS.md "Where the dense decode step's time
-            goes"). The choice made is ``engine.decode_kernels``.
+            CUDA with ``max_batch_size <= 64``, standard otherwise. On an H200 the fused step is faster per token than
+            the standard one for every scheme (BENCHMARKS.md "Where the dense decode step's time goes"). The choice
+            made is ``engine.decode_kernels``.
         **overrides: flat scheme overrides (``decode_scheme="tidal", tidal_budget=2048``).
     """
 

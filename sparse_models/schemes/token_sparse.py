@@ -7,8 +7,9 @@ within ``coverage``, keep at least ``min_tokens``), each query head keeps its ow
 window, attention runs among the kept tokens only (``kernels.sparse_prefill_attention``) and the
 outputs are scattered back with zeros elsewhere, so the residual stream passes through unchanged at
 dropped positions. Unlike the reference code, ragged batches work: each sequence gets its own budget.
-Kept regions beyond the paper (issue 31's sweep): ``sink_tokens`` (the first tokens, always kept) and
-``keep_window=False`` (the window competes for the budget; METHODS.md C.1).
+Kept regions beyond the paper (options of the RULER variant sweep, BENCHMARKS.md "TidalDecode and Token Sparse
+variants on RULER"): ``sink_tokens`` (the first tokens, always kept) and ``keep_window=False`` (the window competes
+for the budget; METHODS.md C.1).
 
 Decode is untouched (the full K/V are written to the cache before compression).
 """

@@ -95,13 +95,6 @@ def test_the_old_commands_still_run():
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stdout[-2000:] + done.stderr[-4000:]
 
 
-# eval/studies/needle_heads.py's three local imports are left to the helper that owns that file (issue 30); the
-# exemption names the lines, so a new un-commented import there still fails.
-LAZY_EXEMPT = {("eval/studies/needle_heads.py", "from tqdm.auto import tqdm"),
-               ("eval/studies/needle_heads.py", "import matplotlib.pyplot as plt"),
-               ("eval/studies/needle_heads.py", "from matplotlib.patches import Rectangle")}
-
-
 def unexplained_local_imports(root: Path = REPO, package: str = "eval") -> list[str]:
     """``import`` / ``from ... import`` inside a function body of ``root/package`` without a comment containing
     "lazy" on its line(s) or the line above (issue 30: imports are hoisted to module level unless there is a reason,
@@ -131,8 +124,7 @@ def unexplained_local_imports(root: Path = REPO, package: str = "eval") -> list[
                     if isinstance(statement, (ast.Import, ast.ImportFrom)):
                         if previous_import is None or statement.lineno != previous_import.end_lineno + 1:
                             run_explained = above_says_lazy(statement)
-                        if not (run_explained or says_lazy(statement) or above_says_lazy(statement)
-                                or (rel, lines[statement.lineno - 1].strip()) in LAZY_EXEMPT):
+                        if not (run_explained or says_lazy(statement) or above_says_lazy(statement)):
                             problems.append(f"{rel}:{statement.lineno}: {lines[statement.lineno - 1].strip()}")
                         previous_import = statement
                     else:
@@ -178,3 +170,86 @@ def test_the_lazy_import_check_catches_an_unexplained_one(tmp_path):
                                                    "eval/sub/mod.py:13: from eval.models import load_model",
                                                    "eval/sub/mod.py:17: import re",
                                                    "eval/sub/mod.py:25: import re  # not why"]
+
+
+MAIN_LINES = 100
+
+
+def long_mains(root: Path = REPO, package: str = "eval", limit: int = MAIN_LINES) -> list[str]:
+    """Entry points of ``root/package`` longer than ``limit`` lines: a function named ``main`` / ``_main`` and a
+    module's ``if __name__ == "__main__":`` block (ARCHITECTURE.md, "eval": argument parsing, each measurement and
+    the report are named helpers)."""
+    problems = []
+    for path in sorted((root / package).rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name in ("main", "_main"):
+                name = node.name
+            elif (isinstance(node, ast.If) and node in tree.body and "__name__" in ast.unparse(node.test)
+                  and "__main__" in ast.unparse(node.test)):
+                name = "__main__ block"
+            else:
+                continue
+            length = node.end_lineno - node.lineno + 1
+            if length > limit:
+                problems.append(f"{rel}:{node.lineno}: {name} is {length} lines")
+    return problems
+
+
+def test_mains_stay_under_100_lines():
+    problems = long_mains()
+    assert not problems, f"entry points over {MAIN_LINES} lines; split them into named helpers:\n" + "\n".join(problems)
+
+
+def test_the_main_length_check_catches_a_long_one(tmp_path):
+    (tmp_path / "eval" / "bench").mkdir(parents=True)
+    def body(lines: int) -> str:
+        return "".join(f"    x{i} = {i}\n" for i in range(lines))
+
+    (tmp_path / "eval" / "bench" / "long.py").write_text(f"def main():\n{body(100)}\n\ndef helper():\n{body(200)}")
+    (tmp_path / "eval" / "short.py").write_text(f"def main():\n{body(99)}\n\nif __name__ == '__main__':\n{body(100)}")
+    assert long_mains(tmp_path) == ["eval/bench/long.py:1: main is 101 lines",
+                                    "eval/short.py:103: __main__ block is 101 lines"]
+
+
+PRIVATE_KERNEL_PREFIXES = ("_", "triton_", "gluon_")  # the launchers and device code behind kernels' public ops
+
+
+def private_kernel_imports(root: Path = REPO, package: str = "eval") -> list[str]:
+    """Imports of a private kernel module (``kernels._*``, ``kernels.triton_*``, ``kernels.gluon_*``) outside
+    ``eval/bench``: only the benchmarks time variants under test; the rest of eval calls the public ops."""
+    problems = []
+    for path in sorted((root / package).rglob("*.py")):
+        rel = path.relative_to(root)
+        if rel.parts[1:2] == ("bench",):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names] \
+                    if node.module == "kernels" else [node.module]
+            else:
+                continue
+            for name in names:
+                parts = name.split(".")
+                if parts[0] == "kernels" and len(parts) > 1 and parts[1].startswith(PRIVATE_KERNEL_PREFIXES):
+                    problems.append(f"{rel.as_posix()}:{node.lineno}: {name}")
+    return problems
+
+
+def test_only_the_benchmarks_reach_private_kernel_modules():
+    problems = private_kernel_imports()
+    assert not problems, "private kernel modules imported outside eval/bench (use kernels' public ops):\n" + \
+        "\n".join(problems)
+
+
+def test_the_private_kernel_check_catches_one(tmp_path):
+    for room in ("bench", "harness"):
+        (tmp_path / "eval" / room).mkdir(parents=True)
+        (tmp_path / "eval" / room / "mod.py").write_text(
+            "import kernels\nfrom kernels.reference import decode_attention\nfrom kernels import _decode_topk\n"
+            "def f():\n    from kernels.triton_quest_pages import quest_page_scores_triton\n")
+    assert private_kernel_imports(tmp_path) == ["eval/harness/mod.py:3: kernels._decode_topk",
+                                                "eval/harness/mod.py:5: kernels.triton_quest_pages"]
