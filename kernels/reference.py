@@ -424,7 +424,7 @@ def pod_prefill_attention(q, k_own, k_anchor, v, seq_lens, *, sink, recent, scal
 
 def pod_decode_attention(q, k_local, k_anchor, v_cache, seq_lens, *, sink, recent, scale=None, gate_tau=None,
                          return_gate=False, gate_estimate=None, return_skip=False, return_scores=False,
-                         k_local_scale=None, k_anchor_scale=None, v_scale=None):
+                         k_local_scale=None, k_anchor_scale=None, v_scale=None, q_distant=None):
     """POD decode: proximal keys from the layer's own sink + ring, distant keys from the anchor.
 
     Args:
@@ -444,6 +444,9 @@ def pod_decode_attention(q, k_local, k_anchor, v_cache, seq_lens, *, sink, recen
             distant key).
         k_local_scale [B, Hkv, sink + recent], k_anchor_scale, v_scale [B, Hkv, N]: fp32 scales of float8_e4m3fn
             caches (kernels/fp8_kv.py: the ring keeps one scale per slot), else None.
+        q_distant: [B, Hq, D] the query of the distant logits, default ``q`` (key sharing). The anchor layer's
+            query of the same step gives v1's score sharing (distant logits ``q_a . k_a``, METHODS.md A.3); the
+            proximal logits and the gate's proximal part keep ``q``.
     Returns:
         out [B, Hq, D]; with return_gate also gate [B, Hq] (the exact gate, computed before any
         skipping); with return_skip also skip [B, Hq] bool (heads that dropped the distant part); with
@@ -478,8 +481,9 @@ def pod_decode_attention(q, k_local, k_anchor, v_cache, seq_lens, *, sink, recen
         local_slot = torch.where(j < sink, j, sink + (j % recent)).clamp(max=k_local.shape[2] - 1)
         k_prox = k_local[:, :, local_slot, :]  # [B, Hkv, N, D]
     qc = q.to(ct)
+    qd = qc if q_distant is None else q_distant.to(ct)
     logits_p = torch.einsum("bhd,bhnd->bhn", qc, _expand_kv(k_prox, num_heads).to(ct)) * sc
-    logits_d = torch.einsum("bhd,bhnd->bhn", qc, _expand_kv(k_anchor, num_heads).to(ct)) * sc
+    logits_d = torch.einsum("bhd,bhnd->bhn", qd, _expand_kv(k_anchor, num_heads).to(ct)) * sc
     logits_p = logits_p.masked_fill(~proximal[:, None], float("-inf"))
     logits_d = logits_d.masked_fill(~distant[:, None], float("-inf"))
     lse_p = torch.logsumexp(logits_p, -1)

@@ -47,9 +47,9 @@ _NUM_STAGES = 2
 
 @triton.jit
 def _pod_decode_split_kernel(
-    Q, KLocal, KAnchor, V, SeqLens, OPart, LSEPart, GateEst, Scores, KLS, KAS, VS,
+    Q, QD, KLocal, KAnchor, V, SeqLens, OPart, LSEPart, GateEst, Scores, KLS, KAS, VS,
     sm_scale, sink, recent, num_distant_splits, chunk_d, chunk_p, tau,
-    stride_qb, stride_qh,
+    stride_qb, stride_qh, stride_qdb, stride_qdh,
     stride_lb, stride_lh, stride_ln,
     stride_ab, stride_ah, stride_an,
     stride_vb, stride_vh, stride_vn,
@@ -73,7 +73,9 @@ def _pod_decode_split_kernel(
     slot = position (an anchor layer's own keys), so a proximal position's key is row `pos`, not its ring slot.
     RETURN_SCORES: each program also writes the logits of its positions to Scores[b, head, pos] (the caller
     fills the rest with -inf); every position below seq_len is written by exactly one program.
-    FP8: the three caches are float8_e4m3fn, KLS / KAS / VS their per-slot fp32 scales."""
+    FP8: the three caches are float8_e4m3fn, KLS / KAS / VS their per-slot fp32 scales.
+    QD: the distant programs' queries (Q itself under key sharing; the anchor layer's under score sharing), so each
+    program loads one query tile either way."""
     split = tl.program_id(0)
     bh = tl.program_id(1)
     b = (bh // Hkv).to(tl.int64)
@@ -84,8 +86,6 @@ def _pod_decode_split_kernel(
     g_mask = offs_g < G
     d_mask = offs_d < D
     heads = kvh * G + offs_g
-    q = tl.load(Q + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
-                mask=g_mask[:, None] & d_mask[None, :], other=0.0)
     v_base = V + b * stride_vb + kvh * stride_vh
     vs_base = VS + b * stride_vsb + kvh * stride_vsh
     s_base = Scores + b * stride_sb + heads[:, None].to(tl.int64) * stride_sh
@@ -96,6 +96,8 @@ def _pod_decode_split_kernel(
     if split < num_distant_splits:
         # distant: contiguous positions, keys from the anchor (same access pattern as full decode,
         # kept in its own loop so that the loads stay vectorised)
+        q = tl.load(QD + b * stride_qdb + heads[:, None] * stride_qdh + offs_d[None, :],
+                    mask=g_mask[:, None] & d_mask[None, :], other=0.0)
         ka_base = KAnchor + b * stride_ab + kvh * stride_ah
         kas_base = KAS + b * stride_asb + kvh * stride_ash
         dist_end = tl.maximum(sink, seq_len - recent)  # distant positions: [sink, dist_end)
@@ -124,6 +126,8 @@ def _pod_decode_split_kernel(
             m_i, l_i, acc = C.online_softmax_update(s, v, m_i, l_i, acc, True, IEEE, v_sc, FP8)
     else:
         # proximal: virtual slots t (sinks, then the ring in position order), keys from k_local
+        q = tl.load(Q + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
+                    mask=g_mask[:, None] & d_mask[None, :], other=0.0)
         kl_base = KLocal + b * stride_lb + kvh * stride_lh
         kls_base = KLS + b * stride_lsb + kvh * stride_lsh
         lo = (split - num_distant_splits) * chunk_p
@@ -212,7 +216,7 @@ def _check_inputs(q, k_local, k_anchor, v_cache, seq_lens, sink, recent, gate_ta
 def pod_decode_attention_triton(q, k_local, k_anchor, v_cache, seq_lens, *, sink, recent, scale=None,
                                 gate_tau=None, return_gate=False, gate_estimate=None, return_skip=False,
                                 return_scores=False, k_local_scale=None, k_anchor_scale=None, v_scale=None,
-                                _num_warps=_NUM_WARPS):
+                                q_distant=None, _num_warps=_NUM_WARPS):
     """POD decode attention.
 
     q: [B,Hq,D] (query at p = seq_lens-1); k_local: [B,Hkv,sink+recent,D] (sinks at slots 0..sink-1,
@@ -231,6 +235,8 @@ def pod_decode_attention_triton(q, k_local, k_anchor, v_cache, seq_lens, *, sink
     Order: out, gate, skip, scores.
     k_local_scale [B,Hkv,sink+recent], k_anchor_scale, v_scale [B,Hkv,N]: fp32 scales of float8_e4m3fn caches
     (module docstring), else None.
+    q_distant: [B,Hq,D] the query of the distant logits, default q (key sharing); the anchor layer's query of the
+    same step gives v1's score sharing (METHODS.md A.3). The proximal logits keep q.
     """
     B, Hq, Hkv, N, D, G = _check_inputs(q, k_local, k_anchor, v_cache, seq_lens, sink, recent, gate_tau,
                                         k_local_scale, k_anchor_scale, v_scale)
@@ -242,7 +248,13 @@ def pod_decode_attention_triton(q, k_local, k_anchor, v_cache, seq_lens, *, sink
     est = gate_estimate.float().contiguous() if use_est else None
     scale = C.resolve_scale(scale, D)
     by_position = k_local is None
+    if q_distant is not None:
+        C.check_float("q_distant", q_distant, 3, "[B,Hq,D]")
+        if q_distant.shape != q.shape or q_distant.dtype != q.dtype or q_distant.device != q.device:
+            raise ValueError(f"q_distant ({tuple(q_distant.shape)}, {q_distant.dtype}, {q_distant.device}) must "
+                             f"match q ({tuple(q.shape)}, {q.dtype}, {q.device})")
     q, k_anchor, v_cache = (C.last_dim_contiguous(t) for t in (q, k_anchor, v_cache))
+    q_distant = q if q_distant is None else C.last_dim_contiguous(q_distant)
     k_local = k_anchor if by_position else C.last_dim_contiguous(k_local)
     k_local_scale = k_anchor_scale if by_position else k_local_scale
     rows = B * Hkv
@@ -255,10 +267,10 @@ def pod_decode_attention_triton(q, k_local, k_anchor, v_cache, seq_lens, *, sink
     scores = torch.full((B, Hq, N), float("-inf"), device=q.device, dtype=torch.float32) if return_scores else None
     scale_args = [C.scale_args(t, lse_part) for t in (k_local_scale, k_anchor_scale, v_scale)]
     _pod_decode_split_kernel[(num_splits, rows)](
-        q, k_local, k_anchor, v_cache, seq_lens, o_part, lse_part, est if use_est else lse_part,
+        q, q_distant, k_local, k_anchor, v_cache, seq_lens, o_part, lse_part, est if use_est else lse_part,
         scores if return_scores else lse_part, *(a[0] for a in scale_args),
         scale, sink, recent, num_d, chunk_d, chunk_p, float(gate_tau) if use_est else 0.0,
-        q.stride(0), q.stride(1),
+        q.stride(0), q.stride(1), q_distant.stride(0), q_distant.stride(1),
         k_local.stride(0), k_local.stride(1), k_local.stride(2),
         k_anchor.stride(0), k_anchor.stride(1), k_anchor.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),

@@ -28,10 +28,8 @@ def engine_answers(engine, context_ids: Sequence[Sequence[int]], question_ids: S
                    max_new_tokens: Sequence[int], eos_token_id: int | None) -> list[list[int]]:
     """Greedy answer token ids (end-of-sequence excluded) per row, at most ``max_new_tokens[b]`` each.
 
-    ``engine``: a :class:`sparse_models.engine.GenerationEngine`, or a
-    :class:`sparse_models.cache_stepper.ModelCacheStepper` for configurations the engine refuses, with
-    ``max_batch_size >= len(context_ids)`` and a capacity of at least :func:`slots_needed` (every row advances
-    until the last row finishes).
+    ``engine``: a :class:`sparse_models.engine.GenerationEngine` with ``max_batch_size >= len(context_ids)``
+    and a capacity of at least :func:`slots_needed` (every row advances until the last row finishes).
     """
     batch = len(context_ids)
     if not batch or not len(question_ids) == len(max_new_tokens) == batch:

@@ -50,7 +50,7 @@ def gate_anchor_layers(cache: StaticCache) -> frozenset[int]:
     return frozenset(run.anchor for runs in cache.runs for run in runs if not run.own)
 
 
-def full_attention(cache: StaticCache, layer: int, q, lens, scale, gate_tau=None, gates=None):
+def full_attention(cache: StaticCache, layer: int, q, lens, scale, gate_tau=None, gates=None, queries=None):
     """Exact attention over every cached token (POD-aware in the shared-key layout).
 
     POD's compute skip (Ma et al., arXiv 2412.02252, section 2.3) with ``gate_tau``:
@@ -61,6 +61,9 @@ def full_attention(cache: StaticCache, layer: int, q, lens, scale, gate_tau=None
       attention plus its gate) and stores its gate; a non-anchor run takes its anchor layer's gate for the
       same query heads as the estimate and reads no distant key for heads whose estimate is >= gate_tau
       (a KV group whose heads all skip loads no distant row).
+
+    ``queries``: this step's queries [B, Hq, D] by layer under POD's v1 score sharing: a non-anchor run's distant
+    logits take its anchor layer's query (``q_distant``), and its skip is by the exact gate (``gates`` None).
     """
     batch, num_heads, _ = q.shape
     group = num_heads // cache.num_kv_heads
@@ -88,8 +91,9 @@ def full_attention(cache: StaticCache, layer: int, q, lens, scale, gate_tau=None
         else:
             k_local = cache.local_keys[layer][:batch, run.h0:run.h1]
             fp8.update(_local_scale(cache, layer, run, batch))
+            q_distant = None if queries is None else queries[run.anchor][:, hq]
             out, gate = kernels.pod_decode_attention(q[:, hq], k_local, k_full, v, lens, gate_tau=gate_tau,
-                                                     **pod, **fp8), None
+                                                     q_distant=q_distant, **pod, **fp8), None
         outs.append(out)
         layer_gates.append(gate)
     if stores_gate:
@@ -200,6 +204,9 @@ class StaticDecodeView:
 
     def full(self, q):
         pod = self.config.pod
+        if pod.sharing == "scores" and self.step is not None:  # the exact gate: the anchor's logits are at hand
+            return full_attention(self.cache, self.layer, q, self.lens, self.scale, gate_tau=pod.gate_tau,
+                                  queries=self.step.pod_queries)
         gates = self.step.pod_gates if self.step is not None and pod.gate_estimate == "anchor" else None
         return full_attention(self.cache, self.layer, q, self.lens, self.scale, gate_tau=pod.gate_tau, gates=gates)
 

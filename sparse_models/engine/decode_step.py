@@ -53,6 +53,7 @@ class DecodeStep:
         hidden = parts.embed_tokens(input_ids[:, None])  # [B, 1, hidden]
         cos, sin = rope_tables(parts, hidden, positions[:, None])
         step = DecodeStepState()
+        share_scores = cfg.pod.sharing == "scores"
         for layer_idx, (layer, function) in enumerate(zip(parts.layers, self.functions)):
             residual = hidden
             if self.compiled is not None:
@@ -61,6 +62,8 @@ class DecodeStep:
                 q, k, v = project_qkv(parts, layer, rms_norm(layer.input_layernorm, hidden), cos, sin)
             q, k, v = q[:, :, 0], k[:, :, 0], v[:, :, 0]  # [B, H, D]
             cache.append(layer_idx, k, v, positions)
+            if share_scores:  # POD v1: later layers' distant logits are this layer's q . k
+                step.pod_queries[layer_idx] = q
             view = StaticDecodeView(cache, layer_idx, lens, parts.scale, cfg, step)
             out = function(view, q, self.plan[layer_idx], step)
             out = out.reshape(batch, 1, -1).to(hidden.dtype)

@@ -29,7 +29,7 @@ from ..config import ConfigError, SparseAttentionConfig
 from ..kv_bytes import KVBytes
 from ..modeling_common import resolve_calibration_files
 from ..plan import build_plan, model_family
-from ..schemes.registry import get_scheme, scheme_names, warn_config_notices
+from ..schemes.registry import scheme_names, warn_config_notices
 from .cuda_graph import GraphedStep
 from .decode_step import DecodeStep
 from .errors import EngineError
@@ -120,16 +120,6 @@ def _synchronize(device: torch.device) -> None:
 DECODE_KERNELS = ("auto", "standard", "fused")
 
 
-def unsupported_reason(config: SparseAttentionConfig) -> str | None:
-    """Why the engine cannot run ``config`` (None: it can). It implements POD's key sharing only: v1's score
-    sharing needs the anchor layer's query of the same step in every member layer's kernel."""
-    uses_anchors = any(get_scheme(name).uses_anchors for name in (config.prefill_scheme, config.decode_scheme))
-    if uses_anchors and config.pod.sharing != "keys":
-        return (f"pod.sharing={config.pod.sharing!r} is not supported by the engine: it implements POD's key "
-                f"sharing (paper v2); use pod_sharing='keys' or the model's generate()")
-    return None
-
-
 class GenerationEngine:
     """Static-cache generation for a Llama-family model with podkit's schemes.
 
@@ -164,9 +154,6 @@ class GenerationEngine:
             raise EngineError(f"token_sparse_keep_ratio={token_sparse_keep_ratio!r} is invalid: expected a number "
                               f"in (0, 1]")
         self.token_sparse_keep_ratio = token_sparse_keep_ratio
-        reason = unsupported_reason(self.config)
-        if reason is not None:
-            raise EngineError(reason)
         if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int) or max_batch_size < 1:
             raise EngineError(f"max_batch_size={max_batch_size!r} is invalid: expected an integer >= 1")
         if decode_kernels not in DECODE_KERNELS:

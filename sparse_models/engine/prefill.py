@@ -24,6 +24,7 @@ import torch
 
 import kernels
 
+from ..anchors import assemble_anchor_queries
 from ..attention import ForwardState
 from ..config import SparseAttentionConfig
 from ..schemes.registry import get_scheme
@@ -75,6 +76,9 @@ def forward_chunk(parts: ModelParts, plan, cache: StaticCache, config: SparseAtt
     # FP8: the fresh keys of the layers another layer's POD heads read as anchors (attention reads them unquantised)
     anchor_layers = {a for p in plan for a in p.anchors if a != p.layer} if cache.fp8 else set()
     fresh_keys: dict[int, torch.Tensor] = {}
+    # v1 score sharing: the queries of the layers that POD heads read distant logits from (METHODS.md A.3)
+    query_sources = {a for p in plan for a in p.anchors if a != p.layer} if config.pod.sharing == "scores" else set()
+    fresh_queries: dict[int, torch.Tensor] = {}
     for layer_idx, layer in enumerate(parts.layers):
         role = plan[layer_idx].prefill
         residual = hidden
@@ -83,10 +87,14 @@ def forward_chunk(parts: ModelParts, plan, cache: StaticCache, config: SparseAtt
         cache.write_chunk(layer_idx, k, v, offsets, lens)
         if layer_idx in anchor_layers:
             fresh_keys[layer_idx] = k
+        if layer_idx in query_sources:
+            fresh_queries[layer_idx] = q
         if fresh and mode == "scheme":
-            k_anchor = (_anchor_keys(cache, plan, layer_idx, k, batch, s, fresh_keys)
-                        if role in scheme.anchor_key_roles else None)
-            out = scheme.prefill[role](layer_idx, q, k, v, state, k_anchor, None)
+            shared = role in scheme.anchor_key_roles
+            k_anchor = _anchor_keys(cache, plan, layer_idx, k, batch, s, fresh_keys) if shared else None
+            q_anchor = (assemble_anchor_queries(plan[layer_idx].anchors, {**fresh_queries, layer_idx: q})
+                        if shared and query_sources else None)
+            out = scheme.prefill[role](layer_idx, q, k, v, state, k_anchor, q_anchor)
         elif fresh:
             out = kernels.prefill_attention(q, k, v, offsets, lens, scale=parts.scale)
         else:

@@ -91,11 +91,13 @@ class PrefillState(Protocol):
 
 @dataclass
 class DecodeStepState:
-    """What the layers of one decode step share: the TidalDecode indices chosen so far, and POD's gates [B, Hq]
-    of the anchor layers (the engine's pod.gate_estimate="anchor" skip reads them), by layer."""
+    """What the layers of one decode step share: the TidalDecode indices chosen so far, POD's gates [B, Hq]
+    of the anchor layers (the engine's pod.gate_estimate="anchor" skip reads them), and under POD's v1 score
+    sharing the queries [B, Hq, D] of the layers other layers read distant logits from, by layer."""
 
     selected: dict[int, torch.Tensor] = field(default_factory=dict)
     pod_gates: dict[int, torch.Tensor] = field(default_factory=dict)
+    pod_queries: dict[int, torch.Tensor] = field(default_factory=dict)
 
 
 DecodeFn = Callable[[DecodeView, torch.Tensor, Any, DecodeStepState], torch.Tensor]

@@ -105,38 +105,6 @@ def pod_scores_prefill(q: torch.Tensor, q_anchor: torch.Tensor, k_own: torch.Ten
                                          recent=cfg.recent_window, q_distant=q_anchor.to(q.dtype))
 
 
-def pod_scores_decode(q: torch.Tensor, q_anchor: torch.Tensor, k_local: torch.Tensor, k_anchor: torch.Tensor,
-                      v_cache: torch.Tensor, seq_lens: torch.Tensor, cfg: PodConfig,
-                      shared_heads: torch.Tensor | None = None) -> torch.Tensor:
-    """POD v1 decode: q, q_anchor [B, Hq, D]; k_local [B, Hkv, sink + recent, D]; k_anchor, v [B, Hkv, N, D].
-
-    With ``cfg.gate_tau`` the gate is exact and cheap here (the distant logits are the anchor's), so a
-    query head with g >= tau attends to proximal positions only; ``shared_heads`` [Hq] bool limits
-    that to heads that are not their own anchor.
-    """
-    heads, d = q.shape[1], q.shape[2]
-    n = v_cache.shape[2]
-    ct = torch.float64 if q.dtype == torch.float64 else torch.float32
-    sink, recent = cfg.sink_tokens, cfg.recent_window
-    p = (seq_lens.long() - 1).to(q.device)
-    j = torch.arange(n, device=q.device)
-    causal = j[None, :] <= p[:, None]
-    proximal = ((j[None, :] < sink) | ((p[:, None] - j[None, :]) < recent)) & causal
-    slot = torch.where(j < sink, j, sink + j % recent).clamp(max=k_local.shape[2] - 1)
-    lp = torch.einsum("bhd,bhnd->bhn", q.to(ct), _expand(k_local[:, :, slot], heads).to(ct))
-    ld = torch.einsum("bhd,bhnd->bhn", q_anchor.to(ct), _expand(k_anchor, heads).to(ct))
-    lp = (lp * d ** -0.5).masked_fill(~proximal[:, None], float("-inf"))
-    ld = (ld * d ** -0.5).masked_fill(~(causal & ~proximal)[:, None], float("-inf"))
-    if cfg.gate_tau is not None:
-        gate = torch.sigmoid(torch.logsumexp(lp, -1) - torch.logsumexp(ld, -1))
-        skip = gate >= cfg.gate_tau
-        if shared_heads is not None:
-            skip = skip & shared_heads.to(skip.device)[None, :]
-        ld = ld.masked_fill(skip[..., None], float("-inf"))
-    probs = torch.softmax(torch.where(proximal[:, None], lp, ld), dim=-1)
-    return torch.einsum("bhn,bhnd->bhd", probs, _expand(v_cache, heads).to(ct)).to(q.dtype)
-
-
 def pod_prefill(q: torch.Tensor, k_own: torch.Tensor, k_anchor: torch.Tensor, v: torch.Tensor,
                 seq_lens: torch.Tensor, cfg: PodConfig, scale: float | None = None) -> torch.Tensor:
     """q [B, Hq, S, D]; k_own, k_anchor, v [B, Hkv, S, D] -> [B, Hq, S, D] (differentiable)."""
@@ -167,7 +135,8 @@ def proximal_only_decode(q: torch.Tensor, k_local: torch.Tensor, v_cache: torch.
 
 
 def pod_decode(layer: int, anchors: tuple[int, ...], q: torch.Tensor, cache: Any, seq_lens: torch.Tensor,
-               cfg: PodConfig, gates: dict[int, torch.Tensor] | None = None) -> torch.Tensor:
+               cfg: PodConfig, gates: dict[int, torch.Tensor] | None = None,
+               q_distant: torch.Tensor | None = None) -> torch.Tensor:
     """POD decode of one layer: q [B, Hq, D] at position seq_lens - 1 -> [B, Hq, D], over the model's
     ``SparseKVCache`` (``sparse_models/cache.py``; the engine's path is ``sparse_models/engine/decode_layers.py``).
 
@@ -175,20 +144,24 @@ def pod_decode(layer: int, anchors: tuple[int, ...], q: torch.Tensor, cache: Any
     estimate of later layers reads it). Inside ``pod_skip_stats.record_gate_skips()`` a decode call
     (one with ``gates``) also records its gate estimates and skips; with ``gate_tau`` None it then
     computes the gates on the side and returns the unrecorded output unchanged.
+
+    ``q_distant`` [B, Hq, D]: the anchor layers' queries of this step (v1 score sharing; None: key sharing). The
+    distant logits are then the anchor's own, so the exact gate is what decides a skip (METHODS.md A.4, reading (i)).
     """
     recorder = pod_skip_stats.active_recorder() if gates is not None else None
+    estimate_mode = "exact" if q_distant is not None else cfg.gate_estimate
     v = cache.layer_values(layer)
     own_only = all(a == layer for a in anchors)
     tau = cfg.gate_tau
     if recorder is not None and tau is None:
-        out = pod_decode(layer, anchors, q, cache, seq_lens, cfg)  # the output of an unrecorded call
+        out = pod_decode(layer, anchors, q, cache, seq_lens, cfg, q_distant=q_distant)  # unrecorded output
         _, gate = kernels.pod_decode_attention(q, cache.local_key_view(layer, seq_lens), cache.anchor_keys(layer), v,
                                                seq_lens, sink=cfg.sink_tokens, recent=cfg.recent_window,
-                                               return_gate=True)
+                                               return_gate=True, q_distant=q_distant)
         gates[layer] = gate
         group = q.shape[1] // len(anchors)
         shared_q = torch.tensor([anchors[qh // group] != layer for qh in range(q.shape[1])], device=q.device)
-        estimate = gate if cfg.gate_estimate == "exact" else _anchor_estimate(layer, anchors, gate, gates, group)
+        estimate = gate if estimate_mode == "exact" else _anchor_estimate(layer, anchors, gate, gates, group)
         recorder.add(layer, estimate, torch.zeros_like(gate, dtype=torch.bool), shared_q, group, seq_lens,
                      cfg.sink_tokens, cfg.recent_window, None)
         return out
@@ -196,12 +169,12 @@ def pod_decode(layer: int, anchors: tuple[int, ...], q: torch.Tensor, cache: Any
         return kernels.decode_attention(q, cache.anchor_keys(layer), v, seq_lens)
     k_local = cache.local_key_view(layer, seq_lens)
     k_anchor = cache.anchor_keys(layer)
-    common = dict(sink=cfg.sink_tokens, recent=cfg.recent_window)
+    common = dict(sink=cfg.sink_tokens, recent=cfg.recent_window, q_distant=q_distant)
     if tau is None:
         return kernels.pod_decode_attention(q, k_local, k_anchor, v, seq_lens, **common)
     group = q.shape[1] // len(anchors)
     shared_q = torch.tensor([anchors[qh // group] != layer for qh in range(q.shape[1])], device=q.device)
-    if cfg.gate_estimate == "exact" and bool(shared_q.all()):
+    if estimate_mode == "exact" and bool(shared_q.all()):
         # the kernel's own skip: every head of this layer reads distant keys from an anchor
         out, gate = kernels.pod_decode_attention(q, k_local, k_anchor, v, seq_lens, gate_tau=tau, return_gate=True,
                                                  **common)
@@ -218,7 +191,7 @@ def pod_decode(layer: int, anchors: tuple[int, ...], q: torch.Tensor, cache: Any
             recorder.add(layer, gate, torch.zeros_like(gate, dtype=torch.bool), shared_q, group, seq_lens,
                          cfg.sink_tokens, cfg.recent_window, tau)
         return out  # anchor heads never skip: their distant keys are their own (exact attention)
-    if cfg.gate_estimate == "exact":
+    if estimate_mode == "exact":
         estimate = gate
     else:
         estimate = _anchor_estimate(layer, anchors, gate, gates, group)
@@ -259,13 +232,10 @@ def model_view_pod(view, q: torch.Tensor) -> torch.Tensor:
     """``DecodeView.pod`` over the model's dynamic cache (``sparse_models/decode_view.CacheDecodeView``):
     q [B, Hq, D] -> [B, Hq, D] with the config's sharing and gate policy."""
     row, cache, cfg, layer = view.row, view.cache, view.config.pod, view.layer
+    q_distant = None
     if cfg.sharing == "scores" and row.shared_heads:
-        group = q.shape[1] // len(row.anchors)
-        shared = torch.tensor([row.anchors[qh // group] != layer for qh in range(q.shape[1])])
-        q_anchor = assemble_anchor_queries(row.anchors, {a: t[:, :, 0] for a, t in view.state.queries.items()})
-        return pod_scores_decode(q, q_anchor, cache.local_key_view(layer, view.lens), cache.anchor_keys(layer),
-                                 view.values, view.lens, cfg, shared)
-    return pod_decode(layer, row.anchors, q, cache, view.lens, cfg, view.state.gates)
+        q_distant = assemble_anchor_queries(row.anchors, {a: t[:, :, 0] for a, t in view.state.queries.items()})
+    return pod_decode(layer, row.anchors, q, cache, view.lens, cfg, view.state.gates, q_distant)
 
 
 def pod_chunk(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state) -> torch.Tensor:
@@ -279,12 +249,10 @@ def pod_chunk(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sta
         start = state.old_lens + j
         cache.write(layer, k[:, :, j: j + 1], v[:, :, j: j + 1], start, active)
         lens = torch.where(active.bool(), start + 1, state.new_lens.clamp(min=1))
+        q_distant = None
         if cfg.sharing == "scores" and row.shared_heads:
-            q_anchor = assemble_anchor_queries(row.anchors, {a: t[:, :, j] for a, t in state.queries.items()})
-            out = pod_scores_decode(q[:, :, j], q_anchor, cache.local_key_view(layer, lens), cache.anchor_keys(layer),
-                                    cache.layer_values(layer), lens, cfg)
-        else:
-            out = pod_decode(layer, row.anchors, q[:, :, j], cache, lens, cfg)
+            q_distant = assemble_anchor_queries(row.anchors, {a: t[:, :, j] for a, t in state.queries.items()})
+        out = pod_decode(layer, row.anchors, q[:, :, j], cache, lens, cfg, q_distant=q_distant)
         outs.append(torch.where(active.bool()[:, None, None], out, torch.zeros_like(out)))
     return torch.stack(outs, dim=2)
 

@@ -11,13 +11,16 @@ sharing). For a query at position i, a key position j <= i is *proximal* when ``
 ``i - j < recent``; proximal logits use the layer's own key k_l[j], distant logits the key of the
 block's anchor layer k_a[j] (per KV head, ``anchor_layers[layer][kv_head]``); one softmax over both
 (= the log-sum-exp merge with the parameter-free gate g = sigmoid(lse_P - lse_D)), applied to the
-layer's own values. A (layer, KV head) that is its own anchor is plain causal attention.
+layer's own values. A (layer, KV head) that is its own anchor is plain causal attention. With
+``pod.sharing: scores`` (v1) the distant logits are the anchor layer's own, q_a[i] . k_a[j].
 
 How: transformers' own modules (projections, RoPE incl. Llama-3.1 scaling, Qwen2 biases, MLP,
 norms, ``DynamicCache``) with one attention function, :func:`pod_attention_forward`, registered in
 ``AttentionInterface``. It is one SDPA call per query chunk over the concatenated keys
 ``[k_own ; k_anchor]`` (values ``[v ; v]``) with the mask ``[causal & proximal ; causal & distant]``
-for shared heads (``[causal ; none]`` for own-anchor heads), in fp32 math like podkit's reference.
+for shared heads (``[causal ; none]`` for own-anchor heads), in fp32 math like podkit's reference. Score
+sharing widens the head dimension instead of calling SDPA twice: queries ``[q, q_a]`` against keys
+``[k_own, 0]`` and ``[0, k_anchor]`` give exactly ``q . k_own`` and ``q_a . k_anchor``.
 
 Differences from podkit's classes (same logits; tests/train/test_standalone_export.py checks it):
   * keys of every layer stay in the ``DynamicCache``: the math is POD's, the KV memory saving is
@@ -81,16 +84,17 @@ def pod_settings(sparse_attention: dict | None, num_layers: int, num_kv_heads: i
     if prefill != decode:
         raise ValueError(f"sparse_attention.prefill_scheme={prefill!r} and decode_scheme={decode!r}: the standalone "
                          f"modeling file runs one scheme for both phases; install podkit for mixed schemes")
-    if pod.get("sharing", "keys") != "keys":
-        raise ValueError(f"sparse_attention.pod.sharing={pod.get('sharing')!r} is not implemented by the standalone "
-                         f"modeling file (expected 'keys', the paper's v2); install podkit for 'scores'")
+    sharing = pod.get("sharing", "keys")
+    if sharing not in ("keys", "scores"):
+        raise ValueError(f"sparse_attention.pod.sharing={sharing!r}: expected 'keys' (the paper's v2) or 'scores' "
+                         f"(v1)")
     if pod.get("gate_tau") is not None:
         logger.warning("sparse_attention.pod.gate_tau=%s: the standalone modeling file does not skip distant "
                        "attention; outputs equal podkit's with gate_tau=None", pod["gate_tau"])
     own = tuple(tuple([layer] * num_kv_heads) for layer in range(num_layers))
     anchors = pod.get("anchor_layers") if prefill == "pod" else None
     if anchors is None:
-        return {"anchors": own, "sources": set(), "sink": 0, "recent": 1}
+        return {"anchors": own, "sources": set(), "sink": 0, "recent": 1, "sharing": "keys"}
     if len(anchors) != num_layers or any(len(row) != num_kv_heads for row in anchors):
         raise ValueError(f"sparse_attention.pod.anchor_layers: expected {num_layers} rows of {num_kv_heads} anchor "
                          f"layers (one per KV head), got {len(anchors)} rows")
@@ -106,7 +110,7 @@ def pod_settings(sparse_attention: dict | None, num_layers: int, num_kv_heads: i
                          f">= 0 and >= 1")
     anchors = tuple(tuple(int(a) for a in row) for row in anchors)
     sources = {a for layer, row in enumerate(anchors) for a in row if a != layer}
-    return {"anchors": anchors, "sources": sources, "sink": sink, "recent": recent}
+    return {"anchors": anchors, "sources": sources, "sink": sink, "recent": recent, "sharing": sharing}
 
 
 @strict
@@ -141,7 +145,8 @@ class ForwardState:
     """Per-forward side state shared by the attention modules of one model.
 
     key_positions [B, N] int64 (position of each cache slot, -1 at padding), key_valid [B, N] bool,
-    keys {layer: k [B, Hkv, N, D]} (post-RoPE, cache included) for the anchor layers' use above them.
+    keys {layer: k [B, Hkv, N, D]} (post-RoPE, cache included) for the anchor layers' use above them, and
+    under score sharing queries {layer: q [B, Hq, S, D]} (this forward's tokens).
     """
 
     def __init__(self, settings: dict):
@@ -149,6 +154,7 @@ class ForwardState:
         self.key_positions: torch.Tensor | None = None
         self.key_valid: torch.Tensor | None = None
         self.keys: dict[int, torch.Tensor] = {}
+        self.queries: dict[int, torch.Tensor] = {}
 
 
 def pod_attention_forward(module, query, key, value, attention_mask=None, scaling=None, dropout=0.0, **kwargs):
@@ -169,15 +175,26 @@ def pod_attention_forward(module, query, key, value, attention_mask=None, scalin
         raise RuntimeError(f"layer {layer}: {n} cached keys but the model prepared positions for "
                            f"{None if state.key_positions is None else state.key_positions.shape[1]}; call the "
                            f"model's forward (not a submodule) with a 2-D attention_mask")
-    if layer in state.settings["sources"]:  # a layer above borrows this layer's keys
+    share_scores = state.settings["sharing"] == "scores"
+    if layer in state.settings["sources"]:  # a layer above borrows this layer's keys (and queries)
         state.keys[layer] = key
+        if share_scores:
+            state.queries[layer] = query
     scale = head_dim ** -0.5 if scaling is None else scaling
     shared = torch.tensor([a != layer for a in anchors], device=query.device).repeat_interleave(group)  # [Hq]
     ct = torch.float64 if query.dtype == torch.float64 else torch.float32
     k_own, v = key.to(ct).repeat_interleave(group, 1), value.to(ct).repeat_interleave(group, 1)
+    q_anchor = None
     if bool(shared.any()):
         k_anchor = torch.stack([key[:, h] if a == layer else state.keys[a][:, h] for h, a in enumerate(anchors)], 1)
-        keys = torch.cat([k_own, k_anchor.to(ct).repeat_interleave(group, 1)], dim=2)  # [B, Hq, 2N, D]
+        k_anchor = k_anchor.to(ct).repeat_interleave(group, 1)
+        if share_scores:  # [k_own, 0] and [0, k_anchor] against [q, q_a]: [B, Hq, 2N, 2D]
+            q_anchor = torch.stack([query[:, h] if anchors[h // group] == layer else state.queries[anchors[h // group]][:, h]
+                                    for h in range(num_heads)], 1).to(ct)
+            zeros = torch.zeros_like(k_own)
+            keys = torch.cat([torch.cat([k_own, zeros], -1), torch.cat([zeros, k_anchor], -1)], dim=2)
+        else:
+            keys = torch.cat([k_own, k_anchor], dim=2)  # [B, Hq, 2N, D]
         values = torch.cat([v, v], dim=2)
     else:
         keys, values = k_own, v
@@ -196,6 +213,8 @@ def pod_attention_forward(module, query, key, value, attention_mask=None, scalin
             distant_part = causal[:, None] & sh & ~proximal[:, None]
             mask = torch.cat([own_part, distant_part], dim=-1)                          # [B, Hq, c, 2N]
         q = query[:, :, start:stop].to(ct)
+        if q_anchor is not None:
+            q = torch.cat([q, q_anchor[:, :, start:stop]], dim=-1)
         out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scale)
         rows = mask.any(-1, keepdim=True)  # padding rows see no key: 0 instead of NaN
         outputs.append(torch.where(rows, out, torch.zeros((), dtype=ct, device=out.device)))

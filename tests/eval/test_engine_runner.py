@@ -101,18 +101,16 @@ def test_leaderboard_engine_and_loop_write_the_same_records(deep_model_dir, tmp_
     assert {r[3] < 1 for r in results["--engine"] if r[0] == "streaming@1/128"} == {True}
 
 
+
 POD = {"prefill_scheme": "pod", "decode_scheme": "pod", "pod_anchor_layers": [[0, 0], [0, 1], [2, 2], [2, 3]],
        "pod_sink_tokens": 2, "pod_recent_window": 8}
 
 
-@pytest.mark.parametrize("overrides", [{}, SETTINGS[1], POD, {**POD, "pod_sharing": "scores"}],
-                         ids=["dense", "tidal", "pod_keys", "pod_scores"])
-def test_the_model_cache_stepper_matches_the_one_prompt_loop(deep_model, tiny_tokenizer, overrides):
-    """sparse_models/cache_stepper.py drives engine_answers through the model's own cache: ragged rows answer as
-    one prompt at a time does, including POD's score sharing, which the engine refuses (the scorer's fallback)."""
-    from sparse_models.cache_stepper import ModelCacheStepper
-    from sparse_models.engine.engine import unsupported_reason
-    from train.long_context_eval.scoring import _answerer
+@pytest.mark.parametrize("overrides", [POD, {**POD, "pod_sharing": "scores"}], ids=["pod_keys", "pod_scores"])
+def test_batched_pod_engine_matches_the_one_prompt_loop(deep_model, tiny_tokenizer, overrides):
+    """POD prefill + decode, key sharing and v1 score sharing: ragged engine rows answer as one prompt at a time
+    through the model's own cache does (RULER scoring's path, train/long_context_eval/scoring.py)."""
+    from sparse_models.engine import GenerationEngine
 
     base = deep_model.sparse_config
     apply_overrides(deep_model, base, overrides)
@@ -122,29 +120,8 @@ def test_the_model_cache_stepper_matches_the_one_prompt_loop(deep_model, tiny_to
                                    stop_at_newline=False).token_ids for c, q, n in zip(CONTEXTS, QUESTIONS, max_new)]
         contexts = [tiny_tokenizer(c).input_ids for c in CONTEXTS]
         questions = [tiny_tokenizer(q, add_special_tokens=False).input_ids for q in QUESTIONS]
-        stepper = ModelCacheStepper(deep_model, max_batch_size=3, max_seq_len=512)
-        assert engine_answers(stepper, contexts, questions, max_new, tiny_tokenizer.eos_token_id) == loop
-        assert engine_answers(stepper, contexts[::-1], questions[::-1], max_new[::-1],
-                              tiny_tokenizer.eos_token_id) == loop[::-1]
-        scores = overrides.get("pod_sharing") == "scores"
-        assert (unsupported_reason(deep_model.sparse_config) is not None) == scores
-        assert isinstance(_answerer(deep_model, 3, 512), ModelCacheStepper) == scores
+        engine = GenerationEngine(deep_model, sparse_config=deep_model.sparse_config, max_batch_size=3,
+                                  max_seq_len=512, use_cuda_graphs=False)
+        assert engine_answers(engine, contexts, questions, max_new, tiny_tokenizer.eos_token_id) == loop
     finally:
         apply_overrides(deep_model, base, {})
-
-
-def test_the_model_cache_stepper_refuses_bad_use(deep_model):
-    import torch
-
-    from sparse_models.cache_stepper import ModelCacheStepper
-
-    with pytest.raises(ValueError, match="max_batch_size=0 is invalid"):
-        ModelCacheStepper(deep_model, max_batch_size=0, max_seq_len=8)
-    stepper = ModelCacheStepper(deep_model, max_batch_size=2, max_seq_len=8)
-    with pytest.raises(RuntimeError, match=r"step\(\) before prefill\(\)"):
-        stepper.step(1, torch.tensor([1]))
-    with pytest.raises(ValueError, match="holds 1-2 rows of 1-8 tokens"):
-        stepper.prefill([[1] * 9])
-    stepper.prefill([[1, 2], [3]])
-    with pytest.raises(ValueError, match="the prefill held 2 rows"):
-        stepper.step(1, torch.tensor([1]))

@@ -21,7 +21,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-_TYPES = dict(Q="*bf16", K="*bf16", V="*bf16", KLocal="*bf16", KAnchor="*bf16", Idx="*i32", SeqLens="*i32",
+_TYPES = dict(Q="*bf16", QD="*bf16", K="*bf16", V="*bf16", KLocal="*bf16", KAnchor="*bf16", Idx="*i32", SeqLens="*i32",
               OPart="*fp32", LSEPart="*fp32", GateEst="*fp32", Scores="*fp32", LSE="*fp32", Out="*fp32",
               Hist="*i32", Counts="*i32", sm_scale="fp32", tau="fp32", KS="*fp32", VS="*fp32", KLS="*fp32",
               KAS="*fp32")

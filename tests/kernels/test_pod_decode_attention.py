@@ -299,3 +299,69 @@ def test_scores_bf16_gpu():
     assert torch.equal(torch.isinf(scores), torch.isinf(ref))
     finite = torch.isfinite(ref)
     assert (scores[finite] - ref[finite]).abs().max() < 0.05
+
+
+def _score_sharing_by_hand(q, q_anchor, k_local, k_anchor, v, lens, sink, recent, tau):
+    """v1 score sharing at decode, written out (fp64): proximal logits ``q . ring key``, distant ``q_anchor . k_a``,
+    one softmax over the layer's values; with ``tau``, a head whose exact gate is >= tau drops its distant part."""
+    group = q.shape[1] // v.shape[1]
+    n, scale = v.shape[2], q.shape[-1] ** -0.5
+    p = lens.long()[:, None] - 1
+    j = torch.arange(n)[None, :]
+    causal = j <= p
+    proximal = ((j < sink) | (p - j < recent)) & causal
+    slot = torch.where(j < sink, j, sink + j % recent)[0]
+    k_prox = k_local[:, :, slot].repeat_interleave(group, 1)
+    lp = torch.einsum("bhd,bhnd->bhn", q, k_prox) * scale
+    ld = torch.einsum("bhd,bhnd->bhn", q_anchor, k_anchor.repeat_interleave(group, 1)) * scale
+    lp = lp.masked_fill(~proximal[:, None], float("-inf"))
+    ld = ld.masked_fill(~(causal & ~proximal)[:, None], float("-inf"))
+    gate = torch.sigmoid(torch.logsumexp(lp, -1) - torch.logsumexp(ld, -1))
+    if tau is not None:
+        ld = ld.masked_fill((gate >= tau)[..., None], float("-inf"))
+    probs = torch.softmax(torch.where(proximal[:, None], lp, ld), -1)
+    return torch.einsum("bhn,bhnd->bhd", probs, v.repeat_interleave(group, 1)), gate
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("tau", [None, 0.5])
+@cpu_only
+def test_score_sharing_matches_the_reference_and_the_formula(case, tau):
+    """``q_distant`` (the anchor layer's query: v1 score sharing): the Triton kernel against the reference in fp64,
+    and the reference against the formula written out, with and without the exact-gate skip."""
+    q, k_local, k_anchor, v, seq_lens, sink, recent = make_case(case, torch.float32, "cpu", zlib.crc32(repr(case).encode()))
+    q_anchor = torch.randn(q.shape, generator=torch.Generator().manual_seed(5))
+    kw = dict(sink=sink, recent=recent, gate_tau=tau, return_gate=True)
+    out, gate = pod_decode_attention_triton(q, k_local, k_anchor, v, seq_lens, q_distant=q_anchor, **kw)
+    d = [t.double() for t in (q, k_local, k_anchor, v, q_anchor)]
+    exact, exact_gate = reference.pod_decode_attention(*d[:4], seq_lens, q_distant=d[4], **kw)
+    by_hand, hand_gate = _score_sharing_by_hand(d[0], d[4], d[1], d[2], d[3], seq_lens, sink, recent, tau)
+    assert (exact - by_hand).abs().max() < 1e-9 and (exact_gate - hand_gate).abs().max() < 1e-6  # gate: fp32
+    assert (out.double() - exact).abs().max() < 2e-4
+    assert (gate.double() - exact_gate).abs().max() < 2e-5
+    plain = pod_decode_attention_triton(q, k_local, k_anchor, v, seq_lens, sink=sink, recent=recent)
+    assert not torch.allclose(plain, out), "the distant logits did not use q_distant"
+
+
+def test_score_sharing_refuses_a_mismatched_query():
+    q, k_local, k_anchor, v, seq_lens, sink, recent = make_case(CASES[1], torch.float32, "cpu", 1)
+    with pytest.raises(ValueError, match=r"q_distant must have 3 dims \[B,Hq,D\], got shape \(2, 6\)"):
+        pod_decode_attention_triton(q, k_local, k_anchor, v, seq_lens, sink=sink, recent=recent,
+                                    q_distant=q[:, :, 0])
+    with pytest.raises(ValueError, match=r"q_distant \(\(2, 3, 16\), torch.float32, cpu\) must match q"):
+        pod_decode_attention_triton(q, k_local, k_anchor, v, seq_lens, sink=sink, recent=recent,
+                                    q_distant=q[:, :3])
+
+
+@pytest.mark.gpu
+def test_score_sharing_bf16_gpu():
+    case = (2, 32, 8, 3000, 128, 4, 1000, [3000, 1100])
+    q, k_local, k_anchor, v, seq_lens, sink, recent = make_case(case, torch.bfloat16, "cuda", 11)
+    q_anchor = torch.randn(q.shape, generator=torch.Generator().manual_seed(6)).to("cuda", torch.bfloat16)
+    kw = dict(sink=sink, recent=recent, gate_tau=0.5, return_gate=True)
+    out, gate = pod_decode_attention_triton(q, k_local, k_anchor, v, seq_lens, q_distant=q_anchor, **kw)
+    exact, exact_gate = reference.pod_decode_attention(q.double(), k_local.double(), k_anchor.double(), v.double(),
+                                                       seq_lens, q_distant=q_anchor.double(), **kw)
+    ref, _ = reference.pod_decode_attention(q, k_local, k_anchor, v, seq_lens, q_distant=q_anchor, **kw)
+    assert_error_within("out (score sharing)", out, ref, exact)
+    assert (gate.double() - exact_gate).abs().max() < 1e-3

@@ -49,6 +49,11 @@ SCHEMES = {
     "token_sparse-prefill": dict(prefill_scheme="token_sparse", token_sparse_window=4, token_sparse_min_tokens=4,
                                  token_sparse_coverage=0.3, token_sparse_sparse_layers=[2, 3]),
     "pod-prefill+pod": dict(prefill_scheme="pod", decode_scheme="pod", pod_sink_tokens=2, pod_recent_window=6),
+    # v1 score sharing: distant logits are the anchor layer's q . k in the prefill and every decode step
+    "pod-scores": dict(prefill_scheme="pod", decode_scheme="pod", pod_sink_tokens=2, pod_recent_window=6,
+                       pod_sharing="scores"),
+    "pod-scores-gate-skip": dict(prefill_scheme="pod", decode_scheme="pod", pod_sink_tokens=2, pod_recent_window=6,
+                                 pod_sharing="scores", pod_gate_tau=0.5),
 }
 
 
@@ -249,8 +254,6 @@ def test_clear_errors():
         GenerationEngine(model, decode_scheme="sparse")
     with pytest.raises(EngineError, match="temperature"):
         SamplingConfig(temperature=-1)
-    with pytest.raises(EngineError, match="pod.sharing='scores' is not supported by the engine"):
-        GenerationEngine(model, decode_scheme="pod", pod_sharing="scores")
     with pytest.raises(EngineError, match="tidal.budget"):
         GenerationEngine(model, decode_scheme="tidal", tidal_budget=1)
 

@@ -27,6 +27,8 @@ CASES = [
     ("llama", 6, 2, 3, [[0, 0], [0, 0], [0, 2]]),
     ("qwen2", 8, 2, 3, [[0, 0], [1, 0], [1, 0]]),
     ("mistral", 8, 1, 3, [[0], [0], [2]]),
+    # v1 score sharing (pod.sharing: scores), G = 3
+    ("llama", 6, 2, 3, [[0, 0], [0, 1], [0, 1]], "scores"),
 ]
 SINK, RECENT = 2, 5
 LENGTHS = (23, 17)  # ragged batch, left-padded; both cross the proximal window several times
@@ -81,12 +83,13 @@ CHILD = textwrap.dedent('''
 ''' % (NEW_TOKENS, NEW_TOKENS))
 
 
-def _config(family: str, heads: int, kv_heads: int, layers: int, anchors):
+def _config(family: str, heads: int, kv_heads: int, layers: int, anchors, sharing: str = "keys"):
     from sparse_models import PODKIT_CLASSES
 
     kwargs = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2, tie_word_embeddings=False,
                   sparse_attention={"prefill_scheme": "pod", "decode_scheme": "pod",
-                                    "pod": {"anchor_layers": anchors, "sink_tokens": SINK, "recent_window": RECENT}})
+                                    "pod": {"anchor_layers": anchors, "sink_tokens": SINK, "recent_window": RECENT,
+                                            "sharing": sharing}})
     if family == "qwen2":
         kwargs["use_sliding_window"] = False
     if family == "mistral":
@@ -108,8 +111,8 @@ def exports(tmp_path_factory):
     """Random podkit POD models exported like train/export.py does; the child process's outputs."""
     root = tmp_path_factory.mktemp("standalone")
     made = []
-    for i, (family, heads, kv_heads, layers, anchors) in enumerate(CASES):
-        cls, config = _config(family, heads, kv_heads, layers, anchors)
+    for i, (family, heads, kv_heads, layers, anchors, *sharing) in enumerate(CASES):
+        cls, config = _config(family, heads, kv_heads, layers, anchors, *sharing)
         # scale 3: random init is near-uniform; sharper logits make the comparison meaningful
         model = tiny_model(seed=None, config=config, scale=3.0)
         folder = root / f"{i}_{family}"
@@ -206,7 +209,7 @@ def _standalone_module():
 @pytest.mark.parametrize("sparse_attention, message", [
     ({"prefill_scheme": "pod", "decode_scheme": "tidal"}, "decode_scheme='tidal'"),
     ({"prefill_scheme": "token_sparse", "decode_scheme": "dense"}, "prefill_scheme='token_sparse'"),
-    ({"prefill_scheme": "pod", "decode_scheme": "pod", "pod": {"sharing": "scores"}}, "sharing='scores'"),
+    ({"prefill_scheme": "pod", "decode_scheme": "pod", "pod": {"sharing": "logits"}}, "sharing='logits'"),
     ({"prefill_scheme": "pod", "decode_scheme": "pod", "pod": {"anchor_layers": [[0], [0], [1]]}},
      r"anchor_layers\[2\]\[0\]=1"),
     ({"prefill_scheme": "pod", "decode_scheme": "pod", "pod": {"anchor_layers": [[0], [0]]}}, "expected 3 rows"),

@@ -2,8 +2,7 @@
 
 The protocol is the leaderboard's (eval/harness/leaderboard.py, after kvpress's RULER protocol): the context is prefilled
 with the model's prefill scheme, the question is fed token by token through the decode path, and the answer is
-decoded greedily (sparse_models/engine/answers.py), ``batch_size`` prompts per engine (or, for a configuration
-the engine does not implement, per model-cache stepper: sparse_models/cache_stepper.py). Scores are RULER's
+decoded greedily (sparse_models/engine/answers.py), ``batch_size`` prompts per engine. Scores are RULER's
 (``ruler.score``): percent of the references found, per sample.
 """
 
@@ -15,19 +14,9 @@ from collections import defaultdict
 
 import torch
 
-from sparse_models.cache_stepper import ModelCacheStepper
 from sparse_models.engine import GenerationEngine
 from sparse_models.engine.answers import engine_answers, slots_needed
-from sparse_models.engine.engine import unsupported_reason
 from train.long_context_eval import ruler
-
-
-def _answerer(model, rows: int, slots: int):
-    """The engine, or the model's own forward and cache where the engine refuses the configuration (eager: slower,
-    the same protocol and greedy answers)."""
-    if unsupported_reason(model.sparse_config) is None:
-        return GenerationEngine(model, sparse_config=model.sparse_config, max_batch_size=rows, max_seq_len=slots)
-    return ModelCacheStepper(model, max_batch_size=rows, max_seq_len=slots)
 
 
 @torch.no_grad()
@@ -45,7 +34,8 @@ def answer_samples(model, tokenizer, samples: list[ruler.RulerSample], *, chat: 
         contexts = [tokenizer(c).input_ids for c, _ in rendered]
         questions = [tokenizer(q, add_special_tokens=False).input_ids for _, q in rendered]
         tokens = [min(s.tokens_to_generate, max_new_tokens or s.tokens_to_generate) for s in chunk]
-        engine = _answerer(model, len(chunk), slots_needed(contexts, questions, tokens))
+        engine = GenerationEngine(model, sparse_config=model.sparse_config, max_batch_size=len(chunk),
+                                  max_seq_len=slots_needed(contexts, questions, tokens))
         for i, answer in zip(order[start:start + batch_size],
                              engine_answers(engine, contexts, questions, tokens, tokenizer.eos_token_id)):
             by_index[i] = tokenizer.decode(answer)
