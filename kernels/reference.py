@@ -519,7 +519,7 @@ def _pod_results(out, gate, skip, return_gate: bool, return_skip: bool):
 
 def pod_sparse_decode_attention(q, k_local, k_anchor, v_cache, indices, seq_lens, *, sink, recent, scale=None,
                                 gate_tau=None, gate_estimate=None, return_gate=False, return_skip=False,
-                                k_local_scale=None, k_anchor_scale=None, v_scale=None):
+                                k_local_scale=None, k_anchor_scale=None, v_scale=None, q_distant=None):
     """POD + TidalDecode: decode attention over selected positions with POD's key sharing and gate.
 
     Args:
@@ -527,6 +527,8 @@ def pod_sparse_decode_attention(q, k_local, k_anchor, v_cache, indices, seq_lens
             gate_tau, gate_estimate: as in pod_decode_attention.
         indices: [B, Hs, K] selected positions (Hs = Hq, or Hkv: one list per GQA group), -1 = none.
         k_local_scale, k_anchor_scale, v_scale: FP8 scales, as in pod_decode_attention.
+        q_distant: [B, Hq, D] the query of the distant entries' logits (score sharing), as in
+            pod_decode_attention; default q.
     A selected position j is proximal when j < sink or p - j < recent (key k_local at slot j or
     sink + j % recent), distant otherwise (key k_anchor[..., j, :]); values are v_cache[..., j, :].
     gate = sigmoid(lse_P - lse_D) over the selected positions (1 without distant ones, 0 without
@@ -557,6 +559,8 @@ def pod_sparse_decode_attention(q, k_local, k_anchor, v_cache, indices, seq_lens
     k = torch.where(proximal[..., None], k_local[b, kvh, slot], k_anchor[b, kvh, j]).to(ct)
     v = v_cache[b, kvh, j].to(ct)
     logits = torch.einsum("bhd,bhkd->bhk", q.to(ct), k) * sc
+    if q_distant is not None:
+        logits = torch.where(proximal, logits, torch.einsum("bhd,bhkd->bhk", q_distant.to(ct), k) * sc)
     logits = logits.masked_fill(~valid, float("-inf"))
     lse_p = torch.logsumexp(logits.masked_fill(~proximal, float("-inf")), -1)
     lse_d = torch.logsumexp(logits.masked_fill(proximal, float("-inf")), -1)

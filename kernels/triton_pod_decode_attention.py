@@ -177,6 +177,15 @@ def _check_gate_estimate(gate_estimate, gate_tau, q):
         raise ValueError(f"gate_estimate is on {gate_estimate.device} but q is on {q.device}; they must match")
 
 
+def _checked_q_distant(q_distant, q):
+    """``q_distant`` (score sharing's anchor queries) after checking that it matches q [B,Hq,D]."""
+    C.check_float("q_distant", q_distant, 3, "[B,Hq,D]")
+    if q_distant.shape != q.shape or q_distant.dtype != q.dtype or q_distant.device != q.device:
+        raise ValueError(f"q_distant ({tuple(q_distant.shape)}, {q_distant.dtype}, {q_distant.device}) must "
+                         f"match q ({tuple(q.shape)}, {q.dtype}, {q.device})")
+    return q_distant
+
+
 def _check_inputs(q, k_local, k_anchor, v_cache, seq_lens, sink, recent, gate_tau, k_local_scale=None,
                   k_anchor_scale=None, v_scale=None):
     """k_local None: the layer is its own anchor (proximal keys are k_anchor's rows). FP8 caches: all three
@@ -248,13 +257,8 @@ def pod_decode_attention_triton(q, k_local, k_anchor, v_cache, seq_lens, *, sink
     est = gate_estimate.float().contiguous() if use_est else None
     scale = C.resolve_scale(scale, D)
     by_position = k_local is None
-    if q_distant is not None:
-        C.check_float("q_distant", q_distant, 3, "[B,Hq,D]")
-        if q_distant.shape != q.shape or q_distant.dtype != q.dtype or q_distant.device != q.device:
-            raise ValueError(f"q_distant ({tuple(q_distant.shape)}, {q_distant.dtype}, {q_distant.device}) must "
-                             f"match q ({tuple(q.shape)}, {q.dtype}, {q.device})")
     q, k_anchor, v_cache = (C.last_dim_contiguous(t) for t in (q, k_anchor, v_cache))
-    q_distant = q if q_distant is None else C.last_dim_contiguous(q_distant)
+    q_distant = q if q_distant is None else C.last_dim_contiguous(_checked_q_distant(q_distant, q))
     k_local = k_anchor if by_position else C.last_dim_contiguous(k_local)
     k_local_scale = k_anchor_scale if by_position else k_local_scale
     rows = B * Hkv

@@ -35,7 +35,7 @@ import triton.language as tl
 
 from kernels import _decode_common as C
 from kernels import _fp8_device as F8
-from kernels.triton_pod_decode_attention import _check_gate_estimate
+from kernels.triton_pod_decode_attention import _check_gate_estimate, _checked_q_distant
 from kernels.triton_pod_decode_attention import _check_inputs as _check_pod_inputs
 
 # Launch plan per list granularity (rows per iteration, warps, stages, programs per SM for the split planner), as
@@ -51,9 +51,9 @@ _PLAN_GROUP = dict(block_n=32, num_warps=4, num_stages=2, waves=4)
 
 @triton.jit
 def _pod_sparse_split_kernel(
-    Q, KLocal, KAnchor, V, Idx, SeqLens, OPart, LSEPart, GateEst, KLS, KAS, VS,
+    Q, QD, KLocal, KAnchor, V, Idx, SeqLens, OPart, LSEPart, GateEst, KLS, KAS, VS,
     sm_scale, sink, recent, list_len, chunk, num_splits, tau,
-    stride_qb, stride_qh,
+    stride_qb, stride_qh, stride_qdb, stride_qdh,
     stride_lb, stride_lh, stride_ln,
     stride_ab, stride_ah, stride_an,
     stride_vb, stride_vh, stride_vn,
@@ -70,7 +70,8 @@ def _pod_sparse_split_kernel(
 ):
     """Program (part * num_splits + split, b*Hs + hs): the distant (part 0) or proximal (part 1)
     entries of list chunk [split*chunk, split*chunk+chunk) of list (b, hs), for the HEADS_PER_LIST
-    query heads that read that list. Writes partial slot part*num_splits + split."""
+    query heads that read that list. Writes partial slot part*num_splits + split. Distant programs take their
+    query from QD (Q itself under key sharing; the anchor layer's under score sharing)."""
     pid = tl.program_id(0)
     bh = tl.program_id(1)
     is_prox = pid >= num_splits
@@ -92,8 +93,9 @@ def _pod_sparse_split_kernel(
     g_mask = offs_g < HEADS_PER_LIST
     d_mask = offs_d < D
     heads = first_head + offs_g
-    q = tl.load(Q + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
-                mask=g_mask[:, None] & d_mask[None, :], other=0.0)
+    q_rows = tl.where(is_prox, Q + b * stride_qb + heads[:, None] * stride_qh,
+                      QD + b * stride_qdb + heads[:, None] * stride_qdh)
+    q = tl.load(q_rows + offs_d[None, :], mask=g_mask[:, None] & d_mask[None, :], other=0.0)
     kl_base = KLocal + b * stride_lb + kvh * stride_lh
     ka_base = KAnchor + b * stride_ab + kvh * stride_ah
     v_base = V + b * stride_vb + kvh * stride_vh
@@ -145,7 +147,8 @@ def _pod_sparse_split_kernel(
 def pod_sparse_decode_attention_triton(q, k_local, k_anchor, v_cache, indices, seq_lens, *, sink, recent,
                                        scale=None, gate_tau=None, gate_estimate=None, return_gate=False,
                                        return_skip=False, k_local_scale=None, k_anchor_scale=None, v_scale=None,
-                                       _block_n=None, _num_warps=None, _num_stages=None, _waves=None):
+                                       q_distant=None, _block_n=None, _num_warps=None, _num_stages=None,
+                                       _waves=None):
     """POD-aware sparse decode.
 
     q: [B,Hq,D] (query at p = seq_lens-1); k_local: [B,Hkv,sink+recent,D] (the layer's own keys: sinks
@@ -159,6 +162,8 @@ def pod_sparse_decode_attention_triton(q, k_local, k_anchor, v_cache, indices, s
     entries or, with gate_estimate, for skipped heads; 0 without proximal ones); with return_skip
     also skip [B,Hq] bool. Order: out, gate, skip.
     k_local_scale, k_anchor_scale, v_scale: FP8 caches' scales (module docstring), else None.
+    q_distant: [B,Hq,D] the query of the distant entries' logits, default q (key sharing); the anchor layer's
+    query gives v1's score sharing (METHODS.md A.3).
     """
     if k_local is None:
         raise ValueError("k_local is None: a layer that is its own anchor has no POD split; use "
@@ -177,6 +182,7 @@ def pod_sparse_decode_attention_triton(q, k_local, k_anchor, v_cache, indices, s
     use_est = gate_estimate is not None
     est = gate_estimate.float().contiguous() if use_est else None
     q, k_local, k_anchor, v_cache = (C.last_dim_contiguous(t) for t in (q, k_local, k_anchor, v_cache))
+    q_distant = q if q_distant is None else C.last_dim_contiguous(_checked_q_distant(q_distant, q))
     indices = indices if indices.stride(-1) == 1 else indices.contiguous()
     plan = _PLAN_GROUP if per_group else _PLAN_HEAD
     block_n = _block_n or plan["block_n"]
@@ -188,10 +194,10 @@ def pod_sparse_decode_attention_triton(q, k_local, k_anchor, v_cache, indices, s
     launch = dict(num_warps=num_warps) if C.interpreting() else dict(num_warps=num_warps, num_stages=num_stages)
     scale_args = [C.scale_args(t, lse_part) for t in (k_local_scale, k_anchor_scale, v_scale)]
     _pod_sparse_split_kernel[(2 * num_splits, B * Hs)](
-        q, k_local, k_anchor, v_cache, indices, seq_lens, o_part, lse_part, est if use_est else lse_part,
+        q, q_distant, k_local, k_anchor, v_cache, indices, seq_lens, o_part, lse_part, est if use_est else lse_part,
         *(a[0] for a in scale_args),
         scale, sink, recent, list_len, chunk, num_splits, float(gate_tau) if use_est else 0.0,
-        q.stride(0), q.stride(1),
+        q.stride(0), q.stride(1), q_distant.stride(0), q_distant.stride(1),
         k_local.stride(0), k_local.stride(1), k_local.stride(2),
         k_anchor.stride(0), k_anchor.stride(1), k_anchor.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),

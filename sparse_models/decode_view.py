@@ -56,6 +56,12 @@ class CacheDecodeView:
         return self.cache.view_slots(self.layer)
 
     def full(self, q: torch.Tensor) -> torch.Tensor:
+        """Exact attention over the cache; a scheme's ``model_view["full"]`` if it has one."""
+        own = get_scheme(self.config.decode_scheme).model_view.get("full")
+        return own(self, q) if own is not None else self.full_over_keys(q)
+
+    def full_over_keys(self, q: torch.Tensor) -> torch.Tensor:
+        """:meth:`full` over one key per slot (:attr:`keys`)."""
         return kernels.decode_attention(q, self.keys, self.values, self.lens)
 
     def pod(self, q: torch.Tensor) -> torch.Tensor:
@@ -71,7 +77,17 @@ class CacheDecodeView:
 
     def select(self, q: torch.Tensor, budget: int, selection: str = "query_head",
                recent: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
-        """Exact attention + the selected slots (out [B, Hq, D], indices [B, Hs, budget]); see DecodeView.select."""
+        """Exact attention + the selected slots (out [B, Hq, D], indices [B, Hs, budget]); see DecodeView.select.
+        A decode scheme with its own ``model_view["select"]`` (POD + TidalDecode under score sharing) runs that."""
+        own = get_scheme(self.config.decode_scheme).model_view.get("select")
+        out, idx = own(self, q, budget, selection, recent) if own is not None \
+            else self.select_over_keys(q, budget, selection, recent)
+        self.cache.tidal_indices[self.layer] = idx  # the last step's selection, for inspection
+        return out, idx
+
+    def select_over_keys(self, q: torch.Tensor, budget: int, selection: str = "query_head",
+                         recent: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`select` over one key per slot (:attr:`keys`)."""
         if fused_selection(selection, recent):
             out, idx = kernels.selection_decode_attention(q, self.keys, self.values, self.lens, budget,
                                                           per_kv_group=selection == "kv_group")
@@ -79,10 +95,15 @@ class CacheDecodeView:
             out, scores = kernels.decode_attention(q, self.keys, self.values, self.lens, return_scores=True)
             idx = kernels.select_topk_positions(scores, self.lens, budget, group_size=q.shape[1] // self.num_kv_heads,
                                                 mode=selection, recent=recent)
-        self.cache.tidal_indices[self.layer] = idx  # the last step's selection, for inspection
         return out, idx
 
     def sparse(self, q: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+        """Attention over the slots ``indices`` [B, Hs, K]; a scheme's ``model_view["sparse"]`` if it has one."""
+        own = get_scheme(self.config.decode_scheme).model_view.get("sparse")
+        return own(self, q, indices) if own is not None else self.sparse_over_keys(q, indices)
+
+    def sparse_over_keys(self, q: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+        """:meth:`sparse` over one key per slot (:attr:`keys`)."""
         return kernels.sparse_decode_attention(q, self.keys, self.values, indices)
 
     def buffer(self, name: str) -> torch.Tensor:

@@ -105,13 +105,14 @@ def full_attention(cache: StaticCache, layer: int, q, lens, scale, gate_tau=None
 
 
 def selection_attention(cache: StaticCache, layer: int, q, lens, scale, budget: int, selection: str = "query_head",
-                        recent: int = 1):
+                        recent: int = 1, queries=None):
     """TidalDecode selection layer: exact attention + indices [B, Hs, budget] (Hs = Hq for ``"query_head"``, else
     Hkv; ``selection`` / ``recent`` as in ``kernels.reference.select_topk_positions``'s ``mode`` / ``recent``).
 
     The fused selection (``schemes/base.fused_selection``) selects per run; the others need every head's logits at
     once (a union spans a KV group or the whole layer), so each run returns its logits [B, Hq_run, N] and one
-    selection runs over their concatenation [B, Hq, N].
+    selection runs over their concatenation [B, Hq, N]. ``queries``: as in :func:`full_attention` (score sharing:
+    a non-anchor run's distant logits take its anchor layer's query).
     """
     batch, num_heads, _ = q.shape
     group = num_heads // cache.num_kv_heads
@@ -138,9 +139,10 @@ def selection_attention(cache: StaticCache, layer: int, q, lens, scale, budget: 
             k_local = cache.local_keys[layer][:batch, run.h0:run.h1]
             k_anchor = cache.full_keys(run.anchor, run.h0, run.h1, batch)
             fp8 = {} if vs is None else dict(k_anchor_scale=ks, v_scale=vs, **_local_scale(cache, layer, run, batch))
+            q_distant = None if queries is None else queries[run.anchor][:, hq]
             out, run_scores = kernels.pod_decode_attention(q[:, hq], k_local, k_anchor, v, lens, sink=cache.sink,
                                                            recent=cache.recent, scale=scale, return_scores=True,
-                                                           **fp8)
+                                                           q_distant=q_distant, **fp8)
             if fused:
                 indices.append(kernels.select_topk_positions(run_scores, lens, budget, group_size=group,
                                                              per_kv_group=selection == "kv_group"))
@@ -153,11 +155,12 @@ def selection_attention(cache: StaticCache, layer: int, q, lens, scale, budget: 
     return _cat(outs), _cat(indices)
 
 
-def _pod_sparse_run(cache: StaticCache, layer: int, run: KeyRun, q_run, indices, lens, scale):
+def _pod_sparse_run(cache: StaticCache, layer: int, run: KeyRun, q_run, indices, lens, scale, q_distant=None):
     """Attention of a POD non-anchor run over selected slots (``kernels.pod_sparse_decode_attention``): a
     selected position's key is the layer's own (sink or ring) key if it is proximal to the query, else the
     anchor layer's key; values are the layer's own. indices [B, Hs, K] with Hs = the run's query heads or
-    its KV heads. One softmax over the selected positions, as TidalDecode's sparse layers do (no gate skip)."""
+    its KV heads. One softmax over the selected positions, as TidalDecode's sparse layers do (no gate skip).
+    ``q_distant``: the anchor layer's query for these heads (score sharing), else None."""
     batch = q_run.shape[0]
     k_local = cache.local_keys[layer][:batch, run.h0:run.h1]
     k_anchor = cache.full_keys(run.anchor, run.h0, run.h1, batch)
@@ -165,11 +168,12 @@ def _pod_sparse_run(cache: StaticCache, layer: int, run: KeyRun, q_run, indices,
     ks, vs = _scales(cache, layer, run, batch)
     fp8 = {} if vs is None else dict(k_anchor_scale=ks, v_scale=vs, **_local_scale(cache, layer, run, batch))
     return kernels.pod_sparse_decode_attention(q_run, k_local, k_anchor, v, indices, lens, sink=cache.sink,
-                                               recent=cache.recent, scale=scale, **fp8)
+                                               recent=cache.recent, scale=scale, q_distant=q_distant, **fp8)
 
 
-def sparse_attention(cache: StaticCache, layer: int, q, lens, scale, indices):
-    """Attention over per-head slot lists indices [B, Hs, K] (TidalDecode sparse layers, Quest, streaming)."""
+def sparse_attention(cache: StaticCache, layer: int, q, lens, scale, indices, queries=None):
+    """Attention over per-head slot lists indices [B, Hs, K] (TidalDecode sparse layers, Quest, streaming);
+    ``queries`` as in :func:`full_attention`."""
     batch, num_heads, _ = q.shape
     group = num_heads // cache.num_kv_heads
     per_kv = indices.shape[1] == cache.num_kv_heads and group > 1
@@ -183,7 +187,8 @@ def sparse_attention(cache: StaticCache, layer: int, q, lens, scale, indices):
             ks, vs = _scales(cache, layer, run, batch)
             outs.append(kernels.sparse_decode_attention(q[:, hq], k_full, v, idx, scale=scale, k_scale=ks, v_scale=vs))
         else:
-            outs.append(_pod_sparse_run(cache, layer, run, q[:, hq], idx, lens, scale))
+            q_distant = None if queries is None else queries[run.anchor][:, hq]
+            outs.append(_pod_sparse_run(cache, layer, run, q[:, hq], idx, lens, scale, q_distant))
     return _cat(outs)
 
 
@@ -204,20 +209,27 @@ class StaticDecodeView:
 
     def full(self, q):
         pod = self.config.pod
-        if pod.sharing == "scores" and self.step is not None:  # the exact gate: the anchor's logits are at hand
+        queries = self._score_sharing_queries()
+        if queries is not None:  # the exact gate: the anchor's logits are at hand
             return full_attention(self.cache, self.layer, q, self.lens, self.scale, gate_tau=pod.gate_tau,
-                                  queries=self.step.pod_queries)
+                                  queries=queries)
         gates = self.step.pod_gates if self.step is not None and pod.gate_estimate == "anchor" else None
         return full_attention(self.cache, self.layer, q, self.lens, self.scale, gate_tau=pod.gate_tau, gates=gates)
 
     def pod(self, q):
         return self.full(q)  # POD-aware by the cache's runs; the gate skip as pod.gate_estimate says
 
+    def _score_sharing_queries(self):
+        """This step's queries by layer under POD's score sharing (the distant logits' queries), else None."""
+        return self.step.pod_queries if self.config.pod.sharing == "scores" and self.step is not None else None
+
     def select(self, q, budget: int, selection: str = "query_head", recent: int = 1):
-        return selection_attention(self.cache, self.layer, q, self.lens, self.scale, budget, selection, recent)
+        return selection_attention(self.cache, self.layer, q, self.lens, self.scale, budget, selection, recent,
+                                   queries=self._score_sharing_queries())
 
     def sparse(self, q, indices):
-        return sparse_attention(self.cache, self.layer, q, self.lens, self.scale, indices)
+        return sparse_attention(self.cache, self.layer, q, self.lens, self.scale, indices,
+                                queries=self._score_sharing_queries())
 
     def buffer(self, name: str):
         if (self.layer, name) not in self.cache.buffers:

@@ -150,3 +150,30 @@ def test_bf16_gpu(per_group):
         ref = reference.pod_sparse_decode_attention(q, k_local, k_anchor, v, idx, seq_lens, sink=sink, recent=recent,
                                                     **kw)
         assert (out.double() - exact).abs().max() <= 4 * (ref.double() - exact).abs().max() + 1e-3
+
+
+@cpu_only
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("per_group", [False, True])
+def test_score_sharing_matches_the_reference_and_dense_pod_decode(case, per_group):
+    """``q_distant`` (v1 score sharing: distant entries take the anchor layer's query): the kernel against the
+    reference in fp64, with and without the exact-gate skip, and every position selected equals POD decode."""
+    q, k_local, k_anchor, v, seq_lens, sink, recent = make_case(case, torch.float32, "cpu",
+                                                                zlib.crc32(repr((case, per_group, "qd")).encode()))
+    q_anchor = torch.randn(q.shape, generator=torch.Generator().manual_seed(8))
+    Hq, Hkv = q.shape[1], v.shape[1]
+    idx = random_lists(seq_lens, Hkv if per_group else Hq, 40, torch.Generator().manual_seed(len(case[-1])))
+    d = [t.double() for t in (q, k_local, k_anchor, v, q_anchor)]
+    for tau in (None, 0.5):
+        kw = dict(sink=sink, recent=recent, gate_tau=tau, return_gate=True)
+        out, gate = pod_sparse_decode_attention_triton(q, k_local, k_anchor, v, idx, seq_lens, q_distant=q_anchor, **kw)
+        ref, ref_gate = reference.pod_sparse_decode_attention(*d[:4], idx, seq_lens, q_distant=d[4], **kw)
+        assert (out.double() - ref).abs().max() < 1e-5 and (gate.double() - ref_gate).abs().max() < 1e-5
+    plain = pod_sparse_decode_attention_triton(q, k_local, k_anchor, v, idx, seq_lens, sink=sink, recent=recent)
+    assert not torch.allclose(plain, out)
+    everything = torch.arange(v.shape[2]).expand(q.shape[0], Hkv, -1).clone()
+    for b, n in enumerate(seq_lens.tolist()):
+        everything[b, :, n:] = -1
+    full = reference.pod_sparse_decode_attention(*d[:4], everything, seq_lens, sink=sink, recent=recent, q_distant=d[4])
+    dense = reference.pod_decode_attention(*d[:4], seq_lens, sink=sink, recent=recent, q_distant=d[4])
+    assert (full - dense).abs().max() < 1e-10

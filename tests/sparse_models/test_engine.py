@@ -46,6 +46,8 @@ SCHEMES = {
                       tidal_full_layers=[0], tidal_selection_layers=[2]),
     "pod+tidal-all-union": dict(decode_scheme="pod+tidal", pod_sink_tokens=2, pod_recent_window=6, tidal_budget=8,
                                 tidal_full_layers=[0], tidal_selection_layers=[2], tidal_selection="all_union"),
+    "pod+tidal-scores": dict(prefill_scheme="pod", decode_scheme="pod+tidal", pod_sink_tokens=2, pod_recent_window=6,
+                             pod_sharing="scores", tidal_budget=8, tidal_full_layers=[0], tidal_selection_layers=[2]),
     "token_sparse-prefill": dict(prefill_scheme="token_sparse", token_sparse_window=4, token_sparse_min_tokens=4,
                                  token_sparse_coverage=0.3, token_sparse_sparse_layers=[2, 3]),
     "pod-prefill+pod": dict(prefill_scheme="pod", decode_scheme="pod", pod_sink_tokens=2, pod_recent_window=6),

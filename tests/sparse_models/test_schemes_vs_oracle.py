@@ -32,6 +32,8 @@ SCHEMES = {
     "pod_decode_only": lambda hkv: {"decode_scheme": "pod", "pod": pod(hkv)},
     "pod_tidal": lambda hkv: {"prefill_scheme": "pod", "decode_scheme": "pod+tidal", "pod": pod(hkv),
                               "tidal": TIDAL},
+    "pod_tidal_scores": lambda hkv: {"prefill_scheme": "pod", "decode_scheme": "pod+tidal",
+                                     "pod": pod(hkv, sharing="scores"), "tidal": TIDAL},
     "pod_tau_exact": lambda hkv: {"prefill_scheme": "pod", "decode_scheme": "pod",
                                   "pod": pod(hkv, gate_tau=0.5, gate_estimate="exact")},
     "pod_scores": lambda hkv: {"prefill_scheme": "pod", "decode_scheme": "pod", "pod": pod(hkv, sharing="scores")},
