@@ -18,17 +18,9 @@ SETTINGS = [{}, {"decode_scheme": "tidal", "tidal_budget": 16, "tidal_full_layer
 
 
 @pytest.fixture(scope="module")
-def deep_model_dir(tmp_path_factory, tiny_tokenizer):
+def deep_model_dir(tiny_model_folder):
     """A folder with a 4-layer random Llama (the budgets act on layers 2-3) and the tiny tokenizer."""
-    from tests.tiny_models import tiny_model
-
-    model = tiny_model(3, 4, seed=0, podkit=False, eval=False, vocab=len(tiny_tokenizer), positions=1024,
-                       bos_token_id=tiny_tokenizer.bos_token_id, eos_token_id=tiny_tokenizer.eos_token_id,
-                       pad_token_id=tiny_tokenizer.pad_token_id)
-    folder = tmp_path_factory.mktemp("deep_llama")
-    model.save_pretrained(folder)
-    tiny_tokenizer.save_pretrained(folder)
-    return folder
+    return tiny_model_folder("deep_llama", layers=4, positions=1024)
 
 
 @pytest.fixture(scope="module")
