@@ -90,8 +90,15 @@ def pod_zero_shot(blocks_file: str | None, **extra: Any) -> Setting:
     return Setting("pod_zero_shot", "pod", overrides)
 
 
+def setting_forms(budget: str = "B") -> list[str]:
+    """The label forms :func:`parse_setting` reads, budgeted schemes from the registry: ``["dense",
+    "tidal@B", ..., "token_sparse@TAU", "pod"]`` (``budget``: how the help names a budget)."""
+    return ["dense", *(f"{name}@{budget}" for name in BUDGETED_DECODE_SCHEMES), "token_sparse@TAU", "pod"]
+
+
 def parse_setting(label: str, **extra: Any) -> Setting:
-    """``"dense"``, ``"tidal@128"``, ``"quest@64"``, ``"streaming@256"``, ``"token_sparse@0.005"``, ``"pod"``."""
+    """A label of :func:`setting_forms` -> its Setting: ``"dense"``, ``"tidal@128"``, ``"token_sparse@0.005"``,
+    ``"pod"``."""
     if label == "dense":
         return dense()
     if label in ("pod", "pod_zero_shot"):
@@ -101,8 +108,7 @@ def parse_setting(label: str, **extra: Any) -> Setting:
         return token_sparse(float(value), **extra)
     if method in BUDGETED_DECODE_SCHEMES and value.isdigit():
         return budgeted(method, int(value), **extra)
-    raise ValueError(f"setting={label!r} is not understood: expected dense, pod, token_sparse@TAU or "
-                     f"<{'|'.join(BUDGETED_DECODE_SCHEMES)}>@BUDGET")
+    raise ValueError(f"setting={label!r} is not understood: expected one of {', '.join(setting_forms('BUDGET'))}")
 
 
 def variant(setting: Setting, name: str, **overrides: Any) -> Setting:

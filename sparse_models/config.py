@@ -1,9 +1,9 @@
 """The validated configuration tree of podkit's attention schemes.
 
 :class:`SparseAttentionConfig` holds ``prefill_scheme``, ``decode_scheme`` and one section per
-registered scheme that owns a config dataclass (``schemes/<method>.py``; today ``pod``, ``tidal``,
-``token_sparse``, ``quest``, ``streaming``): the sections come from the scheme registry
-(``sparse_models/schemes/registry.py``), so a new scheme's config needs no edit here. Every
+registered scheme that owns a config dataclass (``schemes/<method>.py``: ``pod``, ``tidal``, ...): the sections
+come from the scheme registry (``sparse_models/schemes/registry.py``, ``config_sections()``), so a new scheme's
+config needs no edit here. Every
 dataclass checks its fields in ``__post_init__`` and raises :class:`ConfigError` with a message that
 names the field, the value and what is allowed. The tree round-trips through ``to_dict`` /
 ``from_dict`` so that it can live in a checkpoint's ``config.json`` under the key

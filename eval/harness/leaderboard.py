@@ -118,6 +118,14 @@ def podkit_settings(length: int, fractions: list[str], coverages: list[float], c
     return out
 
 
+def setting_labels(fraction: str) -> list[str]:
+    """Examples of the labels a run writes, at ``fraction``: dense, the registry's budget sweep
+    (``budget_sweep_methods``), Token Sparse's coverage and the POD rows (``adapted_settings``)."""
+    return ["dense", *(budget_label(method, fraction) for method in budget_sweep_methods()),
+            f"token_sparse@{COVERAGES[0]:g}", "pod_zero_shot", "pod_adapted", budget_label("pod_adapted+tidal", fraction),
+            budget_label("pod_adapted+tidal_calibrated", fraction)]
+
+
 def calibrated_picks(path: str | None) -> dict[str, dict[str, Any]]:
     """``{method: overrides}`` of the picks ``python -m eval.calibrate variants`` made (eval/harness/variants.py):
     from its ``variants.json``, or from an export folder's ``config.json`` (its ``podkit_calibration`` key)."""
@@ -275,8 +283,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="a variants.json of `python -m eval.calibrate variants`, or an export folder holding its "
                              "pick: adds tidal_calibrated@<fraction> and token_sparse_calibrated rows")
     parser.add_argument("--settings", nargs="+", default=None,
-                        help="run only these labels (dense tidal@1/8 quest@1/8 streaming@1/8 token_sparse@0.005 "
-                             "pod_zero_shot pod_adapted pod_adapted+tidal@1/8 pod_adapted+tidal_calibrated@1/8)")
+                        help=f"run only these labels ({' '.join(setting_labels('1/8'))})")
     parser.add_argument("--pod-adapted", default=None, help="the POD adaptation's exported checkpoint folder")
     parser.add_argument("--calibration-from", default=None, help="an eval.fidelity --out folder to reuse")
     parser.add_argument("--no-calibrate", action="store_true", help="config defaults; POD zero-shot is skipped")

@@ -11,7 +11,7 @@ One JSON line per (setting, task, length, sample index, seed)::
 ``kv_kept``: fraction of the context's KV cache held in memory after prefill; ``kv_read``: fraction of it
 that one generated token's attention reads, both averaged over layers and KV heads (1 = dense). kvpress
 presses evict at prefill (kept = read = 1 - compression ratio); podkit's decode schemes keep everything
-and read a budget per step (TidalDecode, Quest, StreamingLLM), POD keeps fewer keys and reads all positions.
+and read a budget per step (e.g. TidalDecode, Quest, StreamingLLM), POD keeps fewer keys and reads all positions.
 
 Each source appends to its own ``records*.jsonl`` in the output folder; :func:`load_all` merges them (a
 later line with the same key replaces an earlier one, so a rerun can overwrite), and a rerun skips the

@@ -30,7 +30,7 @@ import torch
 
 from eval.models import load_model, load_tokenizer
 from eval.runner import apply_overrides, retrieval_generate, window_perplexity
-from eval.schemes import Setting, parse_setting
+from eval.schemes import Setting, parse_setting, setting_forms
 from eval.tasks.needle import needle_correct, needle_grid
 from eval.tasks.passkey import passkey_correct, passkey_grid
 from eval.tasks.perplexity import perplexity_windows
@@ -149,8 +149,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--model", default="default",
                         help="'default' (the embedded SmolLM2-135M-Instruct) or a checkpoint folder")
     parser.add_argument("--settings", nargs="+", default=["dense"], metavar="SETTING",
-                        help="scheme settings to compare: dense | tidal@B | quest@B | streaming@B | pod+tidal@B | "
-                             "token_sparse@TAU | pod (B: token budget, TAU: coverage); default: dense")
+                        help=f"scheme settings to compare: {' | '.join(setting_forms())} (B: token budget, TAU: "
+                             f"coverage); default: dense")
     parser.add_argument("--lengths", nargs="+", type=int, default=[2048, 4096, 8192], metavar="TOKENS",
                         help="prompt lengths in tokens (context + question + answer room); default: 2048 4096 8192")
     parser.add_argument("--depths", type=int, default=10,

@@ -43,17 +43,28 @@ def tiny_tokenizer():
 
 
 @pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory, tiny_tokenizer):
-    """A folder with a 2-layer random Llama (GQA 3, vocab of the tiny tokenizer) and its tokenizer."""
+def tiny_model_folder(tmp_path_factory, tiny_tokenizer):
+    """``make(name, layers, positions) -> folder``: a new folder holding a random plain Llama of ``layers`` layers
+    (GQA 3, seed 0, the tiny tokenizer's vocabulary and special token ids, ``positions`` positions) and the
+    tokenizer, as a checkpoint on disk is loaded."""
     from tests.tiny_models import tiny_model
 
-    model = tiny_model(3, 2, seed=0, podkit=False, eval=False, vocab=len(tiny_tokenizer), positions=4096,
-                       bos_token_id=tiny_tokenizer.bos_token_id, eos_token_id=tiny_tokenizer.eos_token_id,
-                       pad_token_id=tiny_tokenizer.pad_token_id)
-    folder = tmp_path_factory.mktemp("tiny_llama")
-    model.save_pretrained(folder)
-    tiny_tokenizer.save_pretrained(folder)
-    return folder
+    def make(name: str, layers: int, positions: int):
+        model = tiny_model(3, layers, seed=0, podkit=False, eval=False, vocab=len(tiny_tokenizer), positions=positions,
+                           bos_token_id=tiny_tokenizer.bos_token_id, eos_token_id=tiny_tokenizer.eos_token_id,
+                           pad_token_id=tiny_tokenizer.pad_token_id)
+        folder = tmp_path_factory.mktemp(name)
+        model.save_pretrained(folder)
+        tiny_tokenizer.save_pretrained(folder)
+        return folder
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tiny_model_folder):
+    """A folder with a 2-layer random Llama (GQA 3, vocab of the tiny tokenizer) and its tokenizer."""
+    return tiny_model_folder("tiny_llama", layers=2, positions=4096)
 
 
 @pytest.fixture()

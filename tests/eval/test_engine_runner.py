@@ -17,18 +17,25 @@ SETTINGS = [{}, {"decode_scheme": "tidal", "tidal_budget": 16, "tidal_full_layer
             {"decode_scheme": "streaming", "streaming_sink_tokens": 4, "streaming_recent_window": 12}]
 
 
-@pytest.fixture(scope="module")
-def deep_model_dir(tmp_path_factory, tiny_tokenizer):
-    """A folder with a 4-layer random Llama (the budgets act on layers 2-3) and the tiny tokenizer."""
-    from tests.tiny_models import tiny_model
+MAX_NEW = [4, 2, 3]  # answer tokens per row: rows of one batch end at different steps
 
-    model = tiny_model(3, 4, seed=0, podkit=False, eval=False, vocab=len(tiny_tokenizer), positions=1024,
-                       bos_token_id=tiny_tokenizer.bos_token_id, eos_token_id=tiny_tokenizer.eos_token_id,
-                       pad_token_id=tiny_tokenizer.pad_token_id)
-    folder = tmp_path_factory.mktemp("deep_llama")
-    model.save_pretrained(folder)
-    tiny_tokenizer.save_pretrained(folder)
-    return folder
+
+def one_prompt_answers(model, tokenizer) -> list[list[int]]:
+    """Each row's answer token ids from eval.runner's one-prompt loop (question through the decode path)."""
+    return [retrieval_generate(model, tokenizer, c, q, max_new_tokens=n, question_in_decode=True,
+                               stop_at_newline=False).token_ids for c, q, n in zip(CONTEXTS, QUESTIONS, MAX_NEW)]
+
+
+def encoded(tokenizer) -> tuple[list[list[int]], list[list[int]]]:
+    """(contexts, questions) as token id lists, the contexts with the tokenizer's BOS."""
+    return ([tokenizer(c).input_ids for c in CONTEXTS],
+            [tokenizer(q, add_special_tokens=False).input_ids for q in QUESTIONS])
+
+
+@pytest.fixture(scope="module")
+def deep_model_dir(tiny_model_folder):
+    """A folder with a 4-layer random Llama (the budgets act on layers 2-3) and the tiny tokenizer."""
+    return tiny_model_folder("deep_llama", layers=4, positions=1024)
 
 
 @pytest.fixture(scope="module")
@@ -45,19 +52,16 @@ def test_batched_engine_matches_the_one_prompt_loop(deep_model, tiny_tokenizer, 
     base = deep_model.sparse_config
     apply_overrides(deep_model, base, overrides)
     try:
-        max_new = [4, 2, 3]
-        loop = [retrieval_generate(deep_model, tiny_tokenizer, c, q, max_new_tokens=n, question_in_decode=True,
-                                   stop_at_newline=False).token_ids for c, q, n in zip(CONTEXTS, QUESTIONS, max_new)]
+        loop = one_prompt_answers(deep_model, tiny_tokenizer)
         engine = GenerationEngine(deep_model, sparse_config=deep_model.sparse_config, max_batch_size=4,
                                   max_seq_len=512, use_cuda_graphs=False)
-        contexts = [tiny_tokenizer(c).input_ids for c in CONTEXTS]
-        questions = [tiny_tokenizer(q, add_special_tokens=False).input_ids for q in QUESTIONS]
+        contexts, questions = encoded(tiny_tokenizer)
         assert min(len(c) for c in contexts) > 40  # longer than every budget above
-        batched = engine_answers(engine, contexts, questions, max_new, tiny_tokenizer.eos_token_id)
+        batched = engine_answers(engine, contexts, questions, MAX_NEW, tiny_tokenizer.eos_token_id)
         assert batched == loop
-        assert [len(a) for a in batched] == max_new  # a random model does not stop early here
+        assert [len(a) for a in batched] == MAX_NEW  # a random model does not stop early here
         # the engine is reusable: a second batch in another order gives each row the same answer
-        again = engine_answers(engine, contexts[::-1], questions[::-1], max_new[::-1], tiny_tokenizer.eos_token_id)
+        again = engine_answers(engine, contexts[::-1], questions[::-1], MAX_NEW[::-1], tiny_tokenizer.eos_token_id)
         assert again == loop[::-1]
     finally:
         apply_overrides(deep_model, base, {})
@@ -101,7 +105,6 @@ def test_leaderboard_engine_and_loop_write_the_same_records(deep_model_dir, tmp_
     assert {r[3] < 1 for r in results["--engine"] if r[0] == "streaming@1/128"} == {True}
 
 
-
 POD = {"prefill_scheme": "pod", "decode_scheme": "pod", "pod_anchor_layers": [[0, 0], [0, 1], [2, 2], [2, 3]],
        "pod_sink_tokens": 2, "pod_recent_window": 8}
 
@@ -115,13 +118,10 @@ def test_batched_pod_engine_matches_the_one_prompt_loop(deep_model, tiny_tokeniz
     base = deep_model.sparse_config
     apply_overrides(deep_model, base, overrides)
     try:
-        max_new = [4, 2, 3]
-        loop = [retrieval_generate(deep_model, tiny_tokenizer, c, q, max_new_tokens=n, question_in_decode=True,
-                                   stop_at_newline=False).token_ids for c, q, n in zip(CONTEXTS, QUESTIONS, max_new)]
-        contexts = [tiny_tokenizer(c).input_ids for c in CONTEXTS]
-        questions = [tiny_tokenizer(q, add_special_tokens=False).input_ids for q in QUESTIONS]
+        loop = one_prompt_answers(deep_model, tiny_tokenizer)
+        contexts, questions = encoded(tiny_tokenizer)
         engine = GenerationEngine(deep_model, sparse_config=deep_model.sparse_config, max_batch_size=3,
                                   max_seq_len=512, use_cuda_graphs=False)
-        assert engine_answers(engine, contexts, questions, max_new, tiny_tokenizer.eos_token_id) == loop
+        assert engine_answers(engine, contexts, questions, MAX_NEW, tiny_tokenizer.eos_token_id) == loop
     finally:
         apply_overrides(deep_model, base, {})

@@ -1,7 +1,8 @@
 """ARCHITECTURE.md's add-a-scheme recipe, end to end: a ``recent`` decode scheme (the last ``recent.window``
 positions, StreamingLLM without sinks) written as one file plus one ``BUILTIN`` line in a copy of sparse_models,
 and nothing else, shows up with the right KV fractions in the leaderboard, in the fidelity sweep's settings, in
-``generate``'s CLI and in both decode paths (``model.generate`` and the engine, equal tokens)."""
+``generate``'s CLI, in ``eval.quality``'s settings and the leaderboard's labels, and in both decode paths
+(``model.generate`` and the engine, equal tokens)."""
 
 from __future__ import annotations
 
@@ -85,6 +86,11 @@ assert "recent@1/16" in [s.label for s in leaderboard.podkit_settings(1024, ["1/
 assert plots._order(["recent@64", "streaming@64", "dense", "token_sparse@0.005"]) == \\
     ["dense", "streaming@64", "recent@64", "token_sparse@0.005"]
 assert schemes.display_name("recent") == "recent window"
+# eval's command lines: the settings eval.quality reads and names in its help, the leaderboard's label examples
+from eval.harness import quality
+assert schemes.parse_setting("recent@64") == schemes.budgeted("recent", 64)
+assert "recent@B" in schemes.setting_forms() and "recent@B" in quality.build_parser().format_help().split()
+assert "recent@1/8" in leaderboard.setting_labels("1/8")
 
 from tests.tiny_models import tiny_model  # the repository root is on PYTHONPATH, after the copy
 model = tiny_model(layers=4, seed=0, vocab=64, heads=4, kv_heads=2, hidden=32, intermediate=64, positions=64)

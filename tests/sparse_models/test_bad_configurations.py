@@ -37,7 +37,6 @@ BAD_FOR_MODEL = [
     ({"decode_scheme": "pod+tidal", "tidal": {"correction_period": 4}}, "tidal.correction_period=4"),
     ({"prefill_scheme": "token_sparse", "token_sparse": {"sparse_layers": [1, 4]}}, "token_sparse.sparse_layers"),
     ({"decode_scheme": "quest", "quest": {"dense_layers": [7]}}, "quest.dense_layers=[7]"),
-    ({"decode_scheme": "pod+tidal", "pod": {"sharing": "scores"}}, "pod.sharing='scores'"),
     ({"decode_scheme": "tidal", "tidal": {"full_layers": [0, 1, 2, 3]}}, "tidal.full_layers"),
 ]
 

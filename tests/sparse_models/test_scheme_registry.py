@@ -4,6 +4,8 @@ scheme added as one object (no edit anywhere else) runs in both the model path a
 from __future__ import annotations
 
 import argparse
+import ast
+from pathlib import Path
 
 import pytest
 import torch
@@ -216,7 +218,6 @@ def test_streaming_llm_is_one_file_and_one_registry_line(tmp_path):
     import shutil
     import subprocess
     import sys
-    from pathlib import Path
 
     root = Path(__file__).resolve().parents[2]
     copy = tmp_path / "sparse_models"
@@ -248,26 +249,54 @@ print(len(engine.generate([[1, 2, 3, 4, 5, 6, 7, 8, 9]], max_new_tokens=3).token
     assert where.startswith(str(copy)) and tokens == "3", done.stdout
 
 
-def test_the_generic_core_imports_no_specific_scheme():
-    """Config, plan, caches, attention, decode view, model loop and engine reach schemes only through the registry
-    (and ``schemes/base.py`` / ``schemes/footprint.py``, which name none): a scheme is its file and its BUILTIN line."""
-    import ast
-    from pathlib import Path
+GENERIC_SCHEME_MODULES = {"base", "registry", "footprint"}  # they name no scheme
 
-    root = Path(__file__).resolve().parents[2] / "sparse_models"
-    generic = {"base", "registry", "footprint"}
+
+def specific_scheme_imports(root: Path) -> list[str]:
+    """``file:line: module`` for each import of a specific scheme module (``schemes.<name>`` other than
+    :data:`GENERIC_SCHEME_MODULES`) in the generic core below ``root`` (a ``sparse_models`` folder: its top-level
+    modules and ``engine/``; the package ``__init__`` re-exports public names). Both import forms count,
+    ``from .schemes.pod import x`` / ``from .schemes import pod`` and ``import sparse_models.schemes.pod``, at
+    module level or inside a function."""
     offenders = []
-    for path in [*root.glob("*.py"), *(root / "engine").glob("*.py")]:
-        if path.name == "__init__.py":  # the package's public names (TokenSparseStats) are re-exported there
+    for path in sorted([*root.glob("*.py"), *(root / "engine").glob("*.py")]):
+        if path.name == "__init__.py":
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and node.module:
-                parts = node.module.split(".")
-                if "schemes" in parts:
-                    after = parts[parts.index("schemes") + 1:]
-                    names = after or [alias.name for alias in node.names]
-                    offenders += [f"{path.relative_to(root)}: {name}" for name in names if name not in generic]
-    assert not offenders, offenders
+                dotted = [(node.module.split("."), alias.name) for alias in node.names]
+            elif isinstance(node, ast.Import):
+                dotted = [(alias.name.split("."), None) for alias in node.names]
+            else:
+                continue
+            for parts, name in dotted:
+                if "schemes" not in parts:
+                    continue
+                after = parts[parts.index("schemes") + 1:]
+                module = after[0] if after else name
+                if module is not None and module not in GENERIC_SCHEME_MODULES:
+                    offenders.append(f"{path.relative_to(root)}:{node.lineno}: schemes.{module}")
+    return list(dict.fromkeys(offenders))  # one line per module of an import of several names
+
+
+def test_the_generic_core_imports_no_specific_scheme():
+    """Config, plan, caches, attention, decode view, model loop and engine reach schemes only through the registry
+    (and ``schemes/base.py`` / ``schemes/footprint.py``, which name none): a scheme is its file and its BUILTIN line."""
+    root = Path(__file__).resolve().parents[2] / "sparse_models"
+    assert not specific_scheme_imports(root)
+
+
+def test_the_core_import_check_catches_each_form(tmp_path):
+    """A planted core holding every form of a specific-scheme import, next to the allowed ones."""
+    (tmp_path / "engine").mkdir()
+    (tmp_path / "__init__.py").write_text("from .schemes.pod import x\n")  # re-exports are allowed
+    (tmp_path / "fine.py").write_text("from .schemes.registry import get_scheme\nfrom .schemes import base\n"
+                                      "import sparse_models.schemes.footprint\n")
+    (tmp_path / "core.py").write_text("from .schemes.pod import x\nfrom .schemes import registry, tidal\n"
+                                      "def f():\n    import sparse_models.schemes.quest\n")
+    (tmp_path / "engine" / "step.py").write_text("from ..schemes.token_sparse import y\n")
+    assert specific_scheme_imports(tmp_path) == ["core.py:1: schemes.pod", "core.py:2: schemes.tidal",
+                                                 "core.py:4: schemes.quest", "engine/step.py:1: schemes.token_sparse"]
 
 
 def _recently_decoded(view, q, row, step):
