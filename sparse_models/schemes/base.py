@@ -261,6 +261,10 @@ class Scheme:
         budget: the meaning of ``--budget``; None: the scheme has no budget.
         check: (config, num_layers) -> None, raising ConfigError for combinations the fields alone
             cannot rule out (run when the plan is built).
+        config_notice: (config, phases) -> str or None, a notice about a configuration that runs but may not be
+            what the user meant, said once as a RuntimeWarning (POD without an anchor map). ``phases``: the
+            ``"decode_scheme='pod'"``-style phrases of the phases it is configured for; schemes that share one
+            function get one notice.
         reads: config sections it reads besides its own (``pod+tidal``: pod and tidal).
         chunk: ``fn(layer, q, k, v, state) -> out`` for several new tokens after a past (the model's ``chunk``
             phase: continued prompts, TidalDecode's KV correction) on the cache layout this decode scheme asks
@@ -288,6 +292,7 @@ class Scheme:
     cache: CacheNeeds = CacheNeeds()
     budget: Budget | None = None
     check: Callable[[Any, int], None] | None = None
+    config_notice: Callable[[Any, list[str]], str | None] | None = None
     reads: tuple[str, ...] = ()
     chunk: Callable[..., torch.Tensor] | None = None
     model_view: Mapping[str, Callable[..., torch.Tensor]] = field(default_factory=dict)

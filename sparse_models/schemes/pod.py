@@ -212,6 +212,18 @@ def _anchor_estimate(layer: int, anchors: tuple[int, ...], gate: torch.Tensor, g
                         for qh in range(gate.shape[1])], dim=1)
 
 
+def no_block_map_notice(config, phases: list[str]) -> str | None:
+    """``Scheme.config_notice`` of the schemes that read POD's anchor map, run without one. A model that was never
+    POD-adapted has no ``pod.anchor_layers`` / ``pod.blocks_file`` in its config; POD then uses the identity map
+    (every layer its own anchor), which is exactly dense attention: ``--decode-scheme pod`` on it would otherwise
+    look like POD."""
+    if config.pod.anchor_layers is not None:
+        return None
+    return (f"{' and '.join(phases)} on a model that is not POD-adapted (no pod.anchor_layers or pod.blocks_file in "
+            f"its config): POD uses the identity map, every layer its own anchor, which is exactly dense attention; "
+            f"for zero-shot POD give a map (pod_blocks_file=<blocks.json>; python -m eval.calibrate pod writes one)")
+
+
 def pod_layer_roles(anchors, num_layers: int) -> list[str]:
     """``pod-shared`` where some KV head reads distant keys from an earlier layer, else ``pod-anchor``."""
     return ["pod-shared" if any(a != layer for a in anchors[layer]) else "pod-anchor" for layer in range(num_layers)]
@@ -287,6 +299,7 @@ SCHEME = Scheme(
     anchor_key_roles=("pod-shared",),
     decode={"pod-anchor": pod_layer_decode, "pod-shared": pod_layer_decode},
     uses_anchors=True,
+    config_notice=no_block_map_notice,
     cache=CacheNeeds(pod_keys=True, ring_window=ring_window),
     chunk=pod_chunk,
     model_view={"pod": model_view_pod},

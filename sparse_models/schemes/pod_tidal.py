@@ -16,7 +16,7 @@ from ..anchors import assemble_anchor_queries
 from ..validation import ConfigError
 from . import tidal
 from .base import CacheNeeds, Footprint, Scheme, fused_selection
-from .pod import model_view_pod, pod_chunk, pod_decode, pod_kept, ring_window
+from .pod import model_view_pod, no_block_map_notice, pod_chunk, pod_decode, pod_kept, ring_window
 
 
 def _anchor_queries(view):
@@ -76,6 +76,7 @@ SCHEME = Scheme(
     decode_roles=tidal.tidal_decode_roles,
     decode=tidal.DECODE,
     uses_anchors=True,
+    config_notice=no_block_map_notice,
     cache=CacheNeeds(pod_keys=True, ring_window=ring_window,
                      correction_period=lambda config: config.tidal.correction_period),
     budget=tidal.BUDGET,

@@ -100,27 +100,23 @@ def budget_beyond_context(config, max_positions: int | None) -> str | None:
             f"as dense attention does, at dense cost")
 
 
-def no_block_map_notice(config) -> str | None:
-    """The notice for a scheme that uses POD's anchor map (``Scheme.uses_anchors``) run without one, or None.
-    A model that was never POD-adapted has no ``pod.anchor_layers`` / ``pod.blocks_file`` in its config; POD then
-    uses the identity map (every layer its own anchor), which is exactly dense attention: ``--decode-scheme pod``
-    on it would otherwise look like POD."""
-    phases = [f"{phase}_scheme={name!r}" for phase, name in (("prefill", config.prefill_scheme),
-                                                             ("decode", config.decode_scheme))
-              if get_scheme(name).uses_anchors]
-    if not phases or config.pod.anchor_layers is not None:
-        return None
-    return (f"{' and '.join(phases)} on a model that is not POD-adapted (no pod.anchor_layers or pod.blocks_file in "
-            f"its config): POD uses the identity map, every layer its own anchor, which is exactly dense attention; "
-            f"for zero-shot POD give a map (pod_blocks_file=<blocks.json>; python -m eval.calibrate pod writes one)")
+def scheme_notices(config) -> list[str]:
+    """The configured schemes' ``Scheme.config_notice`` notices (one per notice function, naming every phase that
+    runs a scheme with it)."""
+    phases_by_notice: dict = {}
+    for phase, name in (("prefill", config.prefill_scheme), ("decode", config.decode_scheme)):
+        notice = get_scheme(name).config_notice
+        if notice is not None:
+            phases_by_notice.setdefault(notice, []).append(f"{phase}_scheme={name!r}")
+    return [text for notice, phases in phases_by_notice.items() if (text := notice(config, phases))]
 
 
 def warn_config_notices(config, max_positions: int | None) -> None:
-    """Say :func:`budget_beyond_context` and :func:`no_block_map_notice` as RuntimeWarnings, from this one line for
+    """Say :func:`budget_beyond_context` and :func:`scheme_notices` as RuntimeWarnings, from this one line for
     the model (``set_sparse_attention``) and the engine alike, so warnings' default filter prints each once."""
     import warnings
 
-    for notice in (budget_beyond_context(config, max_positions), no_block_map_notice(config)):
+    for notice in (budget_beyond_context(config, max_positions), *scheme_notices(config)):
         if notice:
             warnings.warn(notice, RuntimeWarning, stacklevel=1)
 

@@ -71,10 +71,15 @@ def test_generate_cli_names_the_unadapted_model(tiny_checkpoint, capsys, compile
 @pytest.mark.parametrize("scheme", ["pod", "pod+tidal"])
 def test_notice_names_the_decode_scheme(scheme):
     from sparse_models import SparseAttentionConfig
-    from sparse_models.schemes.registry import no_block_map_notice
+    from sparse_models.schemes.registry import scheme_notices
 
     config = SparseAttentionConfig.from_dict({"decode_scheme": scheme})
-    assert f"decode_scheme={scheme!r}" in no_block_map_notice(config)
+    [notice] = scheme_notices(config)
+    assert f"decode_scheme={scheme!r}" in notice
     mapped = SparseAttentionConfig.from_dict({"decode_scheme": scheme, "pod": {"anchor_layers": [[0], [0]]}})
-    assert no_block_map_notice(mapped) is None
-    assert no_block_map_notice(SparseAttentionConfig()) is None
+    assert scheme_notices(mapped) == []
+    assert scheme_notices(SparseAttentionConfig()) == []
+    # POD prefill with POD + TidalDecode decode: one notice (one function) naming both phases
+    both = SparseAttentionConfig.from_dict({"prefill_scheme": "pod", "decode_scheme": scheme})
+    assert scheme_notices(both) == [notice.replace(f"decode_scheme={scheme!r}",
+                                                   f"prefill_scheme='pod' and decode_scheme={scheme!r}")]
