@@ -42,6 +42,8 @@ settings() {  # name -> recipe, token cache and overrides (globals RECIPE, TOKEN
     # more of the dev split's answers than key sharing (benchmarks/plans/pod_sharing_probe.py); scored through the
     # model's own cache, since the engine implements key sharing only
     pod_scores)  RECIPE=$r2 TOKENS=$P/tokens OVR=(pod.sharing=scores eval.every_steps=400 train.save_steps=100) ;;
+    # the two levers measured so far together: training at the serving length with score sharing
+    pod_8k_scores) RECIPE=$r8 TOKENS=$P/tokens_8k OVR=(pod.sharing=scores eval.every_steps=1000 train.save_steps=250) ;;
     *) return 1 ;;
   esac
 }
