@@ -51,9 +51,9 @@ _PLAN_GROUP = dict(block_n=32, num_warps=4, num_stages=2, waves=4)
 
 @triton.jit
 def _pod_sparse_split_kernel(
-    Q, QD, KLocal, KAnchor, V, Idx, SeqLens, OPart, LSEPart, GateEst, KLS, KAS, VS,
+    Q, KLocal, KAnchor, V, Idx, SeqLens, OPart, LSEPart, GateEst, KLS, KAS, VS,
     sm_scale, sink, recent, list_len, chunk, num_splits, tau,
-    stride_qb, stride_qh, stride_qdb, stride_qdh,
+    stride_qb, stride_qh,
     stride_lb, stride_lh, stride_ln,
     stride_ab, stride_ah, stride_an,
     stride_vb, stride_vh, stride_vn,
@@ -70,8 +70,7 @@ def _pod_sparse_split_kernel(
 ):
     """Program (part * num_splits + split, b*Hs + hs): the distant (part 0) or proximal (part 1)
     entries of list chunk [split*chunk, split*chunk+chunk) of list (b, hs), for the HEADS_PER_LIST
-    query heads that read that list. Writes partial slot part*num_splits + split. Distant programs take their
-    query from QD (Q itself under key sharing; the anchor layer's under score sharing)."""
+    query heads that read that list. Writes partial slot part*num_splits + split."""
     pid = tl.program_id(0)
     bh = tl.program_id(1)
     is_prox = pid >= num_splits
@@ -93,9 +92,8 @@ def _pod_sparse_split_kernel(
     g_mask = offs_g < HEADS_PER_LIST
     d_mask = offs_d < D
     heads = first_head + offs_g
-    q_rows = tl.where(is_prox, Q + b * stride_qb + heads[:, None] * stride_qh,
-                      QD + b * stride_qdb + heads[:, None] * stride_qdh)
-    q = tl.load(q_rows + offs_d[None, :], mask=g_mask[:, None] & d_mask[None, :], other=0.0)
+    q = tl.load(Q + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
+                mask=g_mask[:, None] & d_mask[None, :], other=0.0)
     kl_base = KLocal + b * stride_lb + kvh * stride_lh
     ka_base = KAnchor + b * stride_ab + kvh * stride_ah
     v_base = V + b * stride_vb + kvh * stride_vh
@@ -163,7 +161,9 @@ def pod_sparse_decode_attention_triton(q, k_local, k_anchor, v_cache, indices, s
     also skip [B,Hq] bool. Order: out, gate, skip.
     k_local_scale, k_anchor_scale, v_scale: FP8 caches' scales (module docstring), else None.
     q_distant: [B,Hq,D] the query of the distant entries' logits, default q (key sharing); the anchor layer's
-    query gives v1's score sharing (METHODS.md A.3).
+    query gives v1's score sharing (METHODS.md A.3). The kernel reads one query per program, so score sharing
+    launches it twice, q_distant's distant partials beside q's proximal ones: twice the reads of key sharing (a
+    query select inside this kernel made ptxas spill more, tests/kernels/sm90_compile.py).
     """
     if k_local is None:
         raise ValueError("k_local is None: a layer that is its own anchor has no POD split; use "
@@ -182,7 +182,8 @@ def pod_sparse_decode_attention_triton(q, k_local, k_anchor, v_cache, indices, s
     use_est = gate_estimate is not None
     est = gate_estimate.float().contiguous() if use_est else None
     q, k_local, k_anchor, v_cache = (C.last_dim_contiguous(t) for t in (q, k_local, k_anchor, v_cache))
-    q_distant = q if q_distant is None else C.last_dim_contiguous(_checked_q_distant(q_distant, q))
+    if q_distant is not None:
+        q_distant = C.last_dim_contiguous(_checked_q_distant(q_distant, q))
     indices = indices if indices.stride(-1) == 1 else indices.contiguous()
     plan = _PLAN_GROUP if per_group else _PLAN_HEAD
     block_n = _block_n or plan["block_n"]
@@ -193,24 +194,33 @@ def pod_sparse_decode_attention_triton(q, k_local, k_anchor, v_cache, indices, s
     o_part, lse_part = C.alloc_partials(B, Hq, 2 * num_splits, D, q.device)
     launch = dict(num_warps=num_warps) if C.interpreting() else dict(num_warps=num_warps, num_stages=num_stages)
     scale_args = [C.scale_args(t, lse_part) for t in (k_local_scale, k_anchor_scale, v_scale)]
-    _pod_sparse_split_kernel[(2 * num_splits, B * Hs)](
-        q, q_distant, k_local, k_anchor, v_cache, indices, seq_lens, o_part, lse_part, est if use_est else lse_part,
-        *(a[0] for a in scale_args),
-        scale, sink, recent, list_len, chunk, num_splits, float(gate_tau) if use_est else 0.0,
-        q.stride(0), q.stride(1), q_distant.stride(0), q_distant.stride(1),
-        k_local.stride(0), k_local.stride(1), k_local.stride(2),
-        k_anchor.stride(0), k_anchor.stride(1), k_anchor.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        *(x for a in scale_args for x in a[1:]),
-        indices.stride(0), indices.stride(1),
-        o_part.stride(0), o_part.stride(1), o_part.stride(2),
-        lse_part.stride(0), lse_part.stride(1),
-        Hs, Hq,
-        G=G, HEADS_PER_LIST=G if per_group else 1, BLOCK_G=C.block_g(G) if per_group else 1,
-        BLOCK_N=block_n, D=D, BLOCK_D=triton.next_power_of_2(D),
-        USE_DOT=per_group, IEEE=q.dtype == torch.float32, SKIP=use_est, FP8=v_scale is not None,
-        **launch,
-    )
+
+    def launch_into(query, parts, lses):
+        _pod_sparse_split_kernel[(2 * num_splits, B * Hs)](
+            query, k_local, k_anchor, v_cache, indices, seq_lens, parts, lses, est if use_est else lses,
+            *(a[0] for a in scale_args),
+            scale, sink, recent, list_len, chunk, num_splits, float(gate_tau) if use_est else 0.0,
+            query.stride(0), query.stride(1),
+            k_local.stride(0), k_local.stride(1), k_local.stride(2),
+            k_anchor.stride(0), k_anchor.stride(1), k_anchor.stride(2),
+            v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+            *(x for a in scale_args for x in a[1:]),
+            indices.stride(0), indices.stride(1),
+            parts.stride(0), parts.stride(1), parts.stride(2),
+            lses.stride(0), lses.stride(1),
+            Hs, Hq,
+            G=G, HEADS_PER_LIST=G if per_group else 1, BLOCK_G=C.block_g(G) if per_group else 1,
+            BLOCK_N=block_n, D=D, BLOCK_D=triton.next_power_of_2(D),
+            USE_DOT=per_group, IEEE=q.dtype == torch.float32, SKIP=use_est, FP8=v_scale is not None,
+            **launch,
+        )
+
+    launch_into(q, o_part, lse_part)
+    if q_distant is not None:  # the distant partials (slots < num_splits) again, from the anchor's query
+        o_dist, lse_dist = C.alloc_partials(B, Hq, 2 * num_splits, D, q.device)
+        launch_into(q_distant, o_dist, lse_dist)
+        o_part[:, :, :num_splits] = o_dist[:, :, :num_splits]
+        lse_part[:, :, :num_splits] = lse_dist[:, :, :num_splits]
     # with an estimate the skipped heads' distant partials are already empty: no tau in the merge
     return C.merge_gated_splits(o_part, lse_part, q, split_p_start=num_splits, gate_tau=gate_tau, estimate=est,
                                 return_gate=return_gate, return_skip=return_skip)
