@@ -100,6 +100,9 @@ BAD_RUNS = {
     "unknown task": ("", {}, "podkit_pasky", "Tasks not found: podkit_pasky"),
     "length beyond the context": ("", {"lengths": [99999]}, None, "exceed the model's context"),
     "RULER length beyond max_length": ("max_length=512", {"max_seq_lengths": [1024]}, None, "max_length=512"),
+    "budget not a number": ("decode_scheme=tidal,budget=abc", {}, None, "budget='abc' is invalid: expected an "
+                                                                        "integer >= 1"),
+    "max_length not a number": ("max_length=1.5", {}, None, "max_length=1.5 is invalid: expected an integer"),
 }
 
 
@@ -133,3 +136,4 @@ def test_python_api_refuses_a_misspelled_argument(tiny_model_dir):
 
     with pytest.raises(ConfigError, match=r"tidal_budgt=128 is not .*did you mean tidal_budget\?"):
         PodkitLM(pretrained=str(tiny_model_dir), decode_scheme="tidal", tidal_budgt=128)
+
