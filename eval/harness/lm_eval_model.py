@@ -2,7 +2,7 @@
 
     python -m eval.lm_eval run --model podkit \\
         --model_args pretrained=default decode_scheme=tidal budget=128 \\
-        --tasks podkit_passkey --device cpu --batch_size 1
+        --tasks podkit_passkey --metadata '{"lengths": [2048, 4096]}' --device cpu --batch_size 1
 
 model_args (besides every HFLM argument such as ``batch_size`` or ``max_length``):
 
