@@ -70,27 +70,71 @@ def model_context_limit(model_args: dict) -> tuple[int | None, str]:
     return (int(limit) if limit else None), f"max_position_embeddings={limit} of {pretrained}"
 
 
-def check_context_lengths(model_args: dict, metadata: dict) -> None:
-    """Refuse task lengths (``lengths``, RULER's ``max_seq_lengths``) beyond the model's context before any work:
-    lm-eval would cut each prompt to its last ``max_length - max_gen_toks`` tokens and score that, silently
-    (``{"lengths": [99999]}`` on SmolLM2 ran at 8184 tokens)."""
-    lengths = []
-    for key in ("lengths", "max_seq_lengths"):  # podkit's tasks read the first, lm-eval's RULER the second
-        wanted = metadata.get(key)
-        if wanted is None:
-            continue
-        try:
-            lengths += [int(x) for x in (wanted if isinstance(wanted, (list, tuple)) else
-                                         str(wanted).replace("[", "").replace("]", "").split(",")) if str(x).strip()]
-        except ValueError:
-            raise ValueError(f"--metadata {key}={wanted!r} is invalid: expected a list of token counts") from None
-    if not lengths:
+# podkit's tasks whose ``lengths`` count the prompt alone (eval/tasks/passkey.py, needle.py; their default grid is
+# eval.tasks.lm_eval_tasks.DEFAULT_LENGTHS): lm-eval keeps the task's max_gen_toks free for the answer, so a prompt
+# fits whole only at lengths <= context - max_gen_toks. RULER's lengths already count the answer
+# (train/long_context_eval/ruler.py) and podkit_ppl scores rolling windows, which lm-eval never cuts.
+PROMPT_SIZED_TASKS = ("podkit_passkey", "podkit_passkey_text", "podkit_needle")
+PROMPT_SIZED_DEFAULT_LENGTHS = (2048, 4096, 8192)
+
+
+def metadata_lengths(metadata: dict, key: str) -> list[int]:
+    """The token counts ``metadata[key]`` gives (a list, one integer or '2048,4096'); [] when absent."""
+    wanted = metadata.get(key)
+    if wanted is None:
+        return []
+    items = wanted if isinstance(wanted, (list, tuple)) else str(wanted).replace("[", "").replace("]", "").split(",")
+    try:
+        return [int(x) for x in items if str(x).strip()]
+    except ValueError:
+        raise ValueError(f"--metadata {key}={wanted!r} is invalid: expected a list of token counts") from None
+
+
+def task_answer_tokens(tasks: list[str], gen_kwargs: dict | None = None) -> dict[str, int]:
+    """{task: tokens lm-eval keeps free for its answer} for the named tasks of ``PROMPT_SIZED_TASKS`` (a tag such as
+    ``podkit_longctx`` names every task file that carries it): the YAML's ``max_gen_toks``, or
+    ``--gen_kwargs max_gen_toks=N``, which lm-eval applies to every task."""
+    override = (gen_kwargs or {}).get("max_gen_toks")
+    answers = {}
+    for task in PROMPT_SIZED_TASKS:
+        text = (TASKS_DIR / f"{task}.yaml").read_text()
+        tags = re.search(r"^tag:\s*\[([^\]]*)\]", text, re.MULTILINE)
+        names = {task} | ({t.strip() for t in tags.group(1).split(",")} if tags else set())
+        if names & set(tasks):
+            answers[task] = int(override if override is not None else
+                                re.search(r"^\s+max_gen_toks:\s*(\d+)", text, re.MULTILINE).group(1))
+    return answers
+
+
+def check_context_lengths(model_args: dict, metadata: dict, tasks: list[str] | None = None,
+                          gen_kwargs: dict | None = None) -> None:
+    """Refuse task lengths beyond the model's context before any work: lm-eval would cut each prompt to its last
+    ``max_length - max_gen_toks`` tokens and score that, with one warning among its log lines (``{"lengths":
+    [99999]}`` on SmolLM2 ran at 8184 tokens; so did the passkey's default 8192, which leaves no room for the
+    answer). ``lengths`` (podkit's tasks) and ``max_seq_lengths`` (lm-eval's RULER) must fit the context; the
+    prompt-sized tasks' lengths, given or default, must leave their answer tokens free as well."""
+    lengths = metadata_lengths(metadata, "lengths") + metadata_lengths(metadata, "max_seq_lengths")
+    answers = task_answer_tokens(list(tasks or []), gen_kwargs)
+    if not lengths and not answers:
         return
     limit, source = model_context_limit(model_args)
-    too_long = [n for n in lengths if limit is not None and n > limit]
+    if limit is None:
+        return
+    too_long = [n for n in lengths if n > limit]
     if too_long:
         raise ValueError(f"--metadata lengths {too_long} exceed the model's context ({source}): lm-eval would "
                          f"truncate each prompt to its last tokens and score that; use lengths <= {limit}")
+    given = metadata_lengths(metadata, "lengths")
+    for task, answer in answers.items():
+        fit = limit - answer
+        wanted = given or list(PROMPT_SIZED_DEFAULT_LENGTHS)
+        too_long = [n for n in wanted if n > fit]
+        if too_long:
+            which = "--metadata lengths" if given else "default lengths (no --metadata lengths given)"
+            fitting = [n for n in wanted if n <= fit] or [fit]
+            raise ValueError(f"{task}: {which} {too_long} leave no room for its {answer} answer tokens in the "
+                             f"model's context ({source}): lm-eval would cut each prompt to its last {fit} tokens "
+                             f"and score that; use lengths <= {fit}, e.g. --metadata '{json.dumps({'lengths': fitting})}'")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -117,7 +161,8 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, "command", None) == "run" and getattr(args, "model", None) == "podkit":
             model_args = dict(getattr(args, "model_args", None) or {})
             eval.harness.lm_eval_model.check_model_args(model_args)
-            check_context_lengths(model_args, model_args | dict(getattr(args, "metadata", None) or {}))
+            check_context_lengths(model_args, model_args | dict(getattr(args, "metadata", None) or {}),
+                                  list(getattr(args, "tasks", None) or []), getattr(args, "gen_kwargs", None))
         cli.execute(args)
     except (ConfigError, ValueError, FileNotFoundError, NotADirectoryError) as error:
         # lm-eval's own input errors (unknown task, bad --metadata) are ValueErrors too

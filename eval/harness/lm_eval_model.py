@@ -2,7 +2,7 @@
 
     python -m eval.lm_eval run --model podkit \\
         --model_args pretrained=default decode_scheme=tidal budget=128 \\
-        --tasks podkit_passkey --device cpu --batch_size 1
+        --tasks podkit_passkey --metadata '{"lengths": [2048, 4096]}' --device cpu --batch_size 1
 
 model_args (besides every HFLM argument such as ``batch_size`` or ``max_length``):
 
@@ -33,6 +33,7 @@ from lm_eval.models.huggingface import HFLM
 from eval.models import load_model, load_tokenizer, parse_override_value
 from eval.schemes import budget_overrides
 from sparse_models.config import SparseAttentionConfig, is_override_key, unknown_option_error
+from sparse_models.validation import ConfigError
 
 
 def split_model_args(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -48,6 +49,9 @@ def split_model_args(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, 
 
 
 PODKIT_ARGS = ("pretrained", "dtype", "device", "budget")
+# model arguments that must be whole numbers, with their least value: lm-eval passes them on as typed from the
+# command line ('abc' stays a string), and int() would fail later with no field named
+INTEGER_ARGS = {"budget": 1, "max_length": 1, "max_gen_toks": 1}
 
 
 def hflm_arguments() -> list[str]:
@@ -55,6 +59,19 @@ def hflm_arguments() -> list[str]:
     HFLM loads itself, which a podkit model never is)."""
     params = inspect.signature(HFLM.__init__).parameters.values()
     return [p.name for p in params if p.name != "self" and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]
+
+
+def check_integer_argument(key: str, value: Any, minimum: int) -> None:
+    """Refuse a model argument ``key`` that is given (not None) and is not an integer >= ``minimum``
+    (``budget=abc``, ``max_length=1.5``), naming the field, the value and what is allowed."""
+    if value is None:
+        return
+    try:
+        number = int(str(value).strip())  # '128' or 128; '1.5', 'abc' and True ('True') are refused
+    except ValueError:
+        number = None
+    if number is None or number < minimum:
+        raise ConfigError(f"{key}={value!r} is invalid: expected an integer >= {minimum}")
 
 
 def check_model_args(kwargs: dict[str, Any]) -> None:
@@ -69,6 +86,8 @@ def check_model_args(kwargs: dict[str, Any]) -> None:
                                        expected="expected pretrained, dtype, budget, a sparse-attention override "
                                                 "(prefill_scheme, decode_scheme, <method>_<field> such as "
                                                 "tidal_budget) or an HFLM argument (batch_size, max_length, ...)")
+    for key, minimum in INTEGER_ARGS.items():
+        check_integer_argument(key, kwargs.get(key), minimum)
     overrides, _ = split_model_args(kwargs)
     if overrides:
         SparseAttentionConfig().with_overrides(**{k: parse_override_value(v) for k, v in overrides.items()})

@@ -100,6 +100,13 @@ BAD_RUNS = {
     "unknown task": ("", {}, "podkit_pasky", "Tasks not found: podkit_pasky"),
     "length beyond the context": ("", {"lengths": [99999]}, None, "exceed the model's context"),
     "RULER length beyond max_length": ("max_length=512", {"max_seq_lengths": [1024]}, None, "max_length=512"),
+    # a passkey prompt of the whole context: lm-eval would cut its first max_gen_toks tokens (the SmolLM2 8192 case)
+    "passkey prompt + answer beyond the context": ("", {"lengths": [4096]}, None, "its 8 answer tokens"),
+    "needle via its tag, default lengths": ("max_length=1024", {"lengths": None}, "podkit_longctx",
+                                            "default lengths (no --metadata lengths given) [2048, 4096, 8192]"),
+    "budget not a number": ("decode_scheme=tidal,budget=abc", {}, None, "budget='abc' is invalid: expected an "
+                                                                        "integer >= 1"),
+    "max_length not a number": ("max_length=1.5", {}, None, "max_length=1.5 is invalid: expected an integer"),
 }
 
 
@@ -115,7 +122,8 @@ def test_bad_input_is_one_line_and_exit_2(case, tiny_model_dir, monkeypatch, cap
     pretrained = "/nonexistent/model" if extra is None else str(tiny_model_dir)
     model_args = ",".join(x for x in (f"pretrained={pretrained}", extra) if x)
     argv = ["run", "--model", "podkit", "--model_args", model_args, "--tasks", task or "podkit_passkey",
-            "--metadata", json.dumps({"lengths": [160], "num_depths": 1} | metadata), "--device", "cpu",
+            "--metadata", json.dumps({k: v for k, v in ({"lengths": [160], "num_depths": 1} | metadata).items()
+                                      if v is not None}), "--device", "cpu",
             "--limit", "1"]
     monkeypatch.setattr(sys, "argv", ["eval.harness.lm_eval"])
     assert wrapper.main(argv) == 2
@@ -133,3 +141,22 @@ def test_python_api_refuses_a_misspelled_argument(tiny_model_dir):
 
     with pytest.raises(ConfigError, match=r"tidal_budgt=128 is not .*did you mean tidal_budget\?"):
         PodkitLM(pretrained=str(tiny_model_dir), decode_scheme="tidal", tidal_budgt=128)
+
+
+def test_prompt_sized_lengths_leave_room_for_the_answer(tiny_model_dir):
+    """Passkey / needle lengths count the prompt alone, so they fit at context - max_gen_toks (4096 - 8 here);
+    RULER's lengths count the answer and perplexity windows are never cut, so those fit at the whole context."""
+    from eval.harness.lm_eval import PROMPT_SIZED_DEFAULT_LENGTHS, check_context_lengths
+    from eval.tasks.lm_eval_tasks import DEFAULT_LENGTHS
+
+    assert list(PROMPT_SIZED_DEFAULT_LENGTHS) == DEFAULT_LENGTHS
+    args = {"pretrained": str(tiny_model_dir)}
+    check_context_lengths(args, {"lengths": [4088]}, ["podkit_passkey", "podkit_needle"])
+    check_context_lengths(args, {"lengths": [4096]}, ["podkit_ppl", "podkit_ruler_vt"])
+    check_context_lengths(args, {"lengths": [4080]}, ["podkit_passkey"], {"max_gen_toks": 16})
+    with pytest.raises(ValueError, match=r"podkit_passkey: --metadata lengths \[4089\] .* 8 answer tokens"):
+        check_context_lengths(args, {"lengths": [2048, 4089]}, ["podkit_passkey"])
+    with pytest.raises(ValueError, match=r"16 answer tokens .* last 4080 tokens"):
+        check_context_lengths(args, {"lengths": [4088]}, ["podkit_passkey_text"], {"max_gen_toks": 16})
+    with pytest.raises(ValueError, match=r"podkit_needle: default lengths .* \[4096, 8192\] .*\"lengths\": \[2048\]"):
+        check_context_lengths(args | {"max_length": 4000}, {}, ["podkit_needle"])
