@@ -50,6 +50,12 @@ def gate_anchor_layers(cache: StaticCache) -> frozenset[int]:
     return frozenset(run.anchor for runs in cache.runs for run in runs if not run.own)
 
 
+def _anchor_query(queries, run: KeyRun, hq):
+    """[B, Hq_run, D]: a non-anchor run's distant-logit query under score sharing (its anchor layer's query for the
+    run's heads ``hq``), None under key sharing (``queries`` None)."""
+    return None if queries is None else queries[run.anchor][:, hq]
+
+
 def full_attention(cache: StaticCache, layer: int, q, lens, scale, gate_tau=None, gates=None, queries=None):
     """Exact attention over every cached token (POD-aware in the shared-key layout).
 
@@ -91,9 +97,9 @@ def full_attention(cache: StaticCache, layer: int, q, lens, scale, gate_tau=None
         else:
             k_local = cache.local_keys[layer][:batch, run.h0:run.h1]
             fp8.update(_local_scale(cache, layer, run, batch))
-            q_distant = None if queries is None else queries[run.anchor][:, hq]
             out, gate = kernels.pod_decode_attention(q[:, hq], k_local, k_full, v, lens, gate_tau=gate_tau,
-                                                     q_distant=q_distant, **pod, **fp8), None
+                                                     q_distant=_anchor_query(queries, run, hq), **pod,
+                                                     **fp8), None
         outs.append(out)
         layer_gates.append(gate)
     if stores_gate:
@@ -139,10 +145,9 @@ def selection_attention(cache: StaticCache, layer: int, q, lens, scale, budget: 
             k_local = cache.local_keys[layer][:batch, run.h0:run.h1]
             k_anchor = cache.full_keys(run.anchor, run.h0, run.h1, batch)
             fp8 = {} if vs is None else dict(k_anchor_scale=ks, v_scale=vs, **_local_scale(cache, layer, run, batch))
-            q_distant = None if queries is None else queries[run.anchor][:, hq]
             out, run_scores = kernels.pod_decode_attention(q[:, hq], k_local, k_anchor, v, lens, sink=cache.sink,
                                                            recent=cache.recent, scale=scale, return_scores=True,
-                                                           q_distant=q_distant, **fp8)
+                                                           q_distant=_anchor_query(queries, run, hq), **fp8)
             if fused:
                 indices.append(kernels.select_topk_positions(run_scores, lens, budget, group_size=group,
                                                              per_kv_group=selection == "kv_group"))
@@ -187,8 +192,8 @@ def sparse_attention(cache: StaticCache, layer: int, q, lens, scale, indices, qu
             ks, vs = _scales(cache, layer, run, batch)
             outs.append(kernels.sparse_decode_attention(q[:, hq], k_full, v, idx, scale=scale, k_scale=ks, v_scale=vs))
         else:
-            q_distant = None if queries is None else queries[run.anchor][:, hq]
-            outs.append(_pod_sparse_run(cache, layer, run, q[:, hq], idx, lens, scale, q_distant))
+            outs.append(_pod_sparse_run(cache, layer, run, q[:, hq], idx, lens, scale,
+                                        _anchor_query(queries, run, hq)))
     return _cat(outs)
 
 
@@ -210,11 +215,10 @@ class StaticDecodeView:
     def full(self, q):
         pod = self.config.pod
         queries = self._score_sharing_queries()
-        if queries is not None:  # the exact gate: the anchor's logits are at hand
-            return full_attention(self.cache, self.layer, q, self.lens, self.scale, gate_tau=pod.gate_tau,
-                                  queries=queries)
-        gates = self.step.pod_gates if self.step is not None and pod.gate_estimate == "anchor" else None
-        return full_attention(self.cache, self.layer, q, self.lens, self.scale, gate_tau=pod.gate_tau, gates=gates)
+        # score sharing skips by the exact gate (the anchor's logits are at hand), so no anchor-gate estimates
+        estimate = queries is None and self.step is not None and pod.gate_estimate == "anchor"
+        return full_attention(self.cache, self.layer, q, self.lens, self.scale, gate_tau=pod.gate_tau,
+                              gates=self.step.pod_gates if estimate else None, queries=queries)
 
     def pod(self, q):
         return self.full(q)  # POD-aware by the cache's runs; the gate skip as pod.gate_estimate says

@@ -240,14 +240,21 @@ def shared_prefill(layer, q, k, v, state, k_anchor=None, q_anchor=None) -> torch
     return pod_prefill(q, k, k_anchor, v, state.num_new, cfg, state.scale)
 
 
+def step_anchor_queries(row, cfg: PodConfig, queries: dict[int, torch.Tensor], j: int = 0) -> torch.Tensor | None:
+    """[B, Hq, D]: under score sharing, the queries at column ``j`` of ``queries`` (layer -> [B, Hq, S, D], the
+    model's ForwardState.queries) that layer ``row``'s distant logits take, each head its anchor layer's; None under
+    key sharing or in a layer without shared heads."""
+    if cfg.sharing != "scores" or not row.shared_heads:
+        return None
+    return assemble_anchor_queries(row.anchors, {a: t[:, :, j] for a, t in queries.items()})
+
+
 def model_view_pod(view, q: torch.Tensor) -> torch.Tensor:
     """``DecodeView.pod`` over the model's dynamic cache (``sparse_models/decode_view.CacheDecodeView``):
     q [B, Hq, D] -> [B, Hq, D] with the config's sharing and gate policy."""
-    row, cache, cfg, layer = view.row, view.cache, view.config.pod, view.layer
-    q_distant = None
-    if cfg.sharing == "scores" and row.shared_heads:
-        q_distant = assemble_anchor_queries(row.anchors, {a: t[:, :, 0] for a, t in view.state.queries.items()})
-    return pod_decode(layer, row.anchors, q, cache, view.lens, cfg, view.state.gates, q_distant)
+    row, cfg = view.row, view.config.pod
+    return pod_decode(view.layer, row.anchors, q, view.cache, view.lens, cfg, view.state.gates,
+                      step_anchor_queries(row, cfg, view.state.queries))
 
 
 def pod_chunk(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state) -> torch.Tensor:
@@ -261,10 +268,8 @@ def pod_chunk(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sta
         start = state.old_lens + j
         cache.write(layer, k[:, :, j: j + 1], v[:, :, j: j + 1], start, active)
         lens = torch.where(active.bool(), start + 1, state.new_lens.clamp(min=1))
-        q_distant = None
-        if cfg.sharing == "scores" and row.shared_heads:
-            q_distant = assemble_anchor_queries(row.anchors, {a: t[:, :, j] for a, t in state.queries.items()})
-        out = pod_decode(layer, row.anchors, q[:, :, j], cache, lens, cfg, q_distant=q_distant)
+        out = pod_decode(layer, row.anchors, q[:, :, j], cache, lens, cfg,
+                         q_distant=step_anchor_queries(row, cfg, state.queries, j))
         outs.append(torch.where(active.bool()[:, None, None], out, torch.zeros_like(out)))
     return torch.stack(outs, dim=2)
 

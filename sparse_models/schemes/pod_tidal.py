@@ -12,19 +12,16 @@ from __future__ import annotations
 
 import kernels
 
-from ..anchors import assemble_anchor_queries
 from ..validation import ConfigError
 from . import tidal
-from .base import CacheNeeds, Footprint, Scheme, fused_selection
-from .pod import model_view_pod, no_block_map_notice, pod_chunk, pod_decode, pod_kept, ring_window
+from .base import CacheNeeds, Footprint, Scheme
+from .pod import model_view_pod, no_block_map_notice, pod_chunk, pod_decode, pod_kept, ring_window, step_anchor_queries
 
 
 def _anchor_queries(view):
     """[B, Hq, D]: this step's anchor-layer queries of ``view``'s layer under score sharing, else None (key
     sharing, or a layer without shared heads: one key per slot, the generic path)."""
-    if view.config.pod.sharing != "scores" or not (view.row.pod_keys and view.row.shared_heads):
-        return None
-    return assemble_anchor_queries(view.row.anchors, {a: t[:, :, 0] for a, t in view.state.queries.items()})
+    return step_anchor_queries(view.row, view.config.pod, view.state.queries) if view.row.pod_keys else None
 
 
 def model_view_full(view, q):
@@ -44,12 +41,8 @@ def model_view_select(view, q, budget: int, selection: str = "query_head", recen
     out, scores = kernels.pod_decode_attention(q, cache.local_key_view(layer, view.lens), cache.anchor_keys(layer),
                                                view.values, view.lens, sink=cfg.sink_tokens,
                                                recent=cfg.recent_window, return_scores=True, q_distant=q_distant)
-    group = q.shape[1] // view.num_kv_heads
-    if fused_selection(selection, recent):
-        return out, kernels.select_topk_positions(scores, view.lens, budget, group_size=group,
-                                                  per_kv_group=selection == "kv_group")
-    return out, kernels.select_topk_positions(scores, view.lens, budget, group_size=group, mode=selection,
-                                              recent=recent)
+    return out, kernels.select_topk_positions(scores, view.lens, budget, group_size=q.shape[1] // view.num_kv_heads,
+                                              mode=selection, recent=recent)
 
 
 def model_view_sparse(view, q, indices):
