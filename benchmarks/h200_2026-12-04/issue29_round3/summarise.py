@@ -1,0 +1,79 @@
+"""Summary table and PNG of issue 29's third H200 round (this folder): the 8K recipe with v1's score sharing
+(`pod.sharing: scores`), beside the second round's rows on the same test samples (../issue29_round2/summary.json:
+the original model, the 8K dense fine-tune control, the 8K recipe with key sharing). RULER test split per row; the
+dev split and held-out perplexity from the run's learning curve (last point); KV saved from the training log.
+    python3 benchmarks/h200_2026-12-04/issue29_round3/summarise.py  ->  summary.json, ruler_vs_length.png"""
+import json
+import re
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+HERE = Path(__file__).parent
+SECOND_ROUND = HERE.parent / "issue29_round2" / "summary.json"
+CARRIED = ("original", "control_8k", "pod_8k", "pod_8k_dense", "control_2k", "pod_keys_2k", "pod_scores")
+ROWS = {  # row -> (run, label)
+    "pod_8k_scores": ("pod_8k_scores", "POD export, 8K recipe, score sharing (v1)"),
+    "pod_8k_scores_dense": ("pod_8k_scores", "its weights run densely"),
+}
+
+
+def kv_saved(run: str) -> float:
+    text = (HERE / "logs" / f"{run}.train.log").read_text()
+    return float(re.findall(r"KV saved at \d+ [\d.]+% -> ([\d.]+)%", text)[-1])
+
+
+def main():
+    second = json.loads(SECOND_ROUND.read_text())
+    summary = {"protocol": second["protocol"], "rows": {}}
+    for row in CARRIED:
+        entry = dict(second["rows"][row])
+        if "(2026-12-0" not in entry["label"]:
+            entry["label"] += " (2026-12-04, round 2)"
+        summary["rows"][row] = entry
+    curve = json.loads((HERE / "train" / "pod_8k_scores" / "learning_curve.json").read_text())["points"][-1]
+    for row, (run, label) in ROWS.items():
+        data = json.loads((HERE / "rows" / f"{row}.json").read_text())
+        dense = row.endswith("_dense")
+        key = "dense" if dense else "pod"
+        summary["rows"][row] = {
+            "label": label, "split": data["split"], "training_length": 8192,
+            "test": {n: round(s["average"], 2) for n, s in data["summary"].items()},
+            "categories": {n: {c: round(v, 2) for c, v in s["categories"].items()} for n, s in data["summary"].items()},
+            "kv_saved_pct": 0.0 if dense else kv_saved(run),
+            "dev": {n: round(v[key], 2) for n, v in curve.get("ruler", {}).items()},
+            "ppl": {src: round(v[f"{key}_ppl"], 3) for src, v in curve["sources"].items()}}
+    base = summary["rows"]["original"]["test"]
+    controls = {2048: summary["rows"]["control_2k"]["test"], 8192: summary["rows"]["control_8k"]["test"]}
+    for entry in summary["rows"].values():
+        entry["test_pct_of_original"] = {n: round(100 * v / base[n], 1) for n, v in entry["test"].items()}
+        control = controls.get(entry.get("training_length"))
+        if control is not None:
+            entry["test_pct_of_control"] = {n: round(100 * v / control[n], 1) for n, v in entry["test"].items()}
+    (HERE / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+
+    lengths = [int(n) for n in base]
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    for row in ("original", "control_8k", "pod_8k", "pod_8k_dense", "pod_8k_scores", "pod_8k_scores_dense"):
+        e = summary["rows"][row]
+        name = e["label"] if not e["label"].startswith("its weights") else f"{row}: weights run densely"
+        ax.plot(lengths, [e["test"][str(n)] for n in lengths], marker="o", label=name,
+                linestyle="--" if row.endswith("_dense") or row.startswith("control") or row == "original" else "-")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(lengths, [str(n) for n in lengths])
+    ax.set_xlabel("context (tokens)")
+    ax.set_ylabel("RULER average, test split (13 tasks x 20)")
+    ax.set_title("SmolLM2-135M trained at 8192 tokens, 30.1% KV saved: key against score sharing\n"
+                 "one H200, 2026-12-04", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.set_ylim(0, 60)
+    ax.legend(fontsize=7, loc="lower left")
+    fig.tight_layout()
+    fig.savefig(HERE / "ruler_vs_length.png", dpi=120)
+
+
+if __name__ == "__main__":
+    main()
