@@ -22,7 +22,8 @@ Per layer it keeps values ``[B, Hkv, N, D]`` and keys, post-RoPE, laid out by th
   q's dtype) in the model's dtype, one more rounding than the engine. Quest's pages bound the dequantised keys.
 
 Cross-layer state that must follow the batch lives here too: ``seq_lens`` (tokens per sequence),
-the TidalDecode indices chosen at the last step (``tidal_indices``, for inspection), and the token ids
+the positions a selecting decode scheme (TidalDecode) chose at the last step, by layer
+(``selected_indices``, for inspection; ``tidal_indices`` is its old name), and the token ids
 of the last sparse-decoded tokens (for TidalDecode's KV-cache correction).
 
 It subclasses transformers' ``Cache`` only for what ``generate()`` touches (5.17 and 5.24):
@@ -87,7 +88,7 @@ class SparseKVCache(Cache):
         self.local_scale: list[torch.Tensor | None] = [None] * self.num_layers
         self.value_scale: list[torch.Tensor | None] = [None] * self.num_layers
         self.buffers: dict[tuple[int, str], torch.Tensor] = {}  # (layer, name) -> the scheme's StateBuffer
-        self.tidal_indices: dict[int, torch.Tensor] = {}
+        self.selected_indices: dict[int, torch.Tensor] = {}  # layer -> [B, Hq or Hkv, k] of the last step
         self.decoded_tokens: torch.Tensor | None = None  # [B, T] token ids of the last T decode steps
         self.steps_since_correction = 0
         # key storage per (layer, KV head): ("full", i) -> keys[layer][:, i]; ("local", i) -> local_keys[layer][:, i]
@@ -117,6 +118,11 @@ class SparseKVCache(Cache):
 
     def get_max_length(self, layer_idx: int | None = None) -> int:
         return -1
+
+    @property
+    def tidal_indices(self) -> dict[int, torch.Tensor]:
+        """The old name of :attr:`selected_indices` (kept for code that reads it)."""
+        return self.selected_indices
 
     @property
     def is_linear(self) -> list[bool]:
@@ -154,7 +160,7 @@ class SparseKVCache(Cache):
                 if t is not None:
                     store[i] = fn(t)
         self.buffers = {key: fn(t) for key, t in self.buffers.items()}
-        self.tidal_indices = {k: fn(v) for k, v in self.tidal_indices.items()}
+        self.selected_indices = {k: fn(v) for k, v in self.selected_indices.items()}
         if self.seq_lens is not None:
             self.seq_lens = fn(self.seq_lens)
         if self.decoded_tokens is not None:

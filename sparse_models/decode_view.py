@@ -82,7 +82,7 @@ class CacheDecodeView:
         own = get_scheme(self.config.decode_scheme).model_view.get("select")
         out, idx = own(self, q, budget, selection, recent) if own is not None \
             else self.select_over_keys(q, budget, selection, recent)
-        self.cache.tidal_indices[self.layer] = idx  # the last step's selection, for inspection
+        self.cache.selected_indices[self.layer] = idx  # the last step's selection, for inspection
         return out, idx
 
     def select_over_keys(self, q: torch.Tensor, budget: int, selection: str = "query_head",

@@ -330,9 +330,6 @@ def _check_unit_selection(r: Recipe, add) -> None:
         return
     if p.min_kv_saving is None:
         add("pod.protect_units='auto': needs the KV budget it selects under; set pod.min_kv_saving (e.g. 0.3)")
-    if p.sharing != "keys":  # the gated forward (train/unit_selection/gated_forward.py) shares keys, as v2 does
-        add(f"pod.protect_units='auto': gates are learned for key sharing only; pod.sharing={p.sharing!r} needs "
-            f"pod.sharing: keys or a list of units")
     problems: list[str] = []
     s = unit_selection_settings(p, problems)
     for problem in problems:

@@ -41,7 +41,9 @@ export PYTHONUNBUFFERED=1 PYTHONPATH="$P/site:/tmp/site${PYTHONPATH:+:$PYTHONPAT
   TORCH_EXTENSIONS_DIR=/tmp/torch_ext DS_ACCELERATOR=cuda HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false \
   PODKIT_TOKEN_CACHE="$P/tokens" PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 RECIPE=recipes/smollm2_135m_gpu.yaml
-common=(long_context.samples_dir="$P/ruler_samples" train.save_steps=100 train.save_total_limit=1)
+common=(long_context.samples_dir="$P/ruler_samples" train.save_steps=100 train.save_total_limit=1 pod.sharing=keys)
+# pod.sharing=keys: what these runs measured (the recipes' default until 2026-12-04; they ship scores since);
+# a run that measures score sharing says pod.sharing=scores, which comes later on its command line and wins
 
 case "$part" in
   stage)

@@ -24,7 +24,9 @@ P=/tmp/p29; RUNS=$P/runs; mkdir -p "$RUNS"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$P/site:/tmp/site${PYTHONPATH:+:$PYTHONPATH}" PODKIT_CACHE="$P/cache" \
   TORCH_EXTENSIONS_DIR=/tmp/torch_ext DS_ACCELERATOR=cuda HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false \
   PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
-common=(long_context.samples_dir="$P/ruler_samples" train.save_total_limit=1)
+common=(long_context.samples_dir="$P/ruler_samples" train.save_total_limit=1 pod.sharing=keys)
+# pod.sharing=keys: what these runs measured (the recipes' default until 2026-12-04; they ship scores since);
+# a run that measures score sharing says pod.sharing=scores, which comes later on its command line and wins
 
 settings() {  # name -> recipe, token cache and overrides (globals RECIPE, TOKENS, OVR)
   local r2=recipes/smollm2_135m_gpu.yaml r8=recipes/smollm2_135m_gpu_8k.yaml
@@ -44,6 +46,11 @@ settings() {  # name -> recipe, token cache and overrides (globals RECIPE, TOKEN
     pod_scores)  RECIPE=$r2 TOKENS=$P/tokens OVR=(pod.sharing=scores eval.every_steps=400 train.save_steps=100) ;;
     # the two levers measured so far together: training at the serving length with score sharing
     pod_8k_scores) RECIPE=$r8 TOKENS=$P/tokens_8k OVR=(pod.sharing=scores eval.every_steps=1000 train.save_steps=250) ;;
+    # the 8K recipe as shipped since 2026-12-04 (score sharing) with units chosen by gates learned under score sharing
+    # (no task that is reported ranks them), against pod_8k_scores' pass-key-ranked four units
+    pod_8k_scores_auto) RECIPE=$r8 TOKENS=$P/tokens_8k OVR=(pod.sharing=scores pod.protect_units=auto
+                                                             "pod.unit_selection={length: 4096, samples: 8}"
+                                                             eval.every_steps=1000 train.save_steps=250) ;;
     *) return 1 ;;
   esac
 }

@@ -656,15 +656,16 @@ def resolve_variants(args: argparse.Namespace, shape: dict, cases: dict) -> tupl
     decode, prefill = {}, {}
     for spec in args.variants:
         base, extra = parse_variant(spec)
+        # a base that names both a prefill case and a decode scheme (pod) gets a row in both sections
         if base in cases:
             overrides, ratio = cases[base]
             prefill[spec] = (overrides | extra, ratio)
             SparseAttentionConfig().with_overrides(**prefill[spec][0])
-        elif base in decode_bases:
+        if base in decode_bases:
             decode[spec] = scheme_overrides(base, shape["num_hidden_layers"], shape["num_key_value_heads"],
                                             args.budget, args.tiny) | extra
             SparseAttentionConfig().with_overrides(**decode[spec])
-        else:
+        if base not in cases and base not in decode_bases:
             raise ConfigError(f"--variants {spec!r}: base {base!r} is neither a decode scheme ("
                               f"{', '.join(sorted(decode_bases))}) nor a prefill case ({', '.join(cases)})")
     return decode, prefill

@@ -50,6 +50,41 @@ def resolve_default_pretrained(argv: list[str]) -> list[str]:
     return [_DEFAULT_PRETRAINED.sub(lambda m: f"{m.group(1)}pretrained={folder}", arg) for arg in argv]
 
 
+_SIGNED_INTEGER = re.compile(r"[+-]\d+")
+
+
+def signed_integers_as_typed(model_args: dict, argv: list[str]) -> dict:
+    """``model_args`` with each value the user wrote as a signed integer (``tidal_budget=-1``) an int again.
+
+    lm-eval's CLI parser reads a value as an int only when ``str.isnumeric()`` holds, which a sign breaks, so
+    ``-1`` arrives as ``-1.0`` and podkit's error would name a value nobody typed. The raw text comes from
+    ``argv``: the words after ``--model_args`` up to the next flag, split at commas (the pieces of a list value
+    never read as one signed integer, so they are left as lm-eval parsed them)."""
+    raw: dict[str, str] = {}
+    words = iter(argv)
+    for word in words:
+        if word.startswith("--model_args="):
+            chunks = [word.split("=", 1)[1]]
+        elif word == "--model_args":
+            chunks = []
+            for follow in words:
+                if follow.startswith("--"):
+                    break
+                chunks.append(follow)
+        else:
+            continue
+        for chunk in chunks:
+            for item in chunk.split(","):
+                key, sep, value = item.partition("=")
+                if sep:
+                    raw[key.strip()] = value.strip()
+    fixed = dict(model_args)
+    for key, value in model_args.items():
+        if isinstance(value, float) and _SIGNED_INTEGER.fullmatch(raw.get(key, "")):
+            fixed[key] = int(raw[key])
+    return fixed
+
+
 def model_context_limit(model_args: dict) -> tuple[int | None, str]:
     """The longest context the podkit model takes: ``max_length`` if the model args give it, else the checkpoint's
     ``max_position_embeddings`` (what HFLM's ``max_length`` resolves to); with where the number comes from."""
@@ -159,7 +194,8 @@ def main(argv: list[str] | None = None) -> int:
         cli = HarnessCLI()
         args = cli.parse_args()
         if getattr(args, "command", None) == "run" and getattr(args, "model", None) == "podkit":
-            model_args = dict(getattr(args, "model_args", None) or {})
+            model_args = signed_integers_as_typed(dict(getattr(args, "model_args", None) or {}), argv)
+            args.model_args = model_args
             eval.harness.lm_eval_model.check_model_args(model_args)
             check_context_lengths(model_args, model_args | dict(getattr(args, "metadata", None) or {}),
                                   list(getattr(args, "tasks", None) or []), getattr(args, "gen_kwargs", None))

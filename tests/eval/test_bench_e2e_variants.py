@@ -42,3 +42,15 @@ def test_a_bad_variant_is_one_line_before_any_model(spec, words, tmp_path, capsy
     for word in words:
         assert word in err, err
     assert not (tmp_path / "e.json").exists()
+
+
+def test_a_pod_variant_gets_a_decode_row_and_a_prefill_row():
+    """``pod`` names a decode scheme and a prefill case: its variant (score sharing) is timed in both sections."""
+    args = e2e.parse_args(["--tiny", "--variants", "pod:pod_sharing=scores"])
+    shape = dict(e2e.TINY)
+    e2e.apply_tiny(args)
+    cases = e2e.prefill_cases(shape, args)
+    assert "pod" in cases
+    decode, prefill = e2e.resolve_variants(args, shape, cases)
+    assert decode["pod:pod_sharing=scores"]["pod_sharing"] == "scores"
+    assert prefill["pod:pod_sharing=scores"][0] == cases["pod"][0] | {"pod_sharing": "scores"}

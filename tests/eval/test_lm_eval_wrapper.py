@@ -95,7 +95,8 @@ BAD_RUNS = {
     "misspelled override": ("decode_scheme=tidal,tidal_budgt=128", {}, None, "did you mean tidal_budget?"),
     "misspelled podkit argument": ("budgt=64", {}, None, "did you mean budget?"),
     "unknown scheme": ("decode_scheme=tidl", {}, None, "decode_scheme='tidl' is invalid"),
-    "bad budget": ("decode_scheme=tidal,tidal_budget=-1", {}, None, "tidal.budget="),
+    # lm-eval's CLI reads '-1' as -1.0; the error names the value as typed
+    "bad budget": ("decode_scheme=tidal,tidal_budget=-1", {}, None, "tidal.budget=-1 is invalid"),
     "bad pretrained": (None, {}, None, "neither 'default' nor a folder"),
     "unknown task": ("", {}, "podkit_pasky", "Tasks not found: podkit_pasky"),
     "length beyond the context": ("", {"lengths": [99999]}, None, "exceed the model's context"),

@@ -197,10 +197,11 @@ def test_union_lists_reach_the_sparse_layers_as_kv_head_lists():
         model.set_sparse_attention(SparseAttentionConfig(), decode_scheme="tidal", tidal_budget=8,
                                    tidal_full_layers=[0], tidal_selection_layers=[1], tidal_selection=mode)
         out = model.generate(torch.tensor([prompt]), max_new_tokens=2, do_sample=False, return_dict_in_generate=True)
-        idx = out.past_key_values.tidal_indices[1]
+        idx = out.past_key_values.selected_indices[1]
         assert idx.shape == (1, 2, 8), (mode, idx.shape)
         if mode == "all_union":
             assert torch.equal(idx[:, 0], idx[:, 1])
+        assert out.past_key_values.tidal_indices is out.past_key_values.selected_indices  # the old name still reads
 
 
 @pytest.mark.parametrize("overrides, field", [

@@ -25,32 +25,37 @@ from sm_tiny import pod_anchor_map, tiny_model  # noqa: E402
 SINK, RECENT = 2, 5
 
 
-def _pod_model(group: int, layers: int, anchors):
+def _pod_model(group: int, layers: int, anchors, sharing: str = "keys"):
     return tiny_model(group, layers, sparse={"prefill_scheme": "pod", "decode_scheme": "pod",
                                              "pod": {"anchor_layers": anchors, "sink_tokens": SINK,
-                                                     "recent_window": RECENT}})
+                                                     "recent_window": RECENT, "sharing": sharing}})
 
 
+@pytest.mark.parametrize("sharing", ["keys", "scores"])
 @pytest.mark.parametrize("group", [1, 3])
-def test_alpha_one_is_the_dense_model_and_alpha_zero_the_pod_model(group):
+def test_alpha_one_is_the_dense_model_and_alpha_zero_the_pod_model(group, sharing):
     layers = 4
     dense = tiny_model(group, layers)
     anchors = pod_anchor_map(layers, dense.config.num_key_value_heads)
-    gated = GatedPodForward(dense, anchors, sink=SINK, recent=RECENT)
+    gated = GatedPodForward(dense, anchors, sink=SINK, recent=RECENT, sharing=sharing)
     ids = torch.randint(0, dense.config.vocab_size, (2, 40), generator=torch.Generator().manual_seed(1))
     ones = torch.ones(layers, dense.config.num_key_value_heads)
     with torch.no_grad():
         expected_dense = dense(input_ids=ids).logits
-        expected_pod = _pod_model(group, layers, anchors)(input_ids=ids).logits
+        expected_pod = _pod_model(group, layers, anchors, sharing)(input_ids=ids).logits
         assert torch.allclose(gated.logits(ids, ones), expected_dense, atol=1e-5, rtol=0)
         assert torch.allclose(gated.logits(ids, torch.zeros_like(ones)), expected_pod, atol=1e-5, rtol=0)
         assert (expected_pod - expected_dense).abs().max() > 1e-2  # the two ends differ: the check has teeth
+        if sharing == "scores":  # and score sharing is not key sharing
+            other = _pod_model(group, layers, anchors, "keys")(input_ids=ids).logits
+            assert (expected_pod - other).abs().max() > 1e-3
 
 
-def test_gradients_reach_every_shared_gate_and_no_anchor():
+@pytest.mark.parametrize("sharing", ["keys", "scores"])
+def test_gradients_reach_every_shared_gate_and_no_anchor(sharing):
     model = tiny_model(3, 4)
     anchors = pod_anchor_map(4, 2)
-    gated = GatedPodForward(model, anchors, sink=SINK, recent=RECENT)
+    gated = GatedPodForward(model, anchors, sink=SINK, recent=RECENT, sharing=sharing)
     gated.freeze()
     alpha = torch.full((4, 2), 0.5, requires_grad=True)
     ids = torch.randint(0, model.config.vocab_size, (1, 40), generator=torch.Generator().manual_seed(2))
@@ -188,8 +193,6 @@ def _recipe(**pod):
      "pod.unit_selection.candidate_delta=1.5: expected a number in [0, 1]"),
     ({"protect_units": "auto", "min_kv_saving": 0.3, "unit_selection": {"length": 200}},
      "pod.unit_selection.length=200: the episodes must be longer than POD's proximal window (16 + 240 tokens)"),
-    ({"protect_units": "auto", "min_kv_saving": 0.3, "sharing": "scores"},
-     "pod.protect_units='auto': gates are learned for key sharing only; pod.sharing='scores' needs"),
     ({"protect_units": [[1, 0]], "unit_selection": {"steps": 5}},
      "pod.unit_selection={'steps': 5}: only used with pod.protect_units: auto"),
 ])
@@ -197,6 +200,15 @@ def test_bad_unit_selection_settings_are_reported_before_any_work(pod, message):
     with pytest.raises(RecipeError) as error:
         recipe_from_dict(_recipe(**pod))
     assert message in str(error.value)
+
+
+def test_auto_takes_either_sharing():
+    """The gates are learned for the sharing the recipe trains (the gated forward's POD branch follows it)."""
+    for sharing in ("keys", "scores"):
+        recipe = recipe_from_dict(_recipe(protect_units="auto", min_kv_saving=0.3, sharing=sharing))
+        assert recipe.pod.protect_units == "auto" and recipe.pod.sharing == sharing
+    with pytest.raises(ValueError, match="sharing='values'"):
+        GatedPodForward(tiny_model(1, 2), pod_anchor_map(2, 2), sink=SINK, recent=RECENT, sharing="values")
 
 
 def test_auto_parses_from_the_command_line_override():

@@ -14,6 +14,10 @@ dense attention (POD attention with ``k_a = k_l`` is dense). Query head ``qh`` r
 that unit's gate. ``alpha = 1`` everywhere is the dense model, ``alpha = 0`` the POD model of the candidate map
 (tests/train/test_unit_selection.py holds both equal to sparse_models' models).
 
+Under v1's score sharing (``sharing="scores"``, METHODS.md A.3) the POD branch's distant logits are the anchor
+layer's own, ``q_a . k_a``: query head ``qh`` takes the anchor layer's queries of the same head
+(``kernels.pod_prefill_attention(..., q_distant=)``), and proximal pairs keep ``q_l . k_l``.
+
 The decoder loop is walked here through the model's public modules (``embed_tokens``, ``rotary_emb``, each
 layer's norms, q/k/v/o projections and MLP, the final ``norm``), so nothing in sparse_models changes; it covers
 the Llama family (Llama, Mistral without a sliding window, Qwen2: projection biases live in the modules).
@@ -26,6 +30,7 @@ from __future__ import annotations
 import torch
 
 import kernels
+from sparse_models.anchors import assemble_anchor_queries
 
 
 def _rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
@@ -43,10 +48,12 @@ class GatedPodForward:
     (every row ``S`` tokens): the synthetic samples are generated at one length.
     """
 
-    def __init__(self, model, anchor_layers: list[list[int]], *, sink: int, recent: int):
+    def __init__(self, model, anchor_layers: list[list[int]], *, sink: int, recent: int, sharing: str = "keys"):
+        if sharing not in ("keys", "scores"):
+            raise ValueError(f"sharing={sharing!r}: expected 'keys' (paper v2) or 'scores' (v1)")
         self.model, self.inner = model, model.model
         self.anchors = [list(row) for row in anchor_layers]
-        self.sink, self.recent = sink, recent
+        self.sink, self.recent, self.sharing = sink, recent, sharing
         config = model.config
         self.num_layers, self.num_kv_heads = config.num_hidden_layers, config.num_key_value_heads
         if len(self.anchors) != self.num_layers or any(len(row) != self.num_kv_heads for row in self.anchors):
@@ -75,6 +82,7 @@ class GatedPodForward:
         lens = torch.full((batch,), seq, dtype=torch.long, device=ids.device)
         zeros = torch.zeros_like(lens)
         keys: dict[int, torch.Tensor] = {}
+        queries: dict[int, torch.Tensor] = {}  # anchor layers' queries, under score sharing
         for i, layer in enumerate(self.inner.layers):
             attn = layer.self_attn
             x = layer.input_layernorm(hidden)
@@ -89,8 +97,12 @@ class GatedPodForward:
             if any(a != i for a in row):
                 # distant keys per KV head: the anchor layer's (own keys where the unit is its own anchor)
                 k_anchor = torch.stack([keys[a][:, h] if a != i else k[:, h] for h, a in enumerate(row)], dim=1)
+                q_distant = None
+                if self.sharing == "scores":  # query head qh: the queries of its KV head's anchor layer
+                    assemble = queries | {i: q}
+                    q_distant = assemble_anchor_queries(tuple(row), assemble)
                 pod = kernels.pod_prefill_attention(q, k, k_anchor, v, lens, sink=self.sink, recent=self.recent,
-                                                    scale=scale)
+                                                    scale=scale, q_distant=q_distant)
                 group = q.shape[1] // self.num_kv_heads
                 gate = alpha[i].to(out.dtype).repeat_interleave(group)[None, :, None, None]   # [1,Hq,1,1]
                 shared = torch.tensor([a != i for a in row], device=ids.device).repeat_interleave(group)
@@ -99,6 +111,8 @@ class GatedPodForward:
                 out = gate * out + (1 - gate) * pod
             if i in self.sources:
                 keys[i] = k
+                if self.sharing == "scores":
+                    queries[i] = q
             out = out.transpose(1, 2).reshape(batch, seq, -1)
             hidden = hidden + attn.o_proj(out)
             hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))

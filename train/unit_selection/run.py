@@ -85,7 +85,7 @@ def select_protected_units(recipe, model, tokenizer, anchors: list[list[int]], b
         f"{kv_saving_fraction(candidate, seq_len, p.sink_tokens, p.recent_window):.1%} at {seq_len}; gates on "
         f"{len(ids)} recall episodes of {length} tokens ({int(loss_mask.sum())} answer positions), "
         f"{settings.steps} steps")
-    gated = GatedPodForward(model, candidate, sink=p.sink_tokens, recent=p.recent_window)
+    gated = GatedPodForward(model, candidate, sink=p.sink_tokens, recent=p.recent_window, sharing=p.sharing)
     result = optimise_gates(gated, ids, loss_mask, steps=settings.steps, lr=settings.lr,
                             l1_weight=settings.l1_weight, batch_size=settings.batch_size, seed=settings.seed, log=log)
     alpha = result["alpha"]
