@@ -20,8 +20,9 @@ to 2^-6 / 448 (about 2^-14.8) of the token's amax, subnormals below, so a per-to
 scales (one per 16 tokens) would save 15 of every 16 scales, under 3% of an FP8 cache at D = 128, but on the
 post-RoPE keys and values of SmolLM2-135M (the embedded model, sparse_models/smollm2.py; every layer, 2K tokens of
 prose; 2026-12-03, figures in the commit that added this sentence) both a per-block and a per-head scale gave
-larger attention-output errors than the per-token scale, in the mean over layers and in the worst layer. End-task
-quality (perplexity, RULER) with the FP8 cache is for the cache integration.
+larger attention-output errors than the per-token scale, in the mean over layers and in the worst layer; decode
+perplexity against a bf16 cache ranks them the same way (BENCHMARKS.md "FP8 scale layouts against a bf16 cache"),
+and finds the keys, not the values, behind FP8's cost.
 
 Why the scale is fp32, not bf16: bytes per token and KV head, keys + values, are ``2 * (D + 4)`` with fp32 scales,
 ``2 * (D + 2)`` with bf16 ones, against ``4 * D`` in bf16: at D = 128, 264 vs 260 vs 512 bytes (1.94x vs 1.97x).
