@@ -11,13 +11,17 @@
 #   wait SECONDS                wait for the launched runs (at most SECONDS), then print their progress
 #   rows ROW...                 score rows on the test split: RUN (its export) or RUN:dense (POD's weights run densely)
 #   collect                     tar what the runs wrote (curves, losses, maps, gates, logs) under $OUT
+#   bench                       alone on the GPU, before any `launch` (one call, about 9 minutes): the decode cost of
+#                               score sharing, which the recipes ship since 2026-12-04, beside key sharing (eval.bench
+#                               e2e, random-init Llama-3-8B shape, no staged input), then generate() against the
+#                               engine on the embedded model (issue 33; needs the staged GGUF)
 #
 # Inputs are staged by issue29_control_vs_pod.sh stage (wheels, GGUF parts, token shards, RULER samples).
 set -u
 part=${1:-}; shift || true
 case "$part" in
-  probe_start|probe_check|launch|wait|rows|collect) ;;
-  *) echo "unknown part '$part'; allowed: probe_start, probe_check, launch, wait, rows, collect" >&2; exit 2 ;;
+  probe_start|probe_check|launch|wait|rows|collect|bench) ;;
+  *) echo "unknown part '$part'; allowed: probe_start, probe_check, launch, wait, rows, collect, bench" >&2; exit 2 ;;
 esac
 OUT=${OUT:-outputs/issue29_serving_length}; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
 P=/tmp/p29; RUNS=$P/runs; mkdir -p "$RUNS"
@@ -118,6 +122,13 @@ case "$part" in
     echo "rows wall $(( $(date +%s) - started )) s" | tee "$OUT/rows/wall.txt"
     grep -h "s$\|Error" "$OUT"/rows/*.log | tail -30
     (cd "$OUT" && tar czf rows.tgz rows && rm -rf rows) ;;
+  bench)
+    timeout 390 python3 -m eval.bench e2e --sections decode --rows 32768x1 131072x1 131072x4 --hf-rows \
+      --schemes podkit-dense pod tidal pod+tidal --variants pod:pod_sharing=scores pod+tidal:pod_sharing=scores \
+      --time-budget-s 360 --out "$OUT/e2e_scores.json" > "$OUT/e2e_scores.log" 2>&1
+    echo "e2e rc=$?"; tail -12 "$OUT/e2e_scores.log"
+    timeout 200 python3 -m eval.bench generate-vs-engine --out "$OUT/gve.json" > "$OUT/gve.log" 2>&1
+    echo "generate-vs-engine rc=$?"; tail -8 "$OUT/gve.log" ;;
   collect)
     (cd "$RUNS" && tar czf "$OUT/runs.tgz" --ignore-failed-read ./*.train.log rc.txt \
       ./*/learning_curve.json ./*/learning_curve.png ./*/losses.jsonl ./*/train_metrics.json \
