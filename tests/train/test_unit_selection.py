@@ -219,11 +219,12 @@ def test_auto_parses_from_the_command_line_override():
 
 # ---- pipeline ----------------------------------------------------------------------------------
 
-def test_pipeline_selects_units_under_the_budget_and_trains_that_map(tmp_path):
+@pytest.mark.parametrize("sharing", ["keys", "scores"])
+def test_pipeline_selects_units_under_the_budget_and_trains_that_map(tmp_path, sharing):
     model = make_tiny_model(tmp_path / "model", layers=4, kv_heads=2)
     train_text, held_out = make_texts(tmp_path / "text")
     recipe = tiny_recipe(tmp_path, model, train_text, held_out, eval={"perplexity": False}, train={"max_steps": 1},
-                         pod={"protect_units": "auto", "min_kv_saving": 0.12,
+                         pod={"protect_units": "auto", "min_kv_saving": 0.12, "sharing": sharing,
                               "unit_selection": {"steps": 4, "samples": 2, "length": 384, "candidate_delta": 0.0}})
     done = run(python_command(write_recipe(tmp_path / "auto.yaml", recipe), "--stages", "explore,train,export"),
                pipeline_env())
@@ -245,6 +246,7 @@ def test_pipeline_selects_units_under_the_budget_and_trains_that_map(tmp_path):
     assert json.loads((export / "pod_blocks.json").read_text())["anchor_layers"] == final
     assert "chosen by learned gates under the KV budget" in (export / "README.md").read_text()
     assert "keep their own distant keys" in done.stdout
+    assert json.loads((export / "config.json").read_text())["sparse_attention"]["pod"]["sharing"] == sharing
     print(done.stdout)
 
 
