@@ -120,6 +120,14 @@ def _trained_delta(export_dir: Path, pod) -> str:
     return f"{delta:g}"
 
 
+def _distant_sharing_words(sharing: str) -> str:
+    """How a member layer reads distant tokens under ``pod.sharing`` (METHODS.md A.3), for the card's summary."""
+    if sharing == "scores":
+        return ("to distant tokens with the anchor layer's attention scores (its queries against its keys, the "
+                "paper's v1 score sharing) applied to their own values")
+    return "to distant tokens with the anchor layer's keys (the paper's v2 key sharing)"
+
+
 def write_model_card(export_dir: Path, recipe: Recipe, anchor_layers: list[list[int]] | None, *, base_model: str,
                      results: dict | None = None) -> Path:
     """The card of a POD export, or of the dense fine-tune control (``anchor_layers`` None,
@@ -141,7 +149,7 @@ def write_model_card(export_dir: Path, recipe: Recipe, anchor_layers: list[list[
              f"# POD-adapted {base_model.split(' ')[0].split('/')[-1] if '/' in base_model else 'model'}", "",
              "This checkpoint was adapted with **POD** (Proximal tokens Over Distant tokens, arXiv 2412.02252) by "
              "podkit: within each block of consecutive layers (per KV head), layers above the block's anchor attend "
-             "to distant tokens with the anchor layer's keys, so those keys are cached once per block. Proximal "
+             + _distant_sharing_words(p.sharing) + ", so those keys are cached once per block. Proximal "
              f"tokens ({p.sink_tokens} sink + {p.recent_window} recent) use each layer's own keys; both parts go "
              "through one softmax (parameter-free gate).", "",
              f"- **Base model:** {base_model}",

@@ -100,3 +100,18 @@ def test_pipeline_prints_the_data_lines_once(tmp_path):
     assert len(data) == 2, data  # one source + the total, from the training stage only
     assert data[-1] == "[data] the run reads 8 rows (512 tokens) of a 24-row mixture (0.333 passes)", data
     assert re.search(r"^\[explore\] 2 calibration rows of \d+ tokens from ", out, flags=re.M), out[-3000:]
+
+
+def test_model_card_says_which_sharing_was_trained(tmp_path):
+    """The card's summary of POD names what the member layers read from their anchor: keys (v2) or scores (v1)."""
+    from train.export import write_model_card
+
+    texts = {}
+    for sharing in ("keys", "scores"):
+        out = tmp_path / sharing
+        out.mkdir()
+        card = write_model_card(out, _demo(f"pod.sharing={sharing}"), [[0, 0, 0]] * 30,
+                                base_model="HuggingFaceTB/SmolLM2-135M-Instruct")
+        texts[sharing] = card.read_text()
+    assert "v2 key sharing" in texts["keys"] and "score sharing" not in texts["keys"]
+    assert "attention scores" in texts["scores"] and "v1 score sharing" in texts["scores"]
