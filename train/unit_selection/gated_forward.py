@@ -30,7 +30,7 @@ from __future__ import annotations
 import torch
 
 import kernels
-from sparse_models.anchors import assemble_anchor_queries
+from sparse_models.anchors import assemble_anchor_keys, assemble_anchor_queries
 
 
 def _rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
@@ -96,11 +96,9 @@ class GatedPodForward:
             row = self.anchors[i]
             if any(a != i for a in row):
                 # distant keys per KV head: the anchor layer's (own keys where the unit is its own anchor)
-                k_anchor = torch.stack([keys[a][:, h] if a != i else k[:, h] for h, a in enumerate(row)], dim=1)
-                q_distant = None
-                if self.sharing == "scores":  # query head qh: the queries of its KV head's anchor layer
-                    assemble = queries | {i: q}
-                    q_distant = assemble_anchor_queries(tuple(row), assemble)
+                k_anchor = assemble_anchor_keys(tuple(row), keys | {i: k})
+                # score sharing: query head qh takes the queries of its KV head's anchor layer
+                q_distant = assemble_anchor_queries(tuple(row), queries | {i: q}) if self.sharing == "scores" else None
                 pod = kernels.pod_prefill_attention(q, k, k_anchor, v, lens, sink=self.sink, recent=self.recent,
                                                     scale=scale, q_distant=q_distant)
                 group = q.shape[1] // self.num_kv_heads

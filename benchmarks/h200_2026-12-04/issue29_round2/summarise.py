@@ -36,6 +36,30 @@ def kv_saved(run: str) -> float | None:
     return float(next(x for x in found[-1] if x)) if found else None
 
 
+def row_entry(folder: Path, row: str, run: str, label: str, length: int, dense: bool, kv_saved) -> dict:
+    """One row of summary.json: the test split from ``folder/rows/ROW.json``, the dev split and perplexity from the
+    run's learning curve (last point), KV saved from ``kv_saved(run)`` (0 when the row runs densely)."""
+    data = json.loads((folder / "rows" / f"{row}.json").read_text())
+    curve = json.loads((folder / "train" / run / "learning_curve.json").read_text())["points"][-1]
+    key = "dense" if dense else "pod"
+    return {"label": label, "split": data["split"], "training_length": length,
+            "test": {n: round(s["average"], 2) for n, s in data["summary"].items()},
+            "kv_saved_pct": 0.0 if dense else kv_saved(run),
+            "dev": {n: round(v[key], 2) for n, v in curve.get("ruler", {}).items()},
+            "ppl": {src: round(v[f"{key}_ppl"], 3) for src, v in curve["sources"].items()}}
+
+
+def add_percentages(summary: dict) -> None:
+    """Each row's test split as % of the original model, and of the control trained at the row's length."""
+    base = summary["rows"]["original"]["test"]
+    controls = {2048: summary["rows"]["control_2k"]["test"], 8192: summary["rows"]["control_8k"]["test"]}
+    for entry in summary["rows"].values():
+        entry["test_pct_of_original"] = {n: round(100 * v / base[n], 1) for n, v in entry["test"].items()}
+        control = controls.get(entry.get("training_length"))
+        if control is not None:
+            entry["test_pct_of_control"] = {n: round(100 * v / control[n], 1) for n, v in entry["test"].items()}
+
+
 def main():
     first = json.loads(FIRST_ROUND.read_text())
     summary = {"protocol": first["protocol"], "rows": {}}
@@ -47,26 +71,12 @@ def main():
             entry["kv_saved_pct"] = 0.0
         summary["rows"][new] = entry
     for row, (run, label, length) in ROWS.items():
-        data = json.loads((HERE / "rows" / f"{row}.json").read_text())
         dense = row.endswith("_dense") or row.startswith("control")
-        curve = json.loads((HERE / "train" / run / "learning_curve.json").read_text())["points"][-1]
-        key = "dense" if dense else "pod"
-        summary["rows"][row] = {
-            "label": label, "split": data["split"], "training_length": length,
-            "test": {n: round(s["average"], 2) for n, s in data["summary"].items()},
-            "kv_saved_pct": 0.0 if dense else kv_saved(run),
-            "dev": {n: round(v[key], 2) for n, v in curve.get("ruler", {}).items()},
-            "ppl": {src: round(v[f"{key}_ppl"], 3) for src, v in curve["sources"].items()}}
-    base = summary["rows"]["original"]["test"]
-    controls = {2048: summary["rows"]["control_2k"]["test"], 8192: summary["rows"]["control_8k"]["test"]}
-    for entry in summary["rows"].values():
-        entry["test_pct_of_original"] = {n: round(100 * v / base[n], 1) for n, v in entry["test"].items()}
-        control = controls.get(entry["training_length"])
-        if control is not None:
-            entry["test_pct_of_control"] = {n: round(100 * v / control[n], 1) for n, v in entry["test"].items()}
+        summary["rows"][row] = row_entry(HERE, row, run, label, length, dense, kv_saved)
+    add_percentages(summary)
     (HERE / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
 
-    lengths = [int(n) for n in base]
+    lengths = [int(n) for n in summary["rows"]["original"]["test"]]
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.6), sharey=True)
     panels = [("trained at 2048 tokens", ["original", "control_2k", "pod_keys_2k", "pod_keys_2k_dense", "pod_scores",
                                           "pod_scores_dense", "pod_lora", "pod_auto"]),

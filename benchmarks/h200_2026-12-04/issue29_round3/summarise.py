@@ -5,6 +5,7 @@ dev split and held-out perplexity from the run's learning curve (last point); KV
     python3 benchmarks/h200_2026-12-04/issue29_round3/summarise.py  ->  summary.json, ruler_vs_length.png"""
 import json
 import re
+import sys
 from pathlib import Path
 
 import matplotlib
@@ -14,6 +15,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 HERE = Path(__file__).parent
 SECOND_ROUND = HERE.parent / "issue29_round2" / "summary.json"
+sys.path.insert(0, str(SECOND_ROUND.parent))
+import summarise as second_round  # noqa: E402  (the second round's row and percentage helpers)
+
 CARRIED = ("original", "control_8k", "pod_8k", "pod_8k_dense", "control_2k", "pod_keys_2k", "pod_scores")
 ROWS = {  # row -> (run, label)
     "pod_8k_scores": ("pod_8k_scores", "POD export, 8K recipe, score sharing (v1)"),
@@ -34,28 +38,15 @@ def main():
         if "(2026-12-0" not in entry["label"]:
             entry["label"] += " (2026-12-04, round 2)"
         summary["rows"][row] = entry
-    curve = json.loads((HERE / "train" / "pod_8k_scores" / "learning_curve.json").read_text())["points"][-1]
     for row, (run, label) in ROWS.items():
-        data = json.loads((HERE / "rows" / f"{row}.json").read_text())
-        dense = row.endswith("_dense")
-        key = "dense" if dense else "pod"
-        summary["rows"][row] = {
-            "label": label, "split": data["split"], "training_length": 8192,
-            "test": {n: round(s["average"], 2) for n, s in data["summary"].items()},
-            "categories": {n: {c: round(v, 2) for c, v in s["categories"].items()} for n, s in data["summary"].items()},
-            "kv_saved_pct": 0.0 if dense else kv_saved(run),
-            "dev": {n: round(v[key], 2) for n, v in curve.get("ruler", {}).items()},
-            "ppl": {src: round(v[f"{key}_ppl"], 3) for src, v in curve["sources"].items()}}
-    base = summary["rows"]["original"]["test"]
-    controls = {2048: summary["rows"]["control_2k"]["test"], 8192: summary["rows"]["control_8k"]["test"]}
-    for entry in summary["rows"].values():
-        entry["test_pct_of_original"] = {n: round(100 * v / base[n], 1) for n, v in entry["test"].items()}
-        control = controls.get(entry.get("training_length"))
-        if control is not None:
-            entry["test_pct_of_control"] = {n: round(100 * v / control[n], 1) for n, v in entry["test"].items()}
+        entry = second_round.row_entry(HERE, row, run, label, 8192, row.endswith("_dense"), kv_saved)
+        data = json.loads((HERE / "rows" / f"{row}.json").read_text())["summary"]
+        entry["categories"] = {n: {c: round(v, 2) for c, v in s["categories"].items()} for n, s in data.items()}
+        summary["rows"][row] = entry
+    second_round.add_percentages(summary)
     (HERE / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
 
-    lengths = [int(n) for n in base]
+    lengths = [int(n) for n in summary["rows"]["original"]["test"]]
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
     for row in ("original", "control_8k", "pod_8k", "pod_8k_dense", "pod_8k_scores", "pod_8k_scores_dense"):
         e = summary["rows"][row]
