@@ -44,6 +44,19 @@ What else follows the rule, and what stays in the model's dtype (bf16):
   ``quest_page_scores`` is unchanged.
 - Everything per query (q, gate estimates, TidalDecode's indices, scores, partial outputs) is unchanged.
 
+Recent keys (``kv_cache_recent_keys`` = W, default 0): the cache also keeps every layer's own keys of the newest W
+positions in the model's dtype, a ring ``[B, Hkv, W, D]`` at slot ``position % W`` (``sparse_models/ring.py``
+without a sink), and attention reads those positions' keys from it instead of their FP8 copy; values stay FP8 (KIVI,
+arXiv 2402.02750, keeps a full-precision residual of the newest tokens for the same reason). Why keys and why the
+newest: on the embedded model FP8 values cost nothing measurable and FP8 keys all of FP8's decode perplexity, and a
+bf16 window of the newest positions removed most of it where a bf16 sink did not (BENCHMARKS.md "FP8 scale layouts
+against a bf16 cache"): the newest keys take the largest attention weights, so their rounding moves the output
+most. A position's FP8 copy is written at once, so when it leaves the window nothing is re-quantised. The memory is
+fixed per sequence: W * D * itemsize bytes per layer and KV head (64 positions at D = 128 in bf16: 16 KiB), 0.19%
+of the FP8 cache at 32K. Quest's page bounds cover both versions of a recent key (``schemes/quest.py``). Implemented
+by the model classes' cache (``sparse_models/cache.py``, whose readers dequantise); the engine refuses W > 0 until its
+decode kernels read the ring.
+
 The decode kernels read FP8 K/V and their scales and dequantise in registers: an E4M3 value converts exactly
 to fp16 / bf16 / fp32 (3 mantissa bits, exponents 2^-9 .. 2^8), so the kernels feed ``k8.to(q.dtype)`` to the same
 dot as bf16 keys and apply the scales in fp32 on the products: logits ``(q . k8) * k_scale[n]`` and values

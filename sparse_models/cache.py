@@ -20,6 +20,10 @@ Per layer it keeps values ``[B, Hkv, N, D]`` and keys, post-RoPE, laid out by th
   dequantised K/V in fp32, exactly what the reference ops compute from FP8 + scales (the engine's static cache
   passes the scales to the kernels, which dequantise in registers); on CUDA (Triton kernels, which take K/V in
   q's dtype) in the model's dtype, one more rounding than the engine. Quest's pages bound the dequantised keys.
+  With ``kv_cache_recent_keys`` W > 0 every layer also keeps its heads' own keys of the newest W positions in the
+  model's dtype (``recent_keys`` [B, Hkv, W, D], slot ``position % W``, ``sparse_models/ring.py`` without a sink),
+  and the key readers return those positions' keys from there (kernels/fp8_kv.py "Recent keys"); Quest's pages then
+  bound both versions of a recent key.
 
 Cross-layer state that must follow the batch lives here too: ``seq_lens`` (tokens per sequence),
 the positions a selecting decode scheme (TidalDecode) chose at the last step, by layer
@@ -43,7 +47,7 @@ from kernels.fp8_kv import FP8_DTYPE, SCALE_DTYPE, kv_storage_dtype
 from .cache_layout import CacheLayout
 from .kv_bytes import KVBytes
 from .plan import LayerPlan
-from .ring import local_slot_positions, written_ring
+from .ring import local_slot_positions, overlay_ring, written_ring
 
 
 def _bytes(t: torch.Tensor) -> torch.Tensor:
@@ -87,6 +91,11 @@ class SparseKVCache(Cache):
         self.key_scale: list[torch.Tensor | None] = [None] * self.num_layers
         self.local_scale: list[torch.Tensor | None] = [None] * self.num_layers
         self.value_scale: list[torch.Tensor | None] = [None] * self.num_layers
+        # FP8 with kv_cache_recent_keys = W > 0: every head's own keys of the newest W positions, in the model's dtype
+        # ([B, Hkv, W, D], slot position % W), and the lengths [B] each layer's ring reflects (after its last write)
+        self.recent_window = layout.recent_keys
+        self.recent_keys: list[torch.Tensor | None] = [None] * self.num_layers
+        self.recent_lens: list[torch.Tensor | None] = [None] * self.num_layers
         self.buffers: dict[tuple[int, str], torch.Tensor] = {}  # (layer, name) -> the scheme's StateBuffer
         self.selected_indices: dict[int, torch.Tensor] = {}  # layer -> [B, Hq or Hkv, k] of the last step
         self.decoded_tokens: torch.Tensor | None = None  # [B, T] token ids of the last T decode steps
@@ -103,6 +112,8 @@ class SparseKVCache(Cache):
                     row.append(("full", full_i))
                     full_i += 1
             self.key_slot.append(row)
+        self.full_heads = [[h for h, (kind, _) in enumerate(row) if kind == "full"] for row in self.key_slot]
+        self.local_heads = [[h for h, (kind, _) in enumerate(row) if kind == "local"] for row in self.key_slot]
 
     # ------------------------------------------------------------------ transformers' Cache surface
     def __len__(self) -> int:
@@ -155,7 +166,8 @@ class SparseKVCache(Cache):
         self.__init__(self.plan, self.num_kv_heads, self.head_dim, layout=self.layout, capacity=self.initial_capacity)
 
     def _map_batch(self, fn) -> None:
-        for store in (self.keys, self.local_keys, self.values, self.key_scale, self.local_scale, self.value_scale):
+        for store in (self.keys, self.local_keys, self.values, self.key_scale, self.local_scale, self.value_scale,
+                      self.recent_keys, self.recent_lens):
             for i, t in enumerate(store):
                 if t is not None:
                     store[i] = fn(t)
@@ -192,6 +204,10 @@ class SparseKVCache(Cache):
             for data, scale in self._scaled_stores():
                 scale[layer] = (None if data[layer] is None
                                 else torch.ones(data[layer].shape[:-1], dtype=SCALE_DTYPE, device=device))
+        if self.recent_window:
+            self.recent_keys[layer] = torch.zeros(batch, self.num_kv_heads, self.recent_window, d, dtype=dtype,
+                                                  device=device)
+            self.recent_lens[layer] = torch.zeros(batch, dtype=torch.long, device=device)
         for buffer in self.layout.buffers_of(layer):
             self.buffers[(layer, buffer.name)] = buffer.allocate(batch, self.num_kv_heads, capacity, dtype, device,
                                                                  dynamic=True)
@@ -234,15 +250,17 @@ class SparseKVCache(Cache):
         tokens.
         """
         batch, _, s, d = k_new.shape
+        if self.recent_window:  # the newest keys in the model's dtype, before any quantisation
+            self.recent_keys[layer] = written_ring(self.recent_keys[layer], k_new, start, start + num_new, 0,
+                                                   self.recent_window)
+            self.recent_lens[layer] = start + num_new
         slots = (start[:, None] + torch.arange(s, device=start.device)[None, :])  # [B, S]
         index = slots[:, None, :, None].expand(-1, self.num_kv_heads, -1, d)
         if self.fp8:  # one scale per (token, KV head), kernels/fp8_kv.py
             (k_new, k_sc), (v_new, v_sc) = kernels.quantize_kv(k_new), kernels.quantize_kv(v_new)
             self.value_scale[layer].scatter_(2, index[..., 0], v_sc)
         _bytes(self.values[layer]).scatter_(2, index, _bytes(v_new.to(self.values[layer].dtype)))
-        row = self.key_slot[layer]
-        full = [h for h, (kind, _) in enumerate(row) if kind == "full"]
-        local = [h for h, (kind, _) in enumerate(row) if kind == "local"]
+        full, local = self.full_heads[layer], self.local_heads[layer]
         if full:
             k_full = k_new if len(full) == self.num_kv_heads else k_new[:, full]
             _bytes(self.keys[layer]).scatter_(2, index[:, : len(full)], _bytes(k_full.to(self.keys[layer].dtype)))
@@ -277,6 +295,30 @@ class SparseKVCache(Cache):
         # fp32 for the reference ops (what they compute from FP8 + scales); the Triton kernels take K/V in q's dtype
         return kernels.dequantize_kv(t, scale, self.model_dtype if kernels.use_triton(t) else torch.float32)
 
+    def _keys_as_read(self, layer: int, view: bool = True) -> torch.Tensor:
+        """[B, full heads, N', D]: ``layer``'s stored full keys as attention reads them (:meth:`_read`, and with
+        recent keys the newest positions' keys in the model's dtype)."""
+        k = self._read(self.keys, self.key_scale, layer, view)
+        if not self.recent_window:
+            return k
+        ring = self.recent_keys[layer]
+        if len(self.full_heads[layer]) != self.num_kv_heads:
+            ring = ring[:, self.full_heads[layer]]
+        return overlay_ring(k, ring, self.recent_lens[layer])
+
+    def _local_as_read(self, layer: int) -> torch.Tensor:
+        """[B, local heads, sink + recent, D]: POD's ring of ``layer`` as attention reads it; with recent keys, slots
+        whose position is among the newest W take the key in the model's dtype."""
+        local = self._read(self.local_keys, self.local_scale, layer, view=False)
+        if not self.recent_window:
+            return local
+        lens, window = self.recent_lens[layer], self.recent_window
+        pos = local_slot_positions(lens, self.sink, self.recent)  # [B, sink + recent]
+        recent = (pos >= 0) & (pos >= lens[:, None] - window)
+        ring = self.recent_keys[layer][:, self.local_heads[layer]]  # [B, local heads, W, D]
+        index = (pos.clamp(min=0) % window)[:, None, :, None].expand(-1, ring.shape[1], -1, ring.shape[3])
+        return torch.where(recent[:, None, :, None], torch.gather(ring, 2, index).to(local.dtype), local)
+
     def view_slots(self, layer: int) -> int:
         """Cache slots readers of ``layer`` see (the view limit, or the capacity)."""
         return int(self._view(self.values[layer]).shape[2])
@@ -298,19 +340,19 @@ class SparseKVCache(Cache):
         if self.local_keys[layer] is not None:
             raise RuntimeError(f"layer {layer} keeps POD-shared heads' keys for sinks + ring only; "
                                f"use anchor_keys / local_key_view")
-        return self._read(self.keys, self.key_scale, layer)
+        return self._keys_as_read(layer)
 
     def _full_head(self, layer: int, head: int) -> torch.Tensor:
         kind, i = self.key_slot[layer][head]
         if kind != "full":
             raise RuntimeError(f"layer {layer} KV head {head} is not an anchor: its distant keys are not stored")
-        return self._read(self.keys, self.key_scale, layer)[:, i]
+        return self._keys_as_read(layer)[:, i]
 
     def anchor_keys(self, layer: int) -> torch.Tensor:
         """[B, Hkv, N, D]: per KV head, the full keys of its anchor layer (its own for anchor heads)."""
         anchors = self.plan[layer].anchors
         if all(a == layer for a in anchors):
-            return self._read(self.keys, self.key_scale, layer)
+            return self._keys_as_read(layer)
         return torch.stack([self._full_head(a, h) for h, a in enumerate(anchors)], dim=1)
 
     def local_key_view(self, layer: int, lens: torch.Tensor) -> torch.Tensor:
@@ -318,9 +360,8 @@ class SparseKVCache(Cache):
         (anchor heads, which keep every key, are gathered into the same layout)."""
         pos = local_slot_positions(lens, self.sink, self.recent).clamp(min=0)
         heads = []
-        local = self._read(self.local_keys, self.local_scale, layer, view=False) if self.local_keys[layer] is not None \
-            else None
-        full = self._read(self.keys, self.key_scale, layer) if self.keys[layer] is not None else None
+        local = self._local_as_read(layer) if self.local_keys[layer] is not None else None
+        full = self._keys_as_read(layer) if self.keys[layer] is not None else None
         for h, (kind, i) in enumerate(self.key_slot[layer]):
             if kind == "local":
                 heads.append(local[:, i])
@@ -356,7 +397,8 @@ class SparseKVCache(Cache):
     def _rebuild_layer_state(self, layer: int, lens: torch.Tensor) -> None:
         for state in self.layout.key_state_of(layer):
             dtypes = [self.buffers[(layer, name)].dtype for name in state.names]
-            new = state.rebuild(self.keys[layer], lens, self.key_scale[layer], state.slots_per_entry, dtypes[0])
+            also = {"also": self._keys_as_read(layer, view=False)} if self.recent_window else {}
+            new = state.rebuild(self.keys[layer], lens, self.key_scale[layer], state.slots_per_entry, dtypes[0], **also)
             for name, t, dtype in zip(state.names, new, dtypes):
                 self.buffers[(layer, name)] = t.to(dtype)
 
@@ -373,9 +415,11 @@ class SparseKVCache(Cache):
         k = self.keys[layer][rows, :, new_lens - 1]  # [B, Hkv, D]: the appended token's key as stored
         if self.fp8:
             k = kernels.dequantize_kv(k, self.key_scale[layer][rows, :, new_lens - 1])
+        also = {"also": self.recent_keys[layer][rows, :, (new_lens - 1) % self.recent_window]} \
+            if self.recent_window else {}
         for state in states:
             state.fold(tuple(self.buffers[(layer, name)] for name in state.names), k, new_lens - 1,
-                       state.slots_per_entry, rows)
+                       state.slots_per_entry, rows, **also)
 
     # ------------------------------------------------------------------ bookkeeping
     def record_decoded(self, tokens: torch.Tensor) -> None:
@@ -392,5 +436,5 @@ class SparseKVCache(Cache):
     def kv_bytes(self) -> KVBytes:
         """Bytes allocated for keys, values and the scheme's buffers (metadata: Quest's pages), and a dense cache's
         bytes (same capacity); FP8: the float8 data and the fp32 scales."""
-        return KVBytes.of(self.keys + self.local_keys + self.key_scale + self.local_scale,
+        return KVBytes.of(self.keys + self.local_keys + self.key_scale + self.local_scale + self.recent_keys,
                           self.values + self.value_scale, self.buffers.values())

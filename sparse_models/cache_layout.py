@@ -71,6 +71,9 @@ class CacheLayout:
             float8_e4m3fn with one fp32 scale per (token or ring slot, KV head), [B, Hkv, N] next to each
             [B, Hkv, N, D] buffer (kernels/fp8_kv.py); the buffers stay in their own dtype (Quest's pages: the
             model's).
+        recent_keys: W, FP8 caches only (0 otherwise): every layer also keeps its own keys of the newest W positions
+            in the model's dtype, a ring [B, Hkv, W, D] at slot ``position % W``, and readers take those keys from
+            it instead of the FP8 copy (kernels/fp8_kv.py "Recent keys").
     """
 
     ring_sink: int = 0
@@ -79,6 +82,7 @@ class CacheLayout:
     buffers: tuple[BufferLayout, ...] = ()
     key_state: tuple[KeyStateLayout, ...] = ()
     kv_cache_dtype: str = "bfloat16"
+    recent_keys: int = 0
 
     @property
     def fp8(self) -> bool:
@@ -116,4 +120,6 @@ def cache_layout(config, plan, head_dim: int = 0) -> CacheLayout:
                      tuple(b.trailing(config, head_dim)), b.fill, b.dtype, b.dynamic_dtype)
         for b in needs.buffers)
     key_state = tuple(_key_state(s, buffers) for s in needs.key_state)
-    return CacheLayout(sink, recent, correction, buffers, key_state, getattr(config, "kv_cache_dtype", "bfloat16"))
+    kv_cache_dtype = getattr(config, "kv_cache_dtype", "bfloat16")
+    recent_keys = getattr(config, "kv_cache_recent_keys", 0) if kv_cache_dtype == "fp8_e4m3" else 0
+    return CacheLayout(sink, recent, correction, buffers, key_state, kv_cache_dtype, recent_keys)

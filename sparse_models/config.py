@@ -41,6 +41,13 @@ class _SparseAttentionConfigBase:
         if not isinstance(self.kv_cache_dtype, str) or self.kv_cache_dtype not in KV_CACHE_DTYPES:
             fail("kv_cache_dtype", self.kv_cache_dtype, f"expected one of {', '.join(KV_CACHE_DTYPES)} (the KV cache's "
                  f"storage: the model's dtype, or FP8 E4M3 with one fp32 scale per token and KV head, kernels/fp8_kv.py)")
+        recent = self.kv_cache_recent_keys
+        if isinstance(recent, bool) or not isinstance(recent, int) or recent < 0:
+            fail("kv_cache_recent_keys", recent, "expected an int >= 0 (the newest positions whose keys an FP8 cache "
+                 "also keeps in the model's dtype; 0 = every key in FP8)")
+        if recent and self.kv_cache_dtype != "fp8_e4m3":
+            fail("kv_cache_recent_keys", recent, f"expected 0 with kv_cache_dtype={self.kv_cache_dtype!r}: the option "
+                 f"keeps an FP8 cache's newest keys in the model's dtype, and this cache stores every key in it already")
         registry.get_scheme(self.prefill_scheme, "prefill")
         registry.get_scheme(self.decode_scheme, "decode")
         for name, cls in _SECTIONS.items():
@@ -69,7 +76,7 @@ class _SparseAttentionConfigBase:
     def with_overrides(self, **overrides: Any) -> "SparseAttentionConfig":
         """A copy with flat overrides applied, e.g. ``decode_scheme="tidal", tidal_budget=256``.
 
-        Keys are ``prefill_scheme``, ``decode_scheme``, ``kv_cache_dtype`` or ``<section>_<field>`` for a config section
+        Keys are ``prefill_scheme``, ``decode_scheme``, ``kv_cache_dtype``, ``kv_cache_recent_keys`` or ``<section>_<field>`` for a config section
         (one per registered scheme with parameters, ``schemes.registry.config_sections()``). Unknown keys raise
         ConfigError.
         """
@@ -89,7 +96,7 @@ class _SparseAttentionConfigBase:
 SparseAttentionConfig = dataclasses.make_dataclass(
     "SparseAttentionConfig",
     [("prefill_scheme", str, field(default="dense")), ("decode_scheme", str, field(default="dense")),
-     ("kv_cache_dtype", str, field(default="bfloat16"))]
+     ("kv_cache_dtype", str, field(default="bfloat16")), ("kv_cache_recent_keys", int, field(default=0))]
     + [(key, cls, field(default_factory=cls)) for key, cls in _SECTIONS.items()],
     bases=(_SparseAttentionConfigBase,),
     namespace={"__doc__": """Which scheme runs in each phase, and every method's parameters.
@@ -98,6 +105,9 @@ SparseAttentionConfig = dataclasses.make_dataclass(
     (``sparse_models.schemes.registry.scheme_names(phase)``; "pod+tidal" = POD's shared-key cache with
     TidalDecode selection on top). ``kv_cache_dtype`` (vLLM's and transformers' name): "bfloat16" (default: K/V in
     the model's dtype) or "fp8_e4m3" (K/V, POD's ring, FP8 with one fp32 scale per token and KV head; kernels/fp8_kv.py).
+    ``kv_cache_recent_keys`` (FP8 caches only, default 0): the newest positions whose keys the cache also keeps in the
+    model's dtype, read instead of their FP8 copy (KIVI's full-precision residual, arXiv 2402.02750; kernels/fp8_kv.py
+    "Recent keys").
     One field per config section of the registered schemes.
     """},
 )
@@ -133,7 +143,7 @@ def unknown_option_error(key: str, value: Any, *, also_known=(), what: str = "a 
     close = difflib.get_close_matches(key, override_keys() + list(also_known), n=3, cutoff=0.75)
     hint = f" (did you mean {' or '.join(close)}?)" if close else ""
     if expected is None:
-        expected = (f"expected prefill_scheme, decode_scheme, kv_cache_dtype or <method>_<field> with method in "
+        expected = (f"expected prefill_scheme, decode_scheme, kv_cache_dtype, kv_cache_recent_keys or <method>_<field> with method in "
                     f"{', '.join(_SECTIONS)} (e.g. tidal_budget, pod_recent_window)")
     return ConfigError(f"{key}={value!r} is not {what}{hint}: {expected}")
 
@@ -151,7 +161,7 @@ def parse_override_value(text: str) -> Any:
     return None if text.lower() == "none" else text
 
 
-_TOP_LEVEL = ("prefill_scheme", "decode_scheme", "kv_cache_dtype")
+_TOP_LEVEL = ("prefill_scheme", "decode_scheme", "kv_cache_dtype", "kv_cache_recent_keys")
 
 
 def _override_target(key: str) -> tuple[str | None, str] | None:

@@ -193,6 +193,9 @@ class KeyState:
         fold: (buffers [Bmax >= B, Hkv, E, *trailing], k [B, Hkv, D] the token's key as attention reads it (FP8:
             dequantised, fp32), positions [B], slots_per_entry, rows [B] = 0 .. B-1) -> None: in place, one decode
             token joins them. Graph-safe (the engine captures it).
+        Both take ``also=`` on an FP8 cache with ``kv_cache_recent_keys``: the keys in the model's dtype that
+        attention reads while their positions are recent ([B, Hkv, N, D] for rebuild, the token's [B, Hkv, D] for
+        fold); what the buffers summarise must then hold for both versions of a key.
     """
 
     buffers: tuple[str, ...]

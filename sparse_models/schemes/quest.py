@@ -43,24 +43,30 @@ class QuestConfig:
 
 
 def page_bounds(keys: torch.Tensor, lens: torch.Tensor, k_scale: torch.Tensor | None, page_size: int,
-                dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+                dtype: torch.dtype, also: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(page_max, page_min) [B, Hkv, ceil(N / page_size), D] in ``dtype`` of the stored keys [B, Hkv, N, D] (the first
     ``lens[b]`` of row b; empty pages -inf / +inf): ``KeyState.rebuild``. An FP8 cache's (``k_scale``) bound the
     dequantised keys, rounded outward (kernels/fp8_kv.py ``round_outward``); otherwise a plain cast of the fp32
-    bounds."""
+    bounds. ``also`` [B, Hkv, N, D]: a second version of the keys that attention reads for a while (an FP8 cache's
+    recent keys in the model's dtype, ``kv_cache_recent_keys``); the bounds then hold for both versions."""
     page_max, page_min = kernels.quest_page_minmax(keys, lens, page_size, k_scale=k_scale)
+    if also is not None:
+        also_max, also_min = kernels.quest_page_minmax(also.float(), lens, page_size)
+        page_max, page_min = torch.maximum(page_max, also_max), torch.minimum(page_min, also_min)
     if k_scale is not None:
         return round_outward(page_max, page_min, dtype)
     return page_max.to(dtype), page_min.to(dtype)
 
 
 def fold_token(page_max: torch.Tensor, page_min: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
-               page_size: int, rows: torch.Tensor | None = None) -> None:
+               page_size: int, rows: torch.Tensor | None = None, also: torch.Tensor | None = None) -> None:
     """In place: the key ``k`` [B, Hkv, D] of the token at ``positions`` [B] joins its page's max / min
     (page_max, page_min [Bmax >= B, Hkv, P, D]); a page's first token replaces what the page held. ``rows``: the
     batch indices 0 .. B-1 (a preallocated arange keeps the engine's CUDA graph free of allocations). No host sync
     (``KeyState.fold``). A dequantised FP8 key (fp32) joins pages of a narrower dtype rounded outward (max up, min
-    down), so that the page bound still holds for the key attention reads (kernels/fp8_kv.py ``round_outward``)."""
+    down), so that the page bound still holds for the key attention reads (kernels/fp8_kv.py ``round_outward``).
+    ``also`` [B, Hkv, D]: the same token's key in a second version that attention reads for a while (an FP8 cache's
+    recent keys, ``kv_cache_recent_keys``); both join."""
     rows = torch.arange(k.shape[0], device=k.device) if rows is None else rows
     page = positions // page_size
     fresh = (positions % page_size == 0)[:, None, None]
@@ -68,6 +74,9 @@ def fold_token(page_max: torch.Tensor, page_min: torch.Tensor, k: torch.Tensor, 
         k_up, k_down = round_outward(k, k, page_max.dtype)
     else:
         k_up = k_down = k.to(page_max.dtype)
+    if also is not None:
+        also_up, also_down = round_outward(also.float(), also.float(), page_max.dtype)
+        k_up, k_down = torch.maximum(k_up, also_up), torch.minimum(k_down, also_down)
     page_max[rows, :, page] = torch.where(fresh, k_up, torch.maximum(page_max[rows, :, page], k_up))
     page_min[rows, :, page] = torch.where(fresh, k_down, torch.minimum(page_min[rows, :, page], k_down))
 
@@ -107,8 +116,8 @@ CACHE = CacheNeeds(
     buffers=(StateBuffer("page_max", ("quest",), _page_size, _head_dim, float("-inf"), dynamic_dtype=torch.float32),
              StateBuffer("page_min", ("quest",), _page_size, _head_dim, float("inf"), dynamic_dtype=torch.float32)),
     key_state=(KeyState(("page_max", "page_min"), rebuild=page_bounds,
-                        fold=lambda pages, k, positions, page_size, rows: fold_token(*pages, k, positions, page_size,
-                                                                                    rows)),))
+                        fold=lambda pages, k, positions, page_size, rows, also=None: fold_token(
+                            *pages, k, positions, page_size, rows, also)),))
 
 
 SCHEME = Scheme(
