@@ -31,7 +31,7 @@ MAX_SPLITS = 128
 
 from ._interpreter import interpreting  # noqa: E402,F401  (also installs the interpreter patch)
 from ._value_checks import value_checks_enabled  # noqa: E402,F401  (re-exported: the kernels import it from here)
-from .fp8_kv import check_scale, is_fp8  # noqa: E402
+from .fp8_kv import check_recent_keys, check_scale, is_fp8  # noqa: E402
 
 
 @functools.lru_cache(maxsize=None)
@@ -117,6 +117,22 @@ def check_fp8_pair(pairs) -> bool:
 def scale_args(scale: torch.Tensor | None, dummy: torch.Tensor) -> tuple:
     """A scale tensor [B, H, N] and its three strides for a kernel launch; ``dummy`` and zeros without one."""
     return (scale, *scale.stride()) if scale is not None else (dummy, 0, 0, 0)
+
+
+def check_recent(k_recent, k_cache: torch.Tensor, q: torch.Tensor) -> None:
+    """Recent keys (kernels/fp8_kv.py): None, or with an FP8 ``k_cache`` [B, Hkv, W, D] in q's dtype."""
+    check_recent_keys(k_recent, k_cache)
+    if k_recent is not None:
+        check_same("k_recent", k_recent, "q", q)
+
+
+def recent_args(k_recent: torch.Tensor | None, dummy: torch.Tensor) -> tuple:
+    """The recent-key ring [B, Hkv, W, D] (last dim contiguous) and its three strides for a kernel launch;
+    ``dummy`` and zeros without one."""
+    if k_recent is None:
+        return dummy, 0, 0, 0
+    k_recent = last_dim_contiguous(k_recent)
+    return (k_recent, *k_recent.stride()[:3])
 
 
 def check_query_and_cache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

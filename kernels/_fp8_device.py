@@ -75,3 +75,18 @@ def load_kv_tile(ptrs, mask, scale_ptrs, row_mask, dtype: tl.constexpr, FP8: tl.
     else:
         scale = row_mask
     return t, scale
+
+
+@triton.jit
+def recent_key_rows(k, k_sc, kr_base, pos, stride_krn, offs_d, d_mask, row_mask, seq_len, RECENT: tl.constexpr):
+    """Recent keys (kernels/fp8_kv.py): rows of a key tile ``k`` [BLOCK_N, BLOCK_D] (converted, with fp32 scales
+    ``k_sc`` [BLOCK_N]) whose position ``pos`` [BLOCK_N] lies in [seq_len - RECENT, seq_len) take the key kept in
+    the model's dtype at ring slot pos % RECENT (``kr_base`` + slot * stride_krn) and scale 1. Other rows are
+    unchanged; the ring load is masked to the recent rows."""
+    recent = row_mask & (pos >= seq_len - RECENT) & (pos < seq_len)
+    slot = tl.where(recent, pos % RECENT, 0)
+    kr = tl.load(kr_base + slot[:, None] * stride_krn + offs_d[None, :], mask=recent[:, None] & d_mask[None, :],
+                 other=0.0)
+    k = tl.where(recent[:, None], kr.to(k.dtype), k)
+    k_sc = tl.where(recent, 1.0, k_sc)
+    return k, k_sc

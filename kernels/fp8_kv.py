@@ -87,7 +87,8 @@ SCALE_FLOOR = 2.0 ** -64
 SCALE_DTYPE = torch.float32
 
 __all__ = ["KV_CACHE_DTYPES", "FP8_DTYPE", "FP8_MAX", "SCALE_FLOOR", "SCALE_DTYPE", "kv_storage_dtype",
-           "bytes_per_token", "quantize_kv", "dequantize_kv", "is_fp8", "check_scale", "round_outward"]
+           "bytes_per_token", "quantize_kv", "dequantize_kv", "is_fp8", "check_scale", "round_outward",
+           "overlay_recent_keys", "check_recent_keys"]
 
 
 def kv_storage_dtype(kv_cache_dtype: str, model_dtype: torch.dtype = torch.bfloat16) -> torch.dtype:
@@ -152,6 +153,25 @@ def check_scale(name: str, scale, cache_name: str, cache: torch.Tensor) -> None:
         raise ValueError(f"{name} is on {scale.device} but {cache_name} is on {cache.device}; they must match")
 
 
+def check_recent_keys(k_recent, cache: torch.Tensor, cache_name: str = "k_cache") -> None:
+    """``k_recent`` (recent keys, module docstring): None, or with an FP8 ``cache`` [B, Hkv, N, D] a float tensor
+    [B, Hkv, W, D], W >= 1, on its device (the model's dtype: the keys attention reads for the newest W positions)."""
+    if k_recent is None:
+        return
+    if not is_fp8(cache):
+        raise ValueError(f"k_recent is given but {cache_name} has dtype {cache.dtype}; recent keys go with "
+                         f"float8_e4m3fn caches only")
+    if not isinstance(k_recent, torch.Tensor) or not k_recent.is_floating_point() or is_fp8(k_recent):
+        raise TypeError(f"k_recent must be a float tensor [B, Hkv, W, D] in the model's dtype, got "
+                        f"{getattr(k_recent, 'dtype', type(k_recent).__name__)}")
+    b, h, _, d = cache.shape
+    if k_recent.dim() != 4 or (k_recent.shape[0], k_recent.shape[1], k_recent.shape[3]) != (b, h, d) \
+            or k_recent.shape[2] < 1:
+        raise ValueError(f"k_recent shape {tuple(k_recent.shape)} must be [B={b}, Hkv={h}, W >= 1, D={d}]")
+    if k_recent.device != cache.device:
+        raise ValueError(f"k_recent is on {k_recent.device} but {cache_name} is on {cache.device}; they must match")
+
+
 def round_outward(page_max: torch.Tensor, page_min: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
     """fp32 Quest page max / min [B, Hkv, P, D] -> ``dtype``, max rounded up and min rounded down, so that the cast
     bound still bounds every key of the page (+-inf of empty pages stay)."""
@@ -159,3 +179,14 @@ def round_outward(page_max: torch.Tensor, page_min: torch.Tensor, dtype: torch.d
     mx = torch.where(mx.float() < page_max, torch.nextafter(mx, torch.full_like(mx, float("inf"))), mx)
     mn = torch.where(mn.float() > page_min, torch.nextafter(mn, torch.full_like(mn, float("-inf"))), mn)
     return mx, mn
+
+
+def overlay_recent_keys(keys: torch.Tensor, k_recent: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:
+    """Keys as attention reads them with recent keys (module docstring, "Recent keys"): ``keys`` [B, Hkv, N, D]
+    (slot = position, dequantised) with every position p in [seq_lens[b] - W, seq_lens[b]) taken from the ring
+    ``k_recent`` [B, Hkv, W, D] at slot p % W. Returns a new tensor in ``keys``' dtype."""
+    n, window = keys.shape[2], k_recent.shape[2]
+    pos = torch.arange(n, device=keys.device)
+    lens = seq_lens.to(keys.device).long()[:, None]
+    recent = (pos[None, :] >= lens - window) & (pos[None, :] < lens)  # [B, N]
+    return torch.where(recent[:, None, :, None], k_recent[:, :, pos % window].to(keys.dtype), keys)

@@ -19,7 +19,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .fp8_kv import check_scale, dequantize_kv, is_fp8, quantize_kv  # quantize_kv, dequantize_kv: public ops too
+from .fp8_kv import check_recent_keys, check_scale, dequantize_kv, is_fp8, overlay_recent_keys, quantize_kv
+# (quantize_kv, dequantize_kv: public ops too)
 
 __all__ = [
     "decode_attention",
@@ -60,6 +61,18 @@ def _kv(cache: torch.Tensor, scale, cache_name: str, scale_name: str, ct: torch.
     return dequantize_kv(cache, scale, ct) if is_fp8(cache) else cache
 
 
+def _keys(k_cache, k_scale, k_recent, seq_lens, ct: torch.dtype) -> torch.Tensor:
+    """Keys as a decode op reads them: ``_kv``, then with ``k_recent`` [B, Hkv, W, D] (an FP8 cache's newest keys in
+    the model's dtype, kernels/fp8_kv.py "Recent keys") the positions [seq_lens - W, seq_lens) from the ring."""
+    k = _kv(k_cache, k_scale, "k_cache", "k_scale", ct)
+    check_recent_keys(k_recent, k_cache)
+    if k_recent is None:
+        return k
+    if seq_lens is None:
+        raise ValueError("k_recent needs seq_lens (which positions are the newest W)")
+    return overlay_recent_keys(k, k_recent, seq_lens)
+
+
 def _masked_softmax_attend(logits: torch.Tensor, valid: torch.Tensor, v: torch.Tensor):
     """softmax(logits over valid) @ v, with rows that have no valid key returning 0 and lse -inf.
 
@@ -79,7 +92,8 @@ def _masked_softmax_attend(logits: torch.Tensor, valid: torch.Tensor, v: torch.T
 # Decode: one query per sequence, at position seq_lens[b] - 1
 # ----------------------------------------------------------------------------------------------
 
-def decode_attention(q, k_cache, v_cache, seq_lens, *, scale=None, return_scores=False, k_scale=None, v_scale=None):
+def decode_attention(q, k_cache, v_cache, seq_lens, *, scale=None, return_scores=False, k_scale=None, v_scale=None,
+                     k_recent=None):
     """Dense decode attention over each sequence's cached tokens.
 
     Args:
@@ -88,13 +102,15 @@ def decode_attention(q, k_cache, v_cache, seq_lens, *, scale=None, return_scores
         seq_lens: [B] int, number of valid slots (the query sits at seq_lens - 1).
         return_scores: also return the raw logits q.k * scale, [B, Hq, N] fp32, -inf past seq_lens.
         k_scale, v_scale: [B, Hkv, N] fp32 for float8_e4m3fn caches (kernels/fp8_kv.py), else None.
+        k_recent: FP8 caches only, [B, Hkv, W, D]: the keys of positions [seq_lens - W, seq_lens) at slot
+            position % W, read instead of their FP8 copies (kernels/fp8_kv.py "Recent keys").
     Returns:
         out [B, Hq, D] in q.dtype (and scores).
     """
     ct = _compute_dtype(q)
     batch, num_heads, head_dim = q.shape
     n = k_cache.shape[2]
-    k = _expand_kv(_kv(k_cache, k_scale, "k_cache", "k_scale", ct), num_heads).to(ct)
+    k = _expand_kv(_keys(k_cache, k_scale, k_recent, seq_lens, ct), num_heads).to(ct)
     v = _expand_kv(_kv(v_cache, v_scale, "v_cache", "v_scale", ct), num_heads).to(ct)
     logits = torch.einsum("bhd,bhnd->bhn", q.to(ct), k) * _scale(scale, head_dim)
     valid = torch.arange(n, device=q.device)[None, None, :] < seq_lens.to(q.device)[:, None, None]
@@ -214,18 +230,19 @@ def _union_lists(scores, seq_lens, older, k, heads_per_list):
 
 
 def selection_decode_attention(q, k_cache, v_cache, seq_lens, budget, *, scale=None, per_kv_group=False,
-                               k_scale=None, v_scale=None):
+                               k_scale=None, v_scale=None, k_recent=None):
     """Decode attention that also selects the next layers' positions (TidalDecode selection layer).
 
-    Returns (out [B, Hq, D], indices [B, Hs, budget]). k_scale / v_scale: as in decode_attention.
+    Returns (out [B, Hq, D], indices [B, Hs, budget]). k_scale / v_scale / k_recent: as in decode_attention.
     """
     out, scores = decode_attention(q, k_cache, v_cache, seq_lens, scale=scale, return_scores=True, k_scale=k_scale,
-                                   v_scale=v_scale)
+                                   v_scale=v_scale, k_recent=k_recent)
     group = q.shape[1] // k_cache.shape[1]
     return out, select_topk_positions(scores, seq_lens, budget, group_size=group, per_kv_group=per_kv_group)
 
 
-def sparse_decode_attention(q, k_cache, v_cache, indices, *, scale=None, k_scale=None, v_scale=None):
+def sparse_decode_attention(q, k_cache, v_cache, indices, *, scale=None, k_scale=None, v_scale=None, k_recent=None,
+                            seq_lens=None):
     """Decode attention over per-head slot lists (TidalDecode sparse layers, Quest, StreamingLLM).
 
     Args:
@@ -234,6 +251,8 @@ def sparse_decode_attention(q, k_cache, v_cache, indices, *, scale=None, k_scale
             KV head, shared by its G query heads). Duplicate slots are counted once each (callers
             don't produce them).
         k_scale, v_scale: [B, Hkv, N] fp32 for float8_e4m3fn caches (kernels/fp8_kv.py), else None.
+        k_recent, seq_lens: FP8 caches only, as in decode_attention (the lengths say which listed positions are
+            among the newest W).
     Returns:
         out [B, Hq, D].
     """
@@ -244,7 +263,7 @@ def sparse_decode_attention(q, k_cache, v_cache, indices, *, scale=None, k_scale
         indices = _expand_kv(indices, num_heads)
     valid = indices >= 0
     idx = indices.clamp(min=0)
-    k = _expand_kv(_kv(k_cache, k_scale, "k_cache", "k_scale", ct), num_heads).to(ct)
+    k = _expand_kv(_keys(k_cache, k_scale, k_recent, seq_lens, ct), num_heads).to(ct)
     v = _expand_kv(_kv(v_cache, v_scale, "v_cache", "v_scale", ct), num_heads).to(ct)
     gather_idx = idx.unsqueeze(-1).expand(-1, -1, -1, head_dim)
     k_sel = torch.gather(k, 2, gather_idx)

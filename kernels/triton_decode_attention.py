@@ -62,11 +62,12 @@ def _decode_split_kernel(
     stride_lpb, stride_lph,
     stride_sb, stride_sh,
     Hkv,
+    KR, stride_krb, stride_krh, stride_krn,
     G: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
     D: tl.constexpr, BLOCK_D: tl.constexpr,
     RETURN_SCORES: tl.constexpr, EXCLUDE_LAST: tl.constexpr, IEEE: tl.constexpr,
     HIST0: tl.constexpr = False, GH: tl.constexpr = 1, BITS: tl.constexpr = 8, LEVELS: tl.constexpr = 4,
-    FP8: tl.constexpr = False, CVT: tl.constexpr = 0, REMASK: tl.constexpr = 0,
+    FP8: tl.constexpr = False, CVT: tl.constexpr = 0, REMASK: tl.constexpr = 0, RECENT: tl.constexpr = 0,
 ):
     """Program (split, b*Hkv + kvh): keys [split*chunk, split*chunk + chunk) of one sequence and KV
     head, for the G query heads kvh*G .. kvh*G+G-1. Writes o_part/lse_part and, with
@@ -78,7 +79,9 @@ def _decode_split_kernel(
     how (FP8 only, see FP8_DECODE_VARIANTS): 0 through fp32, 1 straight to q's dtype, 2 keys to fp16 and the
     q.k dot in fp16 (q cast to fp16), 3 keys and values to fp16, both dots in fp16. 2 and 3 apply to 16-bit q
     only (fp32 q keeps IEEE fp32 dots, as CVT=1). REMASK (FP8): 1 re-masks the converted V tile, 2 the K tile
-    too (kernels/_fp8_device.load_kv_tile: keeps the 8-bit tile out of byte-wise shared-memory transposes)."""
+    too (kernels/_fp8_device.load_kv_tile: keeps the 8-bit tile out of byte-wise shared-memory transposes).
+    RECENT (FP8, > 0): keys of positions [seq_len - RECENT, seq_len) come from KR [B,Hkv,RECENT,D] at slot
+    position % RECENT (kernels/fp8_kv.py "Recent keys")."""
     split = tl.program_id(0)
     bh = tl.program_id(1)
     b = (bh // Hkv).to(tl.int64)  # int64: batch offsets of a large cache overflow int32
@@ -104,6 +107,7 @@ def _decode_split_kernel(
     v_base = V + b * stride_vb + kvh * stride_vh
     ks_base = KS + b * stride_ksb + kvh * stride_ksh
     vs_base = VS + b * stride_vsb + kvh * stride_vsh
+    kr_base = KR + b * stride_krb + kvh * stride_krh
     s_base = Scores + b * stride_sb + heads[:, None] * stride_sh
 
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
@@ -118,6 +122,9 @@ def _decode_split_kernel(
         k, k_sc = F8.load_kv_tile(k_base + offs_n[:, None] * stride_kn + offs_d[None, :], kv_mask,
                                   ks_base + offs_n * stride_ksn, n_mask, tl.float16 if K16 else Q.dtype.element_ty,
                                   FP8, CVT == 0, REMASK >= 2)
+        if RECENT > 0:
+            k, k_sc = F8.recent_key_rows(k, k_sc, kr_base, offs_n, stride_krn, offs_d, d_mask, n_mask, seq_len,
+                                         RECENT)
         v, v_sc = F8.load_kv_tile(v_base + offs_n[:, None] * stride_vn + offs_d[None, :], kv_mask,
                                   vs_base + offs_n * stride_vsn, n_mask, tl.float16 if V16 else Q.dtype.element_ty,
                                   FP8, CVT == 0, REMASK >= 1)
@@ -207,8 +214,9 @@ def resolve_fp8_variant(fp8_variant: str | None = None) -> dict:
     return FP8_DECODE_VARIANTS[name]
 
 
-def _check_decode_inputs(q, k_cache, v_cache, seq_lens, k_scale=None, v_scale=None):
+def _check_decode_inputs(q, k_cache, v_cache, seq_lens, k_scale=None, v_scale=None, k_recent=None):
     B, Hq, Hkv, N, D, G = C.check_query_and_cache(q, k_cache, v_cache, k_scale, v_scale)
+    C.check_recent(k_recent, k_cache, q)
     C.check_index_tensor("seq_lens", seq_lens, 1, "[B]", q.device)
     if seq_lens.shape[0] != B:
         raise ValueError(f"seq_lens has {seq_lens.shape[0]} entries but the batch is B={B}")
@@ -220,7 +228,7 @@ def _check_decode_inputs(q, k_cache, v_cache, seq_lens, k_scale=None, v_scale=No
 
 def _launch_decode(q, k_cache, v_cache, seq_lens, scale, scores, exclude_last, lse_out=None,
                    block_n=_BLOCK_N, num_warps=_NUM_WARPS, num_stages=_NUM_STAGES, hist=None, k_scale=None,
-                   v_scale=None, cvt=0, remask=0, waves=4):
+                   v_scale=None, cvt=0, remask=0, waves=4, k_recent=None):
     B, Hq, D = q.shape
     Hkv, N = k_cache.shape[1], k_cache.shape[2]
     G = Hq // Hkv
@@ -242,12 +250,13 @@ def _launch_decode(q, k_cache, v_cache, seq_lens, scale, scores, exclude_last, l
         lse_part.stride(0), lse_part.stride(1),
         scores_arg.stride(0) if scores is not None else 0, scores_arg.stride(1) if scores is not None else 0,
         Hkv,
+        *C.recent_args(k_recent, lse_part),
         G=G, BLOCK_G=C.block_g(G), BLOCK_N=block_n, D=D, BLOCK_D=triton.next_power_of_2(D),
         RETURN_SCORES=scores is not None, EXCLUDE_LAST=exclude_last,
         IEEE=q.dtype == torch.float32,
         HIST0=hist is not None, GH=triton.next_power_of_2(G), BITS=TS.BITS, LEVELS=TS.LEVELS,
         FP8=k_scale is not None, CVT=cvt if k_scale is not None else 0,
-        REMASK=remask if k_scale is not None else 0,
+        REMASK=remask if k_scale is not None else 0, RECENT=k_recent.shape[2] if k_recent is not None else 0,
         **launch,
     )
     out = torch.empty(B, Hq, D, device=q.device, dtype=q.dtype)
@@ -256,7 +265,7 @@ def _launch_decode(q, k_cache, v_cache, seq_lens, scale, scores, exclude_last, l
 
 
 def decode_attention_triton(q, k_cache, v_cache, seq_lens, *, scale=None, return_scores=False, k_scale=None,
-                            v_scale=None, fp8_variant=None):
+                            v_scale=None, fp8_variant=None, k_recent=None):
     """Full decode attention.
 
     q: [B,Hq,D]; k_cache, v_cache: [B,Hkv,N,D] (q's float dtype: fp16 / bf16 / fp32, or both float8_e4m3fn
@@ -267,13 +276,15 @@ def decode_attention_triton(q, k_cache, v_cache, seq_lens, *, scale=None, return
     fp8_variant: FP8 caches only, a name of FP8_DECODE_VARIANTS (None: $PODKIT_FP8_DECODE_VARIANT, default
     "base"); all give the same results within rounding (their timings: BENCHMARKS.md, "H200, 2026-12-04: FP8
     decode variants").
+    k_recent: FP8 caches only, [B,Hkv,W,D] in q's dtype: the keys of positions [seq_lens - W, seq_lens) at slot
+    position % W, read instead of their FP8 rows (kernels/fp8_kv.py "Recent keys").
     """
-    B, Hq, Hkv, N, D, G = _check_decode_inputs(q, k_cache, v_cache, seq_lens, k_scale, v_scale)
+    B, Hq, Hkv, N, D, G = _check_decode_inputs(q, k_cache, v_cache, seq_lens, k_scale, v_scale, k_recent)
     launch = resolve_fp8_variant(fp8_variant) if k_scale is not None else {}
     scale = C.resolve_scale(scale, D)
     scores = torch.empty(B, Hq, N, device=q.device, dtype=torch.float32) if return_scores else None
     out = _launch_decode(q, k_cache, v_cache, seq_lens, scale, scores, exclude_last=False, k_scale=k_scale,
-                         v_scale=v_scale, **launch)
+                         v_scale=v_scale, k_recent=k_recent, **launch)
     return (out, scores) if return_scores else out
 
 
@@ -341,7 +352,8 @@ def _resolve_topk_impl(topk_impl, per_kv_group: bool) -> str:
 
 
 def selection_decode_attention_triton(q, k_cache, v_cache, seq_lens, budget, *, scale=None,
-                                      per_kv_group=False, topk_impl=None, k_scale=None, v_scale=None):
+                                      per_kv_group=False, topk_impl=None, k_scale=None, v_scale=None,
+                                      k_recent=None):
     """TidalDecode token-selection layer: full decode attention + top-k positions.
 
     q: [B,Hq,D]; k_cache, v_cache: [B,Hkv,N,D]; seq_lens: [B] in [1, N]; budget: int >= 1, the
@@ -352,9 +364,9 @@ def selection_decode_attention_triton(q, k_cache, v_cache, seq_lens, budget, *, 
     probability (per group), plus seq_lens[b]-1; ascending; -1 padded when seq_lens[b] < budget.
     topk_impl: "auto", "split" or "legacy" (see TOPK_IMPLS above); None reads PODKIT_SELECTION_TOPK
     (default "auto"). All return the same indices (ties at the k-th value: lowest slots first).
-    k_scale, v_scale: FP8 caches' scales, as in decode_attention_triton.
+    k_scale, v_scale, k_recent: FP8 caches' scales and recent keys, as in decode_attention_triton.
     """
-    B, Hq, Hkv, N, D, G = _check_decode_inputs(q, k_cache, v_cache, seq_lens, k_scale, v_scale)
+    B, Hq, Hkv, N, D, G = _check_decode_inputs(q, k_cache, v_cache, seq_lens, k_scale, v_scale, k_recent)
     if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
         raise ValueError(f"budget must be an int >= 1 (selected slots, current one included), got {budget!r}")
     split = _resolve_topk_impl(topk_impl, per_kv_group) == "split"
@@ -363,7 +375,7 @@ def selection_decode_attention_triton(q, k_cache, v_cache, seq_lens, budget, *, 
     lse = torch.empty(B, Hq, device=q.device, dtype=torch.float32) if per_kv_group else None
     hist = TS.alloc_hist(B * (Hkv if per_kv_group else Hq), q.device) if split else None
     out = _launch_decode(q, k_cache, v_cache, seq_lens, scale, scores, exclude_last=True, lse_out=lse,
-                         hist=None if per_kv_group else hist, k_scale=k_scale, v_scale=v_scale)
+                         hist=None if per_kv_group else hist, k_scale=k_scale, v_scale=v_scale, k_recent=k_recent)
     if per_kv_group:
         group_scores = torch.empty(B, Hkv, N, device=q.device, dtype=torch.float32)
         block_n = 256

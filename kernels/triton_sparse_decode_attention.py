@@ -51,12 +51,14 @@ def _sparse_decode_split_kernel(
     KS, VS,
     stride_ksb, stride_ksh, stride_ksn,
     stride_vsb, stride_vsh, stride_vsn,
+    SeqLens, KR, stride_krb, stride_krh, stride_krn,
     G: tl.constexpr, HEADS_PER_LIST: tl.constexpr, BLOCK_G: tl.constexpr,
     BLOCK_N: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
-    USE_DOT: tl.constexpr, IEEE: tl.constexpr, FP8: tl.constexpr = False,
+    USE_DOT: tl.constexpr, IEEE: tl.constexpr, FP8: tl.constexpr = False, RECENT: tl.constexpr = 0,
 ):
     """Program (split, b*Hs + hs): entries [split*chunk, split*chunk+chunk) of list (b, hs), for the
-    HEADS_PER_LIST query heads that read it (G when Hs = Hkv, 1 when Hs = Hq)."""
+    HEADS_PER_LIST query heads that read it (G when Hs = Hkv, 1 when Hs = Hq). RECENT (FP8, > 0): listed
+    positions in [seq_lens[b] - RECENT, seq_lens[b]) read their key from KR at slot position % RECENT."""
     split = tl.program_id(0)
     bh = tl.program_id(1)
     b = (bh // Hs).to(tl.int64)
@@ -82,6 +84,9 @@ def _sparse_decode_split_kernel(
     ks_base = KS + b * stride_ksb + kvh * stride_ksh
     vs_base = VS + b * stride_vsb + kvh * stride_vsh
     i_base = Idx + b * stride_ib + hs * stride_ih
+    kr_base = KR + b * stride_krb + kvh * stride_krh
+    if RECENT > 0:
+        seq_len = tl.load(SeqLens + b).to(tl.int64)
 
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)
@@ -94,6 +99,8 @@ def _sparse_decode_split_kernel(
         kv_mask = valid[:, None] & d_mask[None, :]
         k, k_sc = F8.load_kv_tile(k_base + rows[:, None] * stride_kn + offs_d[None, :], kv_mask,
                                   ks_base + rows * stride_ksn, valid, Q.dtype.element_ty, FP8)
+        if RECENT > 0:
+            k, k_sc = F8.recent_key_rows(k, k_sc, kr_base, rows, stride_krn, offs_d, d_mask, valid, seq_len, RECENT)
         v, v_sc = F8.load_kv_tile(v_base + rows[:, None] * stride_vn + offs_d[None, :], kv_mask,
                                   vs_base + rows * stride_vsn, valid, Q.dtype.element_ty, FP8)
         s = C.tile_logits(q, k, sm_scale, USE_DOT, IEEE)
@@ -108,8 +115,15 @@ def _sparse_decode_split_kernel(
                     g_mask, offs_d, D)
 
 
-def _check_inputs(q, k_cache, v_cache, indices, k_scale=None, v_scale=None):
+def _check_inputs(q, k_cache, v_cache, indices, k_scale=None, v_scale=None, k_recent=None, seq_lens=None):
     B, Hq, Hkv, N, D, G = C.check_query_and_cache(q, k_cache, v_cache, k_scale, v_scale)
+    C.check_recent(k_recent, k_cache, q)
+    if k_recent is not None:
+        if seq_lens is None:
+            raise ValueError("k_recent needs seq_lens (which listed positions are the newest W)")
+        C.check_index_tensor("seq_lens", seq_lens, 1, "[B]", q.device)
+        if seq_lens.shape[0] != B:
+            raise ValueError(f"seq_lens has {seq_lens.shape[0]} entries but the batch is B={B}")
     C.check_index_tensor("indices", indices, 3, "[B,Hs,K]", q.device)
     if indices.shape[0] != B or indices.shape[1] not in (Hq, Hkv):
         raise ValueError(f"indices shape {tuple(indices.shape)} must be [B={B}, Hs, K] with Hs = Hq={Hq} "
@@ -119,7 +133,8 @@ def _check_inputs(q, k_cache, v_cache, indices, k_scale=None, v_scale=None):
 
 
 def sparse_decode_attention_triton(q, k_cache, v_cache, indices, *, scale=None, k_scale=None, v_scale=None,
-                                   _block_n=None, _num_warps=None, _num_stages=None, _waves=None):
+                                   k_recent=None, seq_lens=None, _block_n=None, _num_warps=None, _num_stages=None,
+                                   _waves=None):
     """Decode attention over listed slots only.
 
     q: [B,Hq,D]; k_cache, v_cache: [B,Hkv,N,D] (q's dtype: fp16 / bf16 / fp32, or both float8_e4m3fn with
@@ -127,9 +142,11 @@ def sparse_decode_attention_triton(q, k_cache, v_cache, indices, *, scale=None, 
     indices: [B,Hs,K] int32/int64 slots in [0, N), -1 = unused; Hs = Hq (one list per query head)
     or Hkv (one list per GQA group, read once for its G heads). Lists need not be sorted.
     Returns out [B,Hq,D] in q.dtype: softmax over the listed slots (0 where a list is all -1).
+    k_recent [B,Hkv,W,D] (q's dtype) with seq_lens [B]: FP8 caches only, listed positions in
+    [seq_lens - W, seq_lens) read their key from the ring at slot position % W (kernels/fp8_kv.py "Recent keys").
     The `_block_n` / `_num_warps` / `_num_stages` / `_waves` knobs override the launch plan (tuning sweeps).
     """
-    B, Hq, Hkv, N, D, G = _check_inputs(q, k_cache, v_cache, indices, k_scale, v_scale)
+    B, Hq, Hkv, N, D, G = _check_inputs(q, k_cache, v_cache, indices, k_scale, v_scale, k_recent, seq_lens)
     scale = C.resolve_scale(scale, D)
     Hs, list_len = indices.shape[1], indices.shape[2]
     per_group = Hs == Hkv and G > 1
@@ -156,9 +173,11 @@ def sparse_decode_attention_triton(q, k_cache, v_cache, indices, *, scale=None, 
         lse_part.stride(0), lse_part.stride(1),
         Hs,
         ks_args[0], vs_args[0], *ks_args[1:], *vs_args[1:],
+        seq_lens if k_recent is not None else indices, *C.recent_args(k_recent, lse_part),
         G=G, HEADS_PER_LIST=G if per_group else 1, BLOCK_G=C.block_g(G) if per_group else 1,
         BLOCK_N=block_n, D=D, BLOCK_D=triton.next_power_of_2(D),
         USE_DOT=per_group, IEEE=q.dtype == torch.float32, FP8=k_scale is not None,
+        RECENT=k_recent.shape[2] if k_recent is not None else 0,
         **launch,
     )
     C.merge_splits(o_part, lse_part, out)

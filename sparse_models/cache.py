@@ -42,12 +42,12 @@ import torch
 from transformers.cache_utils import Cache
 
 import kernels
-from kernels.fp8_kv import FP8_DTYPE, SCALE_DTYPE, kv_storage_dtype
+from kernels.fp8_kv import FP8_DTYPE, SCALE_DTYPE, kv_storage_dtype, overlay_recent_keys
 
 from .cache_layout import CacheLayout
 from .kv_bytes import KVBytes
 from .plan import LayerPlan
-from .ring import local_slot_positions, overlay_ring, written_ring
+from .ring import local_slot_positions, written_ring
 
 
 def _bytes(t: torch.Tensor) -> torch.Tensor:
@@ -304,7 +304,7 @@ class SparseKVCache(Cache):
         ring = self.recent_keys[layer]
         if len(self.full_heads[layer]) != self.num_kv_heads:
             ring = ring[:, self.full_heads[layer]]
-        return overlay_ring(k, ring, self.recent_lens[layer])
+        return overlay_recent_keys(k, ring, self.recent_lens[layer])
 
     def _local_as_read(self, layer: int) -> torch.Tensor:
         """[B, local heads, sink + recent, D]: POD's ring of ``layer`` as attention reads it; with recent keys, slots

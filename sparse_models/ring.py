@@ -42,15 +42,3 @@ def written_ring(ring: torch.Tensor, k: torch.Tensor, start: torch.Tensor, new_l
     src = torch.gather(k, 2, src_idx[:, None, :, None].expand(-1, k.shape[1], -1, k.shape[3]))
     return torch.where(take[:, None, :, None], src.to(ring.dtype), ring)
 
-
-def overlay_ring(keys: torch.Tensor, ring: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:
-    """``keys`` [B, H, N, D] (slot = position) with the positions that a sink-less ring ``ring`` [B, H, W, D] holds
-    once ``lens`` [B] tokens are stored (:func:`local_slot_positions` with no sink) taken from the ring: an FP8
-    cache's recent keys in the model's dtype (``kv_cache_recent_keys``, kernels/fp8_kv.py). Positions at or past
-    N are left out. Returns a new tensor in ``keys``' dtype."""
-    pos = local_slot_positions(lens, 0, ring.shape[2])  # [B, W]
-    held = (pos >= 0) & (pos < keys.shape[2])
-    rows, slots = held.nonzero(as_tuple=True)
-    out = keys.clone()
-    out.permute(0, 2, 1, 3)[rows, pos[rows, slots]] = ring.permute(0, 2, 1, 3)[rows, slots].to(out.dtype)
-    return out

@@ -231,3 +231,76 @@ def test_fp8_prefill_append_decode_round_trip():
     back = fp8_kv.dequantize_kv(k8, ks)
     within = ((back - k).abs() <= 2 ** -4 * k.abs() + 2 ** -10 * ks[..., None]).all(-1)  # [B, Hkv, N]
     assert within[valid.expand_as(within)].all()
+
+
+def recent_ring(k, seq_lens, window, gen):
+    """The ring of recent keys [B, Hkv, W, D] an FP8 cache keeps: the original keys of positions
+    [seq_lens - W, seq_lens) at slot position % W, and random values in slots a kernel must not read."""
+    B, Hkv, N, D = k.shape
+    ring = torch.randn(B, Hkv, window, D, generator=gen).to(k.dtype) * 100  # a read of a stale slot shows
+    for b, n in enumerate(seq_lens.tolist()):
+        for p in range(max(n - window, 0), n):
+            ring[b, :, p % window] = k[b, :, p]
+    return ring
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("window", [5, 64])
+@pytest.mark.parametrize("dtype", CPU_DTYPES)
+def test_recent_keys_decode_and_selection_match_reference(case, window, dtype, poisoned_outputs):
+    """Recent keys (kernels/fp8_kv.py): the kernels read the newest ``window`` positions' keys from the ring, as the
+    reference does, and that is the unquantised key: a window covering the sequence leaves only the values' FP8."""
+    q, (k, v), (k8, v8, ks, vs), seq_lens = fp8_inputs(case, dtype, "cpu", case_seed(case, dtype) + window)
+    ring = recent_ring(k, seq_lens, window, torch.Generator().manual_seed(window))
+    kw = dict(k_scale=ks, v_scale=vs, k_recent=ring, return_scores=True)
+    out, scores = decode_attention_triton(q, k8, v8, seq_lens, k_scale=unread(ks, seq_lens),
+                                          v_scale=unread(vs, seq_lens), k_recent=ring, return_scores=True)
+    exact, exact_scores = reference.decode_attention(q.double(), k8, v8, seq_lens, **{**kw, "k_recent": ring.double()})
+    ref, ref_scores = reference.decode_attention(q, k8, v8, seq_lens, **kw)
+    assert_error_within("out", out, ref, exact)
+    fin = torch.isfinite(exact_scores)
+    assert_error_within("scores", scores[fin], ref_scores[fin], exact_scores[fin], floor=1e-5)
+    # the logits of the newest positions are the unquantised keys'
+    plain = reference.decode_attention(q, k, v, seq_lens, return_scores=True)[1]
+    for b, n in enumerate(seq_lens.tolist()):
+        newest = slice(max(n - window, 0), n)
+        torch.testing.assert_close(ref_scores[b, :, newest], plain[b, :, newest])
+    selected = selection_decode_attention_triton(q, k8, v8, seq_lens, 8, k_scale=ks, v_scale=vs, k_recent=ring)[1]
+    assert torch.equal(selected, reference.selection_decode_attention(q, k8, v8, seq_lens, 8, k_scale=ks, v_scale=vs,
+                                                                      k_recent=ring)[1])
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("per_group", [False, True])
+@pytest.mark.parametrize("dtype", CPU_DTYPES)
+def test_recent_keys_sparse_decode_matches_reference(case, per_group, dtype, poisoned_outputs):
+    window = 7
+    q, (k, v), (k8, v8, ks, vs), seq_lens = fp8_inputs(case, dtype, "cpu", case_seed(case, dtype) + 7)
+    ring = recent_ring(k, seq_lens, window, torch.Generator().manual_seed(3))
+    indices = sparse_lists(case, per_group, seed=case_seed(case, dtype))
+    # the newest positions listed too, so that every list reads some of the ring
+    newest = (seq_lens - 1).clamp(min=0)[:, None, None].expand(-1, indices.shape[1], 1)
+    indices = torch.cat([indices, newest.to(indices.dtype)], dim=2)
+    kw = dict(k_scale=ks, v_scale=vs, k_recent=ring, seq_lens=seq_lens)
+    out = sparse_decode_attention_triton(q, k8, v8, indices, **kw)
+    exact = reference.sparse_decode_attention(q.double(), k8, v8, indices, **{**kw, "k_recent": ring.double()})
+    assert_error_within("out", out, reference.sparse_decode_attention(q, k8, v8, indices, **kw), exact)
+    without = reference.sparse_decode_attention(q, k8, v8, indices, k_scale=ks, v_scale=vs)
+    assert not torch.allclose(without, reference.sparse_decode_attention(q, k8, v8, indices, **kw))
+
+
+@pytest.mark.parametrize("bad, error, match", [
+    (dict(k_recent="ring"), TypeError, r"k_recent must be a float tensor"),
+    (dict(k_recent=torch.zeros(2, 2, 4, 8)), ValueError, r"k_recent shape \(2, 2, 4, 8\) must be \[B=2, Hkv=2, W >= 1, D=16\]"),
+    (dict(k_recent=torch.zeros(2, 2, 0, 16)), ValueError, r"W >= 1"),
+])
+def test_bad_recent_keys_name_the_argument(bad, error, match):
+    q, (k, v), (k8, v8, ks, vs), seq_lens = fp8_inputs((2, 4, 2, 20, 16, [20, 5]), torch.float32, "cpu", 0)
+    for op in (decode_attention_triton, reference.decode_attention):
+        with pytest.raises(error, match=match):
+            op(q, k8, v8, seq_lens, k_scale=ks, v_scale=vs, **bad)
+    with pytest.raises(ValueError, match=r"k_recent is given but k_cache has dtype torch.float32"):
+        reference.decode_attention(q, k, v, seq_lens, k_recent=torch.zeros(2, 2, 4, 16))
+    with pytest.raises(ValueError, match=r"k_recent needs seq_lens"):
+        sparse_decode_attention_triton(q, k8, v8, torch.zeros(2, 2, 3, dtype=torch.long), k_scale=ks, v_scale=vs,
+                                       k_recent=torch.zeros(2, 2, 4, 16))
