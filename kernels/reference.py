@@ -19,8 +19,14 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .fp8_kv import check_recent_keys, check_scale, dequantize_kv, is_fp8, overlay_recent_keys, quantize_kv
-# (quantize_kv, dequantize_kv: public ops too)
+from .fp8_kv import (  # quantize_kv, dequantize_kv: public ops too
+    check_recent_keys,
+    check_scale,
+    dequantize_kv,
+    is_fp8,
+    overlay_recent_keys,
+    quantize_kv,
+)
 
 __all__ = [
     "decode_attention",
@@ -443,7 +449,8 @@ def pod_prefill_attention(q, k_own, k_anchor, v, seq_lens, *, sink, recent, scal
 
 def pod_decode_attention(q, k_local, k_anchor, v_cache, seq_lens, *, sink, recent, scale=None, gate_tau=None,
                          return_gate=False, gate_estimate=None, return_skip=False, return_scores=False,
-                         k_local_scale=None, k_anchor_scale=None, v_scale=None, q_distant=None):
+                         k_local_scale=None, k_anchor_scale=None, v_scale=None, q_distant=None, k_local_recent=None,
+                         k_anchor_recent=None):
     """POD decode: proximal keys from the layer's own sink + ring, distant keys from the anchor.
 
     Args:
@@ -466,6 +473,9 @@ def pod_decode_attention(q, k_local, k_anchor, v_cache, seq_lens, *, sink, recen
         q_distant: [B, Hq, D] the query of the distant logits, default ``q`` (key sharing). The anchor layer's
             query of the same step gives v1's score sharing (distant logits ``q_a . k_a``, METHODS.md A.3); the
             proximal logits and the gate's proximal part keep ``q``.
+        k_local_recent, k_anchor_recent: FP8 caches only, [B, Hkv, W, D] in the model's dtype: the layer's own and
+            the anchor layer's keys of positions [seq_lens - W, seq_lens) at slot position % W, read instead of
+            their FP8 copies (kernels/fp8_kv.py "Recent keys"; a layer that is its own anchor passes the second).
     Returns:
         out [B, Hq, D]; with return_gate also gate [B, Hq] (the exact gate, computed before any
         skipping); with return_skip also skip [B, Hq] bool (heads that dropped the distant part); with
@@ -477,12 +487,18 @@ def pod_decode_attention(q, k_local, k_anchor, v_cache, seq_lens, *, sink, recen
         raise ValueError("return_scores with gate_estimate: skipped heads read no distant key, so their distant "
                          "logits do not exist; ask for scores without a gate estimate")
     ct = _compute_dtype(q)
-    k_anchor = _kv(k_anchor, k_anchor_scale, "k_anchor", "k_anchor_scale", ct)
+    check_recent_keys(k_anchor_recent, k_anchor, "k_anchor")
+    k_anchor_read = _kv(k_anchor, k_anchor_scale, "k_anchor", "k_anchor_scale", ct)
+    if k_anchor_recent is not None:
+        k_anchor_read = overlay_recent_keys(k_anchor_read, k_anchor_recent, seq_lens)
     v_cache = _kv(v_cache, v_scale, "v_cache", "v_scale", ct)
     if k_local is not None:
+        check_recent_keys(k_local_recent, k_local, "k_local")
         k_local = _kv(k_local, k_local_scale, "k_local", "k_local_scale", ct)
-    elif k_local_scale is not None:
-        raise ValueError("k_local_scale is given but k_local is None (a layer that is its own anchor)")
+    elif k_local_scale is not None or k_local_recent is not None:
+        raise ValueError("k_local_scale / k_local_recent is given but k_local is None (a layer that is its own "
+                         "anchor: its recent keys are k_anchor_recent)")
+    k_anchor = k_anchor_read
     batch, num_heads, head_dim = q.shape
     n = v_cache.shape[2]
     sc = _scale(scale, head_dim)
@@ -499,6 +515,8 @@ def pod_decode_attention(q, k_local, k_anchor, v_cache, seq_lens, *, sink, recen
     else:
         local_slot = torch.where(j < sink, j, sink + (j % recent)).clamp(max=k_local.shape[2] - 1)
         k_prox = k_local[:, :, local_slot, :]  # [B, Hkv, N, D]
+        if k_local_recent is not None:
+            k_prox = overlay_recent_keys(k_prox, k_local_recent, seq_lens)
     qc = q.to(ct)
     qd = qc if q_distant is None else q_distant.to(ct)
     logits_p = torch.einsum("bhd,bhnd->bhn", qc, _expand_kv(k_prox, num_heads).to(ct)) * sc

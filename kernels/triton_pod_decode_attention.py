@@ -60,9 +60,12 @@ def _pod_decode_split_kernel(
     stride_lpb, stride_lph,
     stride_sb, stride_sh,
     Hkv,
+    KRL, stride_krlb, stride_krlh, stride_krln,
+    KRA, stride_krab, stride_krah, stride_kran,
     G: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
     D: tl.constexpr, BLOCK_D: tl.constexpr, IEEE: tl.constexpr, SKIP: tl.constexpr = False,
     LOCAL_BY_POSITION: tl.constexpr = False, RETURN_SCORES: tl.constexpr = False, FP8: tl.constexpr = False,
+    RECENT: tl.constexpr = 0,
 ):
     """Program (split, b*Hkv + kvh). Splits < num_distant_splits: distant positions
     [sink + split*chunk_d, ...) below p - recent + 1, keys from k_anchor. Other splits: virtual
@@ -75,7 +78,9 @@ def _pod_decode_split_kernel(
     fills the rest with -inf); every position below seq_len is written by exactly one program.
     FP8: the three caches are float8_e4m3fn, KLS / KAS / VS their per-slot fp32 scales.
     QD: the distant programs' queries (Q itself under key sharing; the anchor layer's under score sharing), so each
-    program loads one query tile either way."""
+    program loads one query tile either way.
+    RECENT (FP8, > 0): keys of positions [seq_len - RECENT, seq_len) come from the model-dtype rings KRL (the
+    layer's own, proximal programs) and KRA (the anchor's, distant programs) at slot position % RECENT."""
     split = tl.program_id(0)
     bh = tl.program_id(1)
     b = (bh // Hkv).to(tl.int64)
@@ -113,6 +118,9 @@ def _pod_decode_split_kernel(
             kv_mask = valid[:, None] & d_mask[None, :]
             k, k_sc = F8.load_kv_tile(ka_base + offs[:, None] * stride_an + offs_d[None, :], kv_mask,
                                       kas_base + offs * stride_asn, valid, Q.dtype.element_ty, FP8)
+            if RECENT > 0:
+                k, k_sc = F8.recent_key_rows(k, k_sc, KRA + b * stride_krab + kvh * stride_krah, offs, stride_kran,
+                                             offs_d, d_mask, valid, seq_len, RECENT)
             v, v_sc = F8.load_kv_tile(v_base + offs[:, None] * stride_vn + offs_d[None, :], kv_mask,
                                       vs_base + offs * stride_vsn, valid, Q.dtype.element_ty, FP8)
             s = C.tile_logits(q, k, sm_scale, True, IEEE)
@@ -147,6 +155,9 @@ def _pod_decode_split_kernel(
             kv_mask = valid[:, None] & d_mask[None, :]
             k, k_sc = F8.load_kv_tile(kl_base + local_slot[:, None] * stride_ln + offs_d[None, :], kv_mask,
                                       kls_base + local_slot * stride_lsn, valid, Q.dtype.element_ty, FP8)
+            if RECENT > 0:
+                k, k_sc = F8.recent_key_rows(k, k_sc, KRL + b * stride_krlb + kvh * stride_krlh, pos, stride_krln,
+                                             offs_d, d_mask, valid, seq_len, RECENT)
             v, v_sc = F8.load_kv_tile(v_base + pos[:, None] * stride_vn + offs_d[None, :], kv_mask,
                                       vs_base + pos * stride_vsn, valid, Q.dtype.element_ty, FP8)
             s = C.tile_logits(q, k, sm_scale, True, IEEE)
@@ -225,7 +236,7 @@ def _check_inputs(q, k_local, k_anchor, v_cache, seq_lens, sink, recent, gate_ta
 def pod_decode_attention_triton(q, k_local, k_anchor, v_cache, seq_lens, *, sink, recent, scale=None,
                                 gate_tau=None, return_gate=False, gate_estimate=None, return_skip=False,
                                 return_scores=False, k_local_scale=None, k_anchor_scale=None, v_scale=None,
-                                q_distant=None, _num_warps=_NUM_WARPS):
+                                q_distant=None, k_local_recent=None, k_anchor_recent=None, _num_warps=_NUM_WARPS):
     """POD decode attention.
 
     q: [B,Hq,D] (query at p = seq_lens-1); k_local: [B,Hkv,sink+recent,D] (sinks at slots 0..sink-1,
@@ -246,10 +257,24 @@ def pod_decode_attention_triton(q, k_local, k_anchor, v_cache, seq_lens, *, sink
     (module docstring), else None.
     q_distant: [B,Hq,D] the query of the distant logits, default q (key sharing); the anchor layer's query of the
     same step gives v1's score sharing (METHODS.md A.3). The proximal logits keep q.
+    k_local_recent, k_anchor_recent: FP8 caches only, [B,Hkv,W,D] in q's dtype, the layer's own and the anchor's keys
+    of the newest W positions at slot position % W (kernels/fp8_kv.py "Recent keys"); both or neither, and a layer
+    that is its own anchor (k_local None) passes k_anchor_recent only.
     """
     B, Hq, Hkv, N, D, G = _check_inputs(q, k_local, k_anchor, v_cache, seq_lens, sink, recent, gate_tau,
                                         k_local_scale, k_anchor_scale, v_scale)
     _check_gate_estimate(gate_estimate, gate_tau, q)
+    C.check_recent(k_anchor_recent, k_anchor, q)
+    if k_local is None and k_local_recent is not None:
+        raise ValueError("k_local_recent is given but k_local is None (a layer that is its own anchor: its recent "
+                         "keys are k_anchor_recent)")
+    if k_local is not None:
+        C.check_recent(k_local_recent, k_local, q)
+        if (k_local_recent is None) != (k_anchor_recent is None):
+            raise ValueError("k_local_recent and k_anchor_recent go together: pass both rings or neither")
+        if k_local_recent is not None and k_local_recent.shape != k_anchor_recent.shape:
+            raise ValueError(f"k_local_recent shape {tuple(k_local_recent.shape)} must equal k_anchor_recent shape "
+                             f"{tuple(k_anchor_recent.shape)} (one window W for every layer)")
     if return_scores and gate_estimate is not None:
         raise ValueError("return_scores with gate_estimate: skipped heads read no distant key, so their distant "
                          "logits do not exist; ask for scores without a gate estimate")
@@ -261,6 +286,7 @@ def pod_decode_attention_triton(q, k_local, k_anchor, v_cache, seq_lens, *, sink
     q_distant = q if q_distant is None else C.last_dim_contiguous(_checked_q_distant(q_distant, q))
     k_local = k_anchor if by_position else C.last_dim_contiguous(k_local)
     k_local_scale = k_anchor_scale if by_position else k_local_scale
+    k_local_recent = k_anchor_recent if by_position else k_local_recent
     rows = B * Hkv
     num_d, chunk_d = C.plan_splits(max(N - sink, 1), rows, q.device, _BLOCK_N)
     num_p, chunk_p = C.plan_splits(sink + recent, rows, q.device, _BLOCK_N, max_splits=8)
@@ -283,9 +309,10 @@ def pod_decode_attention_triton(q, k_local, k_anchor, v_cache, seq_lens, *, sink
         lse_part.stride(0), lse_part.stride(1),
         *((scores.stride(0), scores.stride(1)) if return_scores else (0, 0)),
         Hkv,
+        *C.recent_args(k_local_recent, lse_part), *C.recent_args(k_anchor_recent, lse_part),
         G=G, BLOCK_G=C.block_g(G), BLOCK_N=_BLOCK_N, D=D, BLOCK_D=triton.next_power_of_2(D),
         IEEE=q.dtype == torch.float32, SKIP=use_est, LOCAL_BY_POSITION=by_position, RETURN_SCORES=return_scores,
-        FP8=v_scale is not None,
+        FP8=v_scale is not None, RECENT=k_anchor_recent.shape[2] if k_anchor_recent is not None else 0,
         **launch,
     )
     # with an estimate the skipped heads' distant partials are already empty: no tau in the merge

@@ -24,7 +24,7 @@ from triton.compiler import ASTSource
 _TYPES = dict(Q="*bf16", QD="*bf16", K="*bf16", V="*bf16", KLocal="*bf16", KAnchor="*bf16", Idx="*i32", SeqLens="*i32",
               OPart="*fp32", LSEPart="*fp32", GateEst="*fp32", Scores="*fp32", LSE="*fp32", Out="*fp32",
               Hist="*i32", Counts="*i32", sm_scale="fp32", tau="fp32", KS="*fp32", VS="*fp32", KLS="*fp32",
-              KAS="*fp32", KR="*bf16")
+              KAS="*fp32", KR="*bf16", KRL="*bf16", KRA="*bf16")
 # FP8 variants (kernels/fp8_kv.py): the caches are float8_e4m3fn, read with the FP8 constexpr; the append kernel
 # writes them through uint8 views
 _FP8_TYPES = dict(K="*fp8e4nv", V="*fp8e4nv", KLocal="*fp8e4nv", KAnchor="*fp8e4nv", KBUF="*u8", VBUF="*u8",
@@ -67,7 +67,8 @@ def variants():
                    num_warps, num_stages)
     # recent keys (kernels/fp8_kv.py "Recent keys"): the FP8 kernels that read the model-dtype ring, W = 64
     recent = {("decode_split", "selection G=4"), ("sparse_decode_split", "per_group=False"),
-              ("sparse_decode_split", "per_group=True")}
+              ("sparse_decode_split", "per_group=True"), ("pod_decode_split", "skip=True"),
+              ("pod_decode_split", "skip=False own-anchor")}
     for name, variant, fn, constexprs, types, num_warps, num_stages in _bf16_variants():
         if (name, variant) in recent:
             yield (name, f"{variant} fp8 recent", fn, dict(constexprs, FP8=True, RECENT=64), {**types, **_FP8_TYPES},

@@ -149,3 +149,49 @@ def test_bad_fp8_pod_inputs_name_the_argument(bad, error, match):
         pod_decode_attention_triton(q, *caches, seq_lens, sink=2, recent=4, **args)
     with pytest.raises(error, match=match):
         pod_sparse_decode_attention_triton(q, *caches, idx, seq_lens, sink=2, recent=4, **args)
+
+
+def recent_rings(floats, seq_lens, sink, recent, window, seed):
+    """The own and the anchor layer's rings of recent keys [B, Hkv, W, D]: the unquantised keys of positions
+    [seq_lens - W, seq_lens) at slot position % W (own keys exist for the layer's proximal positions only), large
+    random values in every slot a kernel must not read."""
+    k_local, k_anchor, _ = floats
+    gen = torch.Generator().manual_seed(seed)
+    B, Hkv, _, D = k_anchor.shape
+    own, anchor = (torch.randn(B, Hkv, window, D, generator=gen).to(k_anchor.dtype) * 100 for _ in range(2))
+    for b, n in enumerate(seq_lens.tolist()):
+        for p in range(max(n - window, 0), n):
+            anchor[b, :, p % window] = k_anchor[b, :, p]
+            if p < sink or n - 1 - p < recent:
+                own[b, :, p % window] = k_local[b, :, p if p < sink else sink + p % recent]
+    return own, anchor
+
+
+@pytest.mark.parametrize("case", CASES[:4])
+@pytest.mark.parametrize("window", [3, 40])
+@pytest.mark.parametrize("dtype", CPU_DTYPES)
+def test_recent_keys_pod_decode_matches_reference(case, window, dtype, poisoned_outputs):
+    """Recent keys (kernels/fp8_kv.py): proximal programs read the newest positions' keys from the layer's own
+    ring, distant programs from the anchor's; a window past the proximal one reaches distant positions too."""
+    q, floats, caches, scales, unread, seq_lens, sink, recent = fp8_pod_case(case, dtype, "cpu",
+                                                                             case_seed(case, dtype) + window)
+    own, anchor = recent_rings(floats, seq_lens, sink, recent, window, seed=window)
+    kw = dict(sink=sink, recent=recent, return_gate=True, return_scores=True, k_local_recent=own,
+              k_anchor_recent=anchor)
+    got = pod_decode_attention_triton(q, *caches, seq_lens, **kw, **scale_kw(unread))
+    exact = reference.pod_decode_attention(q.double(), *caches, seq_lens, **{**kw, "k_local_recent": own.double(),
+                                                                             "k_anchor_recent": anchor.double()},
+                                           **scale_kw(scales))
+    ref = reference.pod_decode_attention(q, *caches, seq_lens, **kw, **scale_kw(scales))
+    for name, a, r, e in zip(("out", "gate", "scores"), got, ref, exact):
+        fin = torch.isfinite(e)
+        assert torch.equal(torch.isfinite(a), fin), f"{name}: -inf where the reference has it"
+        assert_error_within(name, a[fin], r[fin], e[fin], floor=1e-5)
+    # the newest positions' logits are the unquantised keys'
+    plain = reference.pod_decode_attention(q, *floats, seq_lens, sink=sink, recent=recent, return_scores=True)[1]
+    for b, n in enumerate(seq_lens.tolist()):
+        newest = slice(max(n - window, 0), n)
+        torch.testing.assert_close(ref[2][b, :, newest], plain[b, :, newest])
+    with pytest.raises(ValueError, match="k_local_recent and k_anchor_recent go together"):
+        pod_decode_attention_triton(q, *caches, seq_lens, sink=sink, recent=recent, k_local_recent=own,
+                                    **scale_kw(unread))
