@@ -556,7 +556,8 @@ def _pod_results(out, gate, skip, return_gate: bool, return_skip: bool):
 
 def pod_sparse_decode_attention(q, k_local, k_anchor, v_cache, indices, seq_lens, *, sink, recent, scale=None,
                                 gate_tau=None, gate_estimate=None, return_gate=False, return_skip=False,
-                                k_local_scale=None, k_anchor_scale=None, v_scale=None, q_distant=None):
+                                k_local_scale=None, k_anchor_scale=None, v_scale=None, q_distant=None,
+                                k_local_recent=None, k_anchor_recent=None):
     """POD + TidalDecode: decode attention over selected positions with POD's key sharing and gate.
 
     Args:
@@ -566,6 +567,7 @@ def pod_sparse_decode_attention(q, k_local, k_anchor, v_cache, indices, seq_lens
         k_local_scale, k_anchor_scale, v_scale: FP8 scales, as in pod_decode_attention.
         q_distant: [B, Hq, D] the query of the distant entries' logits (score sharing), as in
             pod_decode_attention; default q.
+        k_local_recent, k_anchor_recent: recent keys, as in pod_decode_attention.
     A selected position j is proximal when j < sink or p - j < recent (key k_local at slot j or
     sink + j % recent), distant otherwise (key k_anchor[..., j, :]); values are v_cache[..., j, :].
     gate = sigmoid(lse_P - lse_D) over the selected positions (1 without distant ones, 0 without
@@ -578,8 +580,12 @@ def pod_sparse_decode_attention(q, k_local, k_anchor, v_cache, indices, seq_lens
     if gate_estimate is not None and gate_tau is None:
         raise ValueError("gate_estimate is given but gate_tau is None; the estimate only decides a skip at gate_tau")
     ct = _compute_dtype(q)
+    check_recent_keys(k_local_recent, k_local, "k_local")
+    check_recent_keys(k_anchor_recent, k_anchor, "k_anchor")
     k_local = _kv(k_local, k_local_scale, "k_local", "k_local_scale", ct)
     k_anchor = _kv(k_anchor, k_anchor_scale, "k_anchor", "k_anchor_scale", ct)
+    if k_anchor_recent is not None:
+        k_anchor = overlay_recent_keys(k_anchor, k_anchor_recent, seq_lens)
     v_cache = _kv(v_cache, v_scale, "v_cache", "v_scale", ct)
     batch, num_heads, head_dim = q.shape
     sc = _scale(scale, head_dim)
@@ -593,7 +599,12 @@ def pod_sparse_decode_attention(q, k_local, k_anchor, v_cache, indices, seq_lens
     b = torch.arange(batch, device=q.device)[:, None, None]
     kvh = (torch.arange(num_heads, device=q.device) // group)[None, :, None]
     slot = torch.where(j < sink, j, sink + j % recent).clamp(max=k_local.shape[2] - 1)
-    k = torch.where(proximal[..., None], k_local[b, kvh, slot], k_anchor[b, kvh, j]).to(ct)
+    k_own = k_local[b, kvh, slot]
+    if k_local_recent is not None:  # the layer's own key of a position among the newest W
+        window = k_local_recent.shape[2]
+        newest = (j >= p + 1 - window)[..., None]
+        k_own = torch.where(newest, k_local_recent[b, kvh, j % window].to(k_own.dtype), k_own)
+    k = torch.where(proximal[..., None], k_own, k_anchor[b, kvh, j]).to(ct)
     v = v_cache[b, kvh, j].to(ct)
     logits = torch.einsum("bhd,bhkd->bhk", q.to(ct), k) * sc
     if q_distant is not None:

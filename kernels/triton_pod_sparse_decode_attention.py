@@ -64,13 +64,18 @@ def _pod_sparse_split_kernel(
     stride_opb, stride_oph, stride_ops,
     stride_lpb, stride_lph,
     Hs, Hq,
+    KRL, stride_krlb, stride_krlh, stride_krln,
+    KRA, stride_krab, stride_krah, stride_kran,
     G: tl.constexpr, HEADS_PER_LIST: tl.constexpr, BLOCK_G: tl.constexpr,
     BLOCK_N: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
     USE_DOT: tl.constexpr, IEEE: tl.constexpr, SKIP: tl.constexpr, FP8: tl.constexpr = False,
+    RECENT: tl.constexpr = 0,
 ):
     """Program (part * num_splits + split, b*Hs + hs): the distant (part 0) or proximal (part 1)
     entries of list chunk [split*chunk, split*chunk+chunk) of list (b, hs), for the HEADS_PER_LIST
-    query heads that read that list. Writes partial slot part*num_splits + split."""
+    query heads that read that list. Writes partial slot part*num_splits + split. RECENT (FP8, > 0): listed
+    positions in [seq_len - RECENT, seq_len) read their key from the model-dtype ring, the layer's own KRL
+    (proximal part) or the anchor's KRA (distant part), at slot position % RECENT."""
     pid = tl.program_id(0)
     bh = tl.program_id(1)
     is_prox = pid >= num_splits
@@ -125,6 +130,13 @@ def _pod_sparse_split_kernel(
         k_scales = tl.where(is_prox, kls_base + k_row * stride_lsn, kas_base + k_row * stride_asn)
         rows = rows.to(tl.int64)
         k, k_sc = F8.load_kv_tile(k_rows[:, None] + offs_d[None, :], kv_mask, k_scales, valid, Q.dtype.element_ty, FP8)
+        if RECENT > 0:
+            if is_prox:
+                k, k_sc = F8.recent_key_rows(k, k_sc, KRL + b * stride_krlb + kvh * stride_krlh, rows, stride_krln,
+                                             offs_d, d_mask, valid, seq_len, RECENT)
+            else:
+                k, k_sc = F8.recent_key_rows(k, k_sc, KRA + b * stride_krab + kvh * stride_krah, rows, stride_kran,
+                                             offs_d, d_mask, valid, seq_len, RECENT)
         v, v_sc = F8.load_kv_tile(v_base + rows[:, None] * stride_vn + offs_d[None, :], kv_mask,
                                   vs_base + rows * stride_vsn, valid, Q.dtype.element_ty, FP8)
         s = C.tile_logits(q, k, sm_scale, USE_DOT, IEEE)
@@ -145,8 +157,8 @@ def _pod_sparse_split_kernel(
 def pod_sparse_decode_attention_triton(q, k_local, k_anchor, v_cache, indices, seq_lens, *, sink, recent,
                                        scale=None, gate_tau=None, gate_estimate=None, return_gate=False,
                                        return_skip=False, k_local_scale=None, k_anchor_scale=None, v_scale=None,
-                                       q_distant=None, _block_n=None, _num_warps=None, _num_stages=None,
-                                       _waves=None):
+                                       q_distant=None, k_local_recent=None, k_anchor_recent=None, _block_n=None,
+                                       _num_warps=None, _num_stages=None, _waves=None):
     """POD-aware sparse decode.
 
     q: [B,Hq,D] (query at p = seq_lens-1); k_local: [B,Hkv,sink+recent,D] (the layer's own keys: sinks
@@ -164,6 +176,7 @@ def pod_sparse_decode_attention_triton(q, k_local, k_anchor, v_cache, indices, s
     query gives v1's score sharing (METHODS.md A.3). The kernel reads one query per program, so score sharing
     launches it twice, q_distant's distant partials beside q's proximal ones: twice the reads of key sharing (a
     query select inside this kernel made ptxas spill more, tests/kernels/sm90_compile.py).
+    k_local_recent, k_anchor_recent: FP8 caches only, both or neither, as in pod_decode_attention_triton.
     """
     if k_local is None:
         raise ValueError("k_local is None: a layer that is its own anchor has no POD split; use "
@@ -171,6 +184,11 @@ def pod_sparse_decode_attention_triton(q, k_local, k_anchor, v_cache, indices, s
     B, Hq, Hkv, N, D, G = _check_pod_inputs(q, k_local, k_anchor, v_cache, seq_lens, sink, recent, gate_tau,
                                             k_local_scale, k_anchor_scale, v_scale)
     _check_gate_estimate(gate_estimate, gate_tau, q)
+    C.check_recent(k_local_recent, k_local, q)
+    C.check_recent(k_anchor_recent, k_anchor, q)
+    if (k_local_recent is None) != (k_anchor_recent is None) or (
+            k_local_recent is not None and k_local_recent.shape != k_anchor_recent.shape):
+        raise ValueError("k_local_recent and k_anchor_recent go together: pass both rings (one window W) or neither")
     C.check_index_tensor("indices", indices, 3, "[B,Hs,K]", q.device)
     if indices.shape[0] != B or indices.shape[1] not in (Hq, Hkv):
         raise ValueError(f"indices shape {tuple(indices.shape)} must be [B={B}, Hs, K] with Hs = Hq={Hq} "
@@ -209,9 +227,11 @@ def pod_sparse_decode_attention_triton(q, k_local, k_anchor, v_cache, indices, s
             parts.stride(0), parts.stride(1), parts.stride(2),
             lses.stride(0), lses.stride(1),
             Hs, Hq,
+            *C.recent_args(k_local_recent, lses), *C.recent_args(k_anchor_recent, lses),
             G=G, HEADS_PER_LIST=G if per_group else 1, BLOCK_G=C.block_g(G) if per_group else 1,
             BLOCK_N=block_n, D=D, BLOCK_D=triton.next_power_of_2(D),
             USE_DOT=per_group, IEEE=q.dtype == torch.float32, SKIP=use_est, FP8=v_scale is not None,
+            RECENT=k_anchor_recent.shape[2] if k_anchor_recent is not None else 0,
             **launch,
         )
 

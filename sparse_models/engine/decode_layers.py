@@ -12,7 +12,9 @@ them a layer runs is the decode scheme's business (``sparse_models/schemes/<meth
 
 On an FP8 cache (``kv_cache_dtype="fp8_e4m3"``) every op gets the scales of the buffers it reads
 (``k_scale`` / ``v_scale``, POD's ``k_local_scale`` / ``k_anchor_scale``) and dequantises in registers; the
-scales are None in the model's dtype, which is the bf16 call unchanged.
+scales are None in the model's dtype, which is the bf16 call unchanged. With recent keys
+(``kv_cache_recent_keys``, kernels/fp8_kv.py) each op also gets the model-dtype rings of the keys it reads
+(``k_recent``; POD's ``k_local_recent`` / ``k_anchor_recent``) and the lengths.
 """
 
 from __future__ import annotations
@@ -43,6 +45,23 @@ def _local_scale(cache: StaticCache, layer: int, run: KeyRun, batch: int) -> dic
     """POD's ``k_local_scale`` of a non-anchor run's ring ({} on a cache of the model's dtype)."""
     scale = cache.local_scales(layer, run.h0, run.h1, batch)
     return {} if scale is None else {"k_local_scale": scale}
+
+
+def _recent(cache: StaticCache, layer: int, run: KeyRun, batch: int) -> dict:
+    """The recent-key rings a run's op reads ({} without recent keys): ``k_recent`` (with ``seq_lens``, which the
+    sparse op needs) for an own run; POD's ``k_local_recent`` (this layer's) and ``k_anchor_recent`` for a
+    non-anchor run."""
+    if not cache.recent_window:
+        return {}
+    if run.own:
+        return {"k_recent": cache.recent_ring(layer, run.h0, run.h1, batch)}
+    return {"k_local_recent": cache.recent_ring(layer, run.h0, run.h1, batch),
+            "k_anchor_recent": cache.recent_ring(run.anchor, run.h0, run.h1, batch)}
+
+
+def _own_anchor_recent(recent: dict) -> dict:
+    """An own run read by the POD kernel (k_local None): its ring is the anchor's."""
+    return {"k_anchor_recent": recent["k_recent"]} if recent else {}
 
 
 def gate_anchor_layers(cache: StaticCache) -> frozenset[int]:
@@ -84,22 +103,25 @@ def full_attention(cache: StaticCache, layer: int, q, lens, scale, gate_tau=None
         k_full = cache.full_keys(run.anchor, run.h0, run.h1, batch)
         ks, vs = _scales(cache, layer, run, batch)
         fp8 = {} if vs is None else dict(k_anchor_scale=ks, v_scale=vs)
+        recent = _recent(cache, layer, run, batch)
         if run.own and stores_gate:
-            out, gate = kernels.pod_decode_attention(q[:, hq], None, k_full, v, lens, return_gate=True, **pod, **fp8)
+            out, gate = kernels.pod_decode_attention(q[:, hq], None, k_full, v, lens, return_gate=True, **pod, **fp8,
+                                                     **_own_anchor_recent(recent))
         elif run.own:
-            out, gate = kernels.decode_attention(q[:, hq], k_full, v, lens, scale=scale, k_scale=ks, v_scale=vs), None
+            out, gate = kernels.decode_attention(q[:, hq], k_full, v, lens, scale=scale, k_scale=ks, v_scale=vs,
+                                                 **recent), None
         elif estimate and run.anchor in gates:
             k_local = cache.local_keys[layer][:batch, run.h0:run.h1]
             fp8.update(_local_scale(cache, layer, run, batch))
             out, gate = kernels.pod_decode_attention(q[:, hq], k_local, k_full, v, lens, gate_tau=gate_tau,
                                                      gate_estimate=gates[run.anchor][:, hq], return_gate=True, **pod,
-                                                     **fp8)
+                                                     **fp8, **recent)
         else:
             k_local = cache.local_keys[layer][:batch, run.h0:run.h1]
             fp8.update(_local_scale(cache, layer, run, batch))
             out, gate = kernels.pod_decode_attention(q[:, hq], k_local, k_full, v, lens, gate_tau=gate_tau,
                                                      q_distant=_anchor_query(queries, run, hq), **pod,
-                                                     **fp8), None
+                                                     **fp8, **recent), None
         outs.append(out)
         layer_gates.append(gate)
     if stores_gate:
@@ -128,16 +150,17 @@ def selection_attention(cache: StaticCache, layer: int, q, lens, scale, budget: 
         hq = _heads(run, group)
         v = cache.values[layer][:batch, run.h0:run.h1]
         ks, vs = _scales(cache, layer, run, batch)
+        recent = _recent(cache, layer, run, batch)
         if run.own and fused:
             k_full = cache.full_keys(run.anchor, run.h0, run.h1, batch)
             out, idx = kernels.selection_decode_attention(q[:, hq], k_full, v, lens, budget, scale=scale,
                                                           per_kv_group=selection == "kv_group", k_scale=ks,
-                                                          v_scale=vs)
+                                                          v_scale=vs, **recent)
             indices.append(idx)
         elif run.own:
             k_full = cache.full_keys(run.anchor, run.h0, run.h1, batch)
             out, run_scores = kernels.decode_attention(q[:, hq], k_full, v, lens, scale=scale, return_scores=True,
-                                                       k_scale=ks, v_scale=vs)
+                                                       k_scale=ks, v_scale=vs, **recent)
             scores.append(run_scores)
         else:
             # a POD non-anchor run: one read gives the output and the logit of every position by the key it is
@@ -147,7 +170,7 @@ def selection_attention(cache: StaticCache, layer: int, q, lens, scale, budget: 
             fp8 = {} if vs is None else dict(k_anchor_scale=ks, v_scale=vs, **_local_scale(cache, layer, run, batch))
             out, run_scores = kernels.pod_decode_attention(q[:, hq], k_local, k_anchor, v, lens, sink=cache.sink,
                                                            recent=cache.recent, scale=scale, return_scores=True,
-                                                           q_distant=_anchor_query(queries, run, hq), **fp8)
+                                                           q_distant=_anchor_query(queries, run, hq), **fp8, **recent)
             if fused:
                 indices.append(kernels.select_topk_positions(run_scores, lens, budget, group_size=group,
                                                              per_kv_group=selection == "kv_group"))
@@ -173,7 +196,8 @@ def _pod_sparse_run(cache: StaticCache, layer: int, run: KeyRun, q_run, indices,
     ks, vs = _scales(cache, layer, run, batch)
     fp8 = {} if vs is None else dict(k_anchor_scale=ks, v_scale=vs, **_local_scale(cache, layer, run, batch))
     return kernels.pod_sparse_decode_attention(q_run, k_local, k_anchor, v, indices, lens, sink=cache.sink,
-                                               recent=cache.recent, scale=scale, q_distant=q_distant, **fp8)
+                                               recent=cache.recent, scale=scale, q_distant=q_distant, **fp8,
+                                               **_recent(cache, layer, run, batch))
 
 
 def sparse_attention(cache: StaticCache, layer: int, q, lens, scale, indices, queries=None):
@@ -190,7 +214,11 @@ def sparse_attention(cache: StaticCache, layer: int, q, lens, scale, indices, qu
             k_full = cache.full_keys(run.anchor, run.h0, run.h1, batch)
             v = cache.values[layer][:batch, run.h0:run.h1]
             ks, vs = _scales(cache, layer, run, batch)
-            outs.append(kernels.sparse_decode_attention(q[:, hq], k_full, v, idx, scale=scale, k_scale=ks, v_scale=vs))
+            recent = _recent(cache, layer, run, batch)
+            if recent:
+                recent["seq_lens"] = lens
+            outs.append(kernels.sparse_decode_attention(q[:, hq], k_full, v, idx, scale=scale, k_scale=ks, v_scale=vs,
+                                                        **recent))
         else:
             outs.append(_pod_sparse_run(cache, layer, run, q[:, hq], idx, lens, scale,
                                         _anchor_query(queries, run, hq)))

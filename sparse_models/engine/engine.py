@@ -154,10 +154,6 @@ class GenerationEngine:
             raise EngineError(f"token_sparse_keep_ratio={token_sparse_keep_ratio!r} is invalid: expected a number "
                               f"in (0, 1]")
         self.token_sparse_keep_ratio = token_sparse_keep_ratio
-        if self.config.kv_cache_recent_keys:
-            raise EngineError(f"kv_cache_recent_keys={self.config.kv_cache_recent_keys} is not implemented by the "
-                              f"engine yet (its decode kernels read every key from the FP8 cache): use 0 here, or "
-                              f"model.generate(), whose cache implements it")
         if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int) or max_batch_size < 1:
             raise EngineError(f"max_batch_size={max_batch_size!r} is invalid: expected an integer >= 1")
         if decode_kernels not in DECODE_KERNELS:

@@ -98,7 +98,7 @@ def forward_chunk(parts: ModelParts, plan, cache: StaticCache, config: SparseAtt
         elif fresh:
             out = kernels.prefill_attention(q, k, v, offsets, lens, scale=parts.scale)
         else:
-            keys, values = cache.dequantized(layer_idx, batch, kv_max, q.dtype)
+            keys, values = cache.dequantized(layer_idx, batch, kv_max, q.dtype, lens)
             out = kernels.prefill_attention(q, keys, values, offsets, lens, scale=parts.scale)
         hidden = finish_layer(layer, residual, out.transpose(1, 2).reshape(batch, s, -1).to(hidden.dtype))
     if stats is not None and state.stats is not None and state.stats.layers:

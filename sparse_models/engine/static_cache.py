@@ -28,6 +28,9 @@ Layouts (per layer ``l``, chosen by the per-layer plan, ``sparse_models.plan``):
   (``kernels.quantize_kv``), the decode append writes data and scales (``kernels.append_kv`` or the same
   assignments), and the decode kernels take the scales and dequantise in registers. Quest's pages stay in the model's
   dtype, computed from the dequantised keys and rounded outward.
+  With ``kv_cache_recent_keys`` W > 0 (``layout.recent_keys``) every layer also keeps its heads' own keys of the
+  newest W positions in the model's dtype, ``recent_keys[l]`` [Bmax, Hkv, W, D] at slot ``position % W``, written by
+  both writes and read by the decode ops (``recent_ring``); Quest's pages then bound both versions of a recent key.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from dataclasses import dataclass
 import torch
 
 import kernels
-from kernels.fp8_kv import FP8_DTYPE, SCALE_DTYPE, kv_storage_dtype
+from kernels.fp8_kv import FP8_DTYPE, SCALE_DTYPE, kv_storage_dtype, overlay_recent_keys
 
 from ..cache_layout import CacheLayout
 from ..kv_bytes import KVBytes
@@ -131,6 +134,10 @@ class StaticCache:
         self.key_scale = [scales(t) for t in self.keys]
         self.local_scale = [scales(t) for t in self.local_keys]
         self.key_pool_scale = scales(self.key_pool)
+        # recent keys (FP8 with kv_cache_recent_keys = W): each layer's own keys of the newest W positions, model dtype
+        self.recent_window = layout.recent_keys
+        self.recent_keys = [torch.zeros(max_batch, num_kv_heads, self.recent_window, head_dim, dtype=dtype,
+                                        device=self.device) if self.recent_window else None for _ in plan]
         # the schemes' declared state (CacheNeeds.buffers: Quest's pages, ...), (layer, name) -> [Bmax, Hkv, E, ...]
         self.buffers = {(layer, b.name): b.allocate(max_batch, num_kv_heads, capacity, dtype, self.device)
                         for b in layout.buffers for layer in b.layers}
@@ -175,16 +182,27 @@ class StaticCache:
         """[batch, h1 - h0, sink + recent] FP8 scales of ``local_keys[layer]`` (None in the model's dtype)."""
         return self.local_scale[layer][:batch, h0:h1] if self.fp8 else None
 
-    def dequantized(self, layer: int, batch: int, kv_max: int, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    def recent_ring(self, layer: int, h0: int, h1: int, batch: int) -> torch.Tensor | None:
+        """[batch, h1 - h0, W, D]: the model-dtype keys of (layer, heads h0..h1-1) at the newest W positions
+        (slot position % W); None without recent keys."""
+        return self.recent_keys[layer][:batch, h0:h1] if self.recent_window else None
+
+    def dequantized(self, layer: int, batch: int, kv_max: int, dtype,
+                    lens: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(keys, values) [batch, Hkv, kv_max, D] of a layer in the dense layout as attention over the cache reads
-        them (a chunk that continues the cache: TidalDecode's correction), dequantised to ``dtype`` when FP8."""
+        them (a chunk that continues the cache: TidalDecode's correction), dequantised to ``dtype`` when FP8; with
+        recent keys the newest positions of ``lens`` [batch] (the lengths after the chunk) from the ring."""
         keys = self.full_keys(layer, 0, self.num_kv_heads, batch)[:, :, :kv_max]
         values = self.values[layer][:batch, :, :kv_max]
         if not self.fp8:
             return keys, values
-        return (kernels.dequantize_kv(keys, self.full_key_scale(layer, 0, self.num_kv_heads, batch)[:, :, :kv_max],
-                                      dtype),
-                kernels.dequantize_kv(values, self.value_scale[layer][:batch, :, :kv_max], dtype))
+        keys = kernels.dequantize_kv(keys, self.full_key_scale(layer, 0, self.num_kv_heads, batch)[:, :, :kv_max],
+                                     dtype)
+        if self.recent_window:
+            if lens is None:
+                raise EngineError("dequantized() with recent keys needs the lengths the ring reflects")
+            keys = overlay_recent_keys(keys, self.recent_keys[layer][:batch], lens)
+        return keys, kernels.dequantize_kv(values, self.value_scale[layer][:batch, :, :kv_max], dtype)
 
     def ring_slots(self, pos: torch.Tensor) -> torch.Tensor:
         """Slot in ``local_keys`` of key position ``pos`` (sinks first, then the ring)."""
@@ -216,11 +234,15 @@ class StaticCache:
                     self.full_keys(layer, run.h0, run.h1, self.max_batch)[b, :, positions] = k[:, run.h0:run.h1]
             if local is not None:
                 local[b, :, self.ring_slots(positions)] = k
+        also = {}
+        if self.recent_window:  # the token's key in the model's dtype, read while it is among the newest W
+            self.recent_keys[layer][b, :, positions % self.recent_window] = k
+            also = {"also": k}
         states = self.layout.key_state_of(layer)
         if states and self.fp8:  # the key state covers the key as stored (dequantised), kernels/fp8_kv.py
             k = kernels.dequantize_kv(self.keys[layer][b, :, positions], self.key_scale[layer][b, :, positions])
         for state in states:
-            state.fold(self._state_buffers(layer, state), k, positions, state.slots_per_entry, b)
+            state.fold(self._state_buffers(layer, state), k, positions, state.slots_per_entry, b, **also)
 
     def _state_buffers(self, layer: int, state) -> tuple[torch.Tensor, ...]:
         return tuple(self.buffers[(layer, name)] for name in state.names)
@@ -230,7 +252,11 @@ class StaticCache:
         [0, batch) from their first ``lens`` keys."""
         for state in self.layout.key_state_of(layer):
             k_scale = self.key_scale[layer][:batch] if self.fp8 else None
-            new = state.rebuild(self.keys[layer][:batch], lens, k_scale, state.slots_per_entry, self.dtype)
+            also = {}
+            if self.recent_window:  # both versions of the newest keys (the ring's and the FP8 copy)
+                keys = kernels.dequantize_kv(self.keys[layer][:batch], k_scale)
+                also = {"also": overlay_recent_keys(keys, self.recent_keys[layer][:batch], lens)}
+            new = state.rebuild(self.keys[layer][:batch], lens, k_scale, state.slots_per_entry, self.dtype, **also)
             for t, value in zip(self._state_buffers(layer, state), new):
                 t[:batch] = value
 
@@ -291,6 +317,9 @@ class StaticCache:
         """``write_chunk`` of an FP8 cache: K/V quantised per (token, KV head) and stored with their scales; the ring
         takes the quantised keys and their scales; the key state (Quest's pages) follows the dequantised keys."""
         batch = k.shape[0]
+        if self.recent_window:  # the newest keys in the model's dtype, before quantising
+            self.recent_keys[layer][:batch] = written_ring(self.recent_keys[layer][:batch], k, offsets, lens, 0,
+                                                           self.recent_window)
         kq, ks = kernels.quantize_kv(k)  # [B, Hkv, S, D], [B, Hkv, S]
         vq, vs = kernels.quantize_kv(v)
         put(self.values[layer][:batch], vq)
@@ -326,6 +355,9 @@ class StaticCache:
                     scale[i].copy_(xs)
                 else:
                     t.normal_(generator=generator)
+        for ring in self.recent_keys:
+            if ring is not None:
+                ring.normal_(generator=generator)
         for layer in range(self.num_layers):
             self._rebuild_key_state(layer, batch, lens)
         self.positions[:batch] = lens.to(self.device)
@@ -338,4 +370,5 @@ class StaticCache:
         """Bytes really allocated for keys and values (+ the scheme's buffers as metadata: Quest's pages) against a
         dense cache of the same size (FP8: the float8 data and the fp32 scales)."""
         return KVBytes.of([*self.keys, self.key_pool, *self.local_keys, *self.key_scale, self.key_pool_scale,
-                           *self.local_scale], [*self.values, *self.value_scale], self.buffers.values())
+                           *self.local_scale, *self.recent_keys], [*self.values, *self.value_scale],
+                          self.buffers.values())

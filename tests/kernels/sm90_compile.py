@@ -68,7 +68,8 @@ def variants():
     # recent keys (kernels/fp8_kv.py "Recent keys"): the FP8 kernels that read the model-dtype ring, W = 64
     recent = {("decode_split", "selection G=4"), ("sparse_decode_split", "per_group=False"),
               ("sparse_decode_split", "per_group=True"), ("pod_decode_split", "skip=True"),
-              ("pod_decode_split", "skip=False own-anchor")}
+              ("pod_decode_split", "skip=False own-anchor"), ("pod_sparse_split", "per_group=False"),
+              ("pod_sparse_split", "per_group=True")}
     for name, variant, fn, constexprs, types, num_warps, num_stages in _bf16_variants():
         if (name, variant) in recent:
             yield (name, f"{variant} fp8 recent", fn, dict(constexprs, FP8=True, RECENT=64), {**types, **_FP8_TYPES},

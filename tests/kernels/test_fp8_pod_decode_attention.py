@@ -195,3 +195,31 @@ def test_recent_keys_pod_decode_matches_reference(case, window, dtype, poisoned_
     with pytest.raises(ValueError, match="k_local_recent and k_anchor_recent go together"):
         pod_decode_attention_triton(q, *caches, seq_lens, sink=sink, recent=recent, k_local_recent=own,
                                     **scale_kw(unread))
+
+
+@pytest.mark.parametrize("case", CASES[:4])
+@pytest.mark.parametrize("per_group", [False, True])
+@pytest.mark.parametrize("dtype", CPU_DTYPES)
+def test_recent_keys_pod_sparse_decode_matches_reference(case, per_group, dtype, poisoned_outputs):
+    """POD + TidalDecode with recent keys: a listed position among the newest W reads the own ring if proximal, the
+    anchor's if distant; lists include the newest positions, and W = 12 exceeds some cases' proximal window."""
+    window = 12
+    q, floats, caches, scales, unread, seq_lens, sink, recent = fp8_pod_case(case, dtype, "cpu",
+                                                                             case_seed(case, per_group, dtype) + 1)
+    own, anchor = recent_rings(floats, seq_lens, sink, recent, window, seed=2)
+    Hs = caches[2].shape[1] if per_group else q.shape[1]
+    idx = random_lists(seq_lens, Hs, 24, torch.Generator().manual_seed(case_seed(case, per_group)))
+    newest = torch.stack([(seq_lens - 1 - i).clamp(min=0) for i in range(4)], dim=1)  # [B, 4]
+    idx = torch.cat([idx, newest[:, None, :].expand(-1, Hs, -1).to(idx.dtype)], dim=2)
+    kw = dict(sink=sink, recent=recent, return_gate=True, k_local_recent=own, k_anchor_recent=anchor)
+    out, gate = pod_sparse_decode_attention_triton(q, *caches, idx.to(torch.int32), seq_lens, **kw,
+                                                   **scale_kw(unread))
+    exact = reference.pod_sparse_decode_attention(q.double(), *caches, idx, seq_lens, **scale_kw(scales),
+                                                  **{**kw, "k_local_recent": own.double(),
+                                                     "k_anchor_recent": anchor.double()})
+    ref = reference.pod_sparse_decode_attention(q, *caches, idx, seq_lens, **kw, **scale_kw(scales))
+    assert_error_within("out", out, ref[0], exact[0])
+    assert_error_within("gate", gate, ref[1], exact[1], floor=1e-5)
+    without = reference.pod_sparse_decode_attention(q, *caches, idx, seq_lens, sink=sink, recent=recent,
+                                                    **scale_kw(scales))
+    assert not torch.allclose(without, ref[0])

@@ -7,11 +7,13 @@ wrap the ring. Quest's page bounds must hold for both versions of a recent key."
 
 from __future__ import annotations
 
+import zlib
+
 import pytest
 import torch
 from sm_tiny import random_prompts as sm_prompts
 from sm_tiny import run_model, tiny_model
-from test_engine import podkit_model, scheme_overrides
+from test_engine import podkit_model, random_prompts, reference_generate, scheme_overrides
 
 from kernels.fp8_kv import dequantize_kv, quantize_kv
 from sparse_models import SparseAttentionConfig
@@ -19,7 +21,6 @@ from sparse_models.cache import SparseKVCache
 from sparse_models.cache_layout import cache_layout
 from sparse_models.config import ConfigError, override_keys
 from sparse_models.engine import GenerationEngine
-from sparse_models.engine.errors import EngineError
 from sparse_models.plan import build_plan
 
 FP8 = dict(kv_cache_dtype="fp8_e4m3")
@@ -42,10 +43,23 @@ def test_field_validated_with_one_clear_error():
         config.with_overrides(kv_cache_recent_key=64)
 
 
-def test_engine_refuses_it_before_allocating():
-    model = podkit_model(6, 2, seed=1)
-    with pytest.raises(EngineError, match=r"kv_cache_recent_keys=8 is not implemented by the engine"):
-        GenerationEngine(model, max_batch_size=1, max_seq_len=16, **FP8, kv_cache_recent_keys=8)
+RECENT_SCHEMES = ["dense", "tidal", "tidal-correction", "quest", "streaming", "pod", "pod-gate-skip-anchor",
+                  "pod+tidal", "pod-prefill+pod", "pod-scores"]
+
+
+@pytest.mark.parametrize("scheme", RECENT_SCHEMES)
+def test_engine_equals_generate_with_recent_keys(scheme):
+    """The engine's static cache and decode ops (rings passed to every kernel) give the tokens of the model classes'
+    cache (whose readers overlay the ring), with a window of 5 that the 14-23-token prompts wrap."""
+    model = podkit_model(6, 2, seed=zlib.crc32(f"recent-{scheme}".encode()) % 1000)
+    prompts = random_prompts([23, 14, 19], seed=len(scheme))
+    overrides = {**scheme_overrides(scheme, 2), **FP8, "kv_cache_recent_keys": 5}
+    expected = reference_generate(model, prompts, overrides)
+    for kind in ("standard", "fused"):
+        engine = GenerationEngine(model, sparse_config=SparseAttentionConfig(), max_batch_size=3, max_seq_len=40,
+                                  decode_kernels=kind, **overrides)
+        assert engine.cache.recent_keys[0].shape == (3, 2, 5, 16)
+        assert engine.generate(prompts, max_new_tokens=7).tokens == expected, kind
 
 
 def _cache(scheme: str, window: int) -> SparseKVCache:
