@@ -53,9 +53,12 @@ bf16 window of the newest positions removed most of it where a bf16 sink did not
 against a bf16 cache"): the newest keys take the largest attention weights, so their rounding moves the output
 most. A position's FP8 copy is written at once, so when it leaves the window nothing is re-quantised. The memory is
 fixed per sequence: W * D * itemsize bytes per layer and KV head (64 positions at D = 128 in bf16: 16 KiB), 0.19%
-of the FP8 cache at 32K. Quest's page bounds cover both versions of a recent key (``schemes/quest.py``). Implemented
-by the model classes' cache (``sparse_models/cache.py``, whose readers dequantise); the engine refuses W > 0 until its
-decode kernels read the ring.
+of the FP8 cache at 32K. Quest's page bounds cover both versions of a recent key (``schemes/quest.py``). Both caches
+keep the ring (``sparse_models/cache.py``, whose readers overlay it; ``engine/static_cache.py``), and every decode
+kernel takes it (``k_recent``; POD's ``k_local_recent`` for the layer's own keys and ``k_anchor_recent`` for the
+anchor's): a tile row whose position is among the newest W loads its key from the ring and takes scale 1
+(``kernels/_fp8_device.recent_key_rows``), the FP8 row is not used. Default 0 (off) until its decode speed is
+measured on a GPU.
 
 The decode kernels read FP8 K/V and their scales and dequantise in registers: an E4M3 value converts exactly
 to fp16 / bf16 / fp32 (3 mantissa bits, exponents 2^-9 .. 2^8), so the kernels feed ``k8.to(q.dtype)`` to the same

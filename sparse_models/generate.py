@@ -47,6 +47,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--kv-cache-dtype", default=None, choices=list(KV_CACHE_DTYPES),
                    help="KV cache storage: bfloat16 (the model's dtype) or fp8_e4m3 (FP8 E4M3 + one fp32 scale per "
                         "token and KV head, kernels/fp8_kv.py; default: the checkpoint's)")
+    p.add_argument("--kv-cache-recent-keys", type=int, default=None, metavar="W",
+                   help="with --kv-cache-dtype fp8_e4m3: keep the newest W positions' keys in the model's dtype "
+                        "(kernels/fp8_kv.py 'Recent keys'; default: the checkpoint's, 0)")
     p.add_argument("--budget", type=int, default=None,
                    help="positions one decode query reads, current token included: "
                         + "; ".join(f"{name}: {SCHEMES[name].budget.meaning}" for name in budgeted_schemes()))
@@ -105,6 +108,8 @@ def scheme_overrides(args) -> dict:
         overrides["prefill_scheme"] = args.prefill_scheme
     if getattr(args, "kv_cache_dtype", None) is not None:
         overrides["kv_cache_dtype"] = args.kv_cache_dtype
+    if getattr(args, "kv_cache_recent_keys", None) is not None:
+        overrides["kv_cache_recent_keys"] = args.kv_cache_recent_keys
     for item in args.set:
         if "=" not in item:
             raise ConfigError(f"--set {item!r} is invalid: expected KEY=VALUE, e.g. tidal_selection=kv_group")
@@ -267,7 +272,8 @@ def _main(argv=None) -> int:
             print(prompt + out)
     t = dict(result.timings, warmup_s=warmup_s)
     print(f"[podkit engine: decode={engine.config.decode_scheme} prefill={engine.config.prefill_scheme} "
-          f"kv_cache_dtype={engine.config.kv_cache_dtype} graphs={engine.use_cuda_graphs} device={device} | {timing_line(t)}]", file=sys.stderr)
+          f"kv_cache_dtype={engine.config.kv_cache_dtype}"
+          f"{f' recent_keys={engine.config.kv_cache_recent_keys}' if engine.config.kv_cache_recent_keys else ''} graphs={engine.use_cuda_graphs} device={device} | {timing_line(t)}]", file=sys.stderr)
     if args.json:
         args.json.write_text(json.dumps({"prompts": prompts, "outputs": outputs, "tokens": result.tokens,
                                          "finish_reasons": result.finish_reasons, "timings": t,

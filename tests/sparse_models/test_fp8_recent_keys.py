@@ -14,6 +14,7 @@ import torch
 from sm_tiny import random_prompts as sm_prompts
 from sm_tiny import run_model, tiny_model
 from test_engine import podkit_model, random_prompts, reference_generate, scheme_overrides
+from test_engine_limits_and_timing import compile_cache_env, tiny_checkpoint  # noqa: F401  (fixtures)
 
 from kernels.fp8_kv import dequantize_kv, quantize_kv
 from sparse_models import SparseAttentionConfig
@@ -193,3 +194,14 @@ def test_recent_keys_bring_fp8_logits_closer_to_bf16():
         logits[name] = torch.stack(steps)
     error = {name: (logits[name] - logits["bf16"]).abs().max().item() for name in ("fp8", "fp8+recent")}
     assert 0 < error["fp8+recent"] < error["fp8"], error
+
+
+def test_cli_flag(tiny_checkpoint, capsys, compile_cache_env):  # noqa: F811
+    from sparse_models.generate import main
+
+    assert main(["--model", str(tiny_checkpoint), "--prompt", "the quick brown fox", "--max-new-tokens", "3",
+                 "--device", "cpu", "--no-warmup", "--kv-cache-dtype", "fp8_e4m3", "--kv-cache-recent-keys", "8"]) == 0
+    assert "kv_cache_dtype=fp8_e4m3 recent_keys=8" in capsys.readouterr().err
+    assert main(["--model", str(tiny_checkpoint), "--prompt", "x", "--max-new-tokens", "3", "--device", "cpu",
+                 "--no-warmup", "--kv-cache-recent-keys", "8"]) == 2  # a bfloat16 cache: one line, exit 2
+    assert "kv_cache_recent_keys=8 is invalid: expected 0 with kv_cache_dtype='bfloat16'" in capsys.readouterr().err
