@@ -237,7 +237,7 @@ def recent_ring(k, seq_lens, window, gen):
     """The ring of recent keys [B, Hkv, W, D] an FP8 cache keeps: the original keys of positions
     [seq_lens - W, seq_lens) at slot position % W, and random values in slots a kernel must not read."""
     B, Hkv, N, D = k.shape
-    ring = torch.randn(B, Hkv, window, D, generator=gen).to(k.dtype) * 100  # a read of a stale slot shows
+    ring = torch.randn(B, Hkv, window, D, generator=gen).to(k.device, k.dtype) * 100  # a stale slot's read shows
     for b, n in enumerate(seq_lens.tolist()):
         for p in range(max(n - window, 0), n):
             ring[b, :, p % window] = k[b, :, p]
@@ -304,3 +304,23 @@ def test_bad_recent_keys_name_the_argument(bad, error, match):
     with pytest.raises(ValueError, match=r"k_recent needs seq_lens"):
         sparse_decode_attention_triton(q, k8, v8, torch.zeros(2, 2, 3, dtype=torch.long), k_scale=ks, v_scale=vs,
                                        k_recent=torch.zeros(2, 2, 4, 16))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("G", [1, 3, 4, 8])
+def test_recent_keys_decode_and_sparse_bf16_gpu(G):
+    Hkv = 8 if G < 8 else 4
+    case = (3, G * Hkv, Hkv, 5000, 128, [5000, 1777, 1])
+    q, (k, v), (k8, v8, ks, vs), seq_lens = fp8_inputs(case, torch.bfloat16, "cuda", G)
+    ring = recent_ring(k, seq_lens, 64, torch.Generator().manual_seed(G))
+    kw = dict(k_scale=ks, v_scale=vs, k_recent=ring)
+    out = decode_attention_triton(q, k8, v8, seq_lens, **kw)
+    assert_error_within("out", out, reference.decode_attention(q, k8, v8, seq_lens, **kw),
+                        reference.decode_attention(q.double(), k8, v8, seq_lens, **{**kw, "k_recent": ring.double()}))
+    for per_group in (False, True):
+        idx = sparse_lists(case, per_group, G).cuda()
+        kw_s = dict(kw, seq_lens=seq_lens)
+        out = sparse_decode_attention_triton(q, k8, v8, idx, **kw_s)
+        assert_error_within("sparse out", out, reference.sparse_decode_attention(q, k8, v8, idx, **kw_s),
+                            reference.sparse_decode_attention(q.double(), k8, v8, idx,
+                                                              **{**kw_s, "k_recent": ring.double()}))

@@ -158,7 +158,8 @@ def recent_rings(floats, seq_lens, sink, recent, window, seed):
     k_local, k_anchor, _ = floats
     gen = torch.Generator().manual_seed(seed)
     B, Hkv, _, D = k_anchor.shape
-    own, anchor = (torch.randn(B, Hkv, window, D, generator=gen).to(k_anchor.dtype) * 100 for _ in range(2))
+    own, anchor = (torch.randn(B, Hkv, window, D, generator=gen).to(k_anchor.device, k_anchor.dtype) * 100
+                   for _ in range(2))
     for b, n in enumerate(seq_lens.tolist()):
         for p in range(max(n - window, 0), n):
             anchor[b, :, p % window] = k_anchor[b, :, p]
@@ -223,3 +224,27 @@ def test_recent_keys_pod_sparse_decode_matches_reference(case, per_group, dtype,
     without = reference.pod_sparse_decode_attention(q, *caches, idx, seq_lens, sink=sink, recent=recent,
                                                     **scale_kw(scales))
     assert not torch.allclose(without, ref[0])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("G", [1, 3, 4, 8])
+def test_recent_keys_pod_decode_bf16_gpu(G):
+    Hkv = 8 if G < 8 else 4
+    case = (3, G * Hkv, Hkv, 3000, 128, 4, 256, [3000, 1200, 100])
+    q, floats, caches, scales, unread, seq_lens, sink, recent = fp8_pod_case(case, torch.bfloat16, "cuda", G)
+    own, anchor = recent_rings(floats, seq_lens, sink, recent, 64, seed=G)
+    rings = dict(k_local_recent=own, k_anchor_recent=anchor)
+    rings64 = dict(k_local_recent=own.double(), k_anchor_recent=anchor.double())
+    kw = dict(sink=sink, recent=recent, return_gate=True)
+    out, gate = pod_decode_attention_triton(q, *caches, seq_lens, **kw, **rings, **scale_kw(unread))
+    exact = reference.pod_decode_attention(q.double(), *caches, seq_lens, **kw, **rings64, **scale_kw(scales))
+    ref = reference.pod_decode_attention(q, *caches, seq_lens, **kw, **rings, **scale_kw(scales))
+    assert_error_within("out", out, ref[0], exact[0])
+    idx = random_lists(seq_lens.cpu(), q.shape[1], 512, torch.Generator().manual_seed(G)).cuda()
+    kw = dict(sink=sink, recent=recent)
+    out = pod_sparse_decode_attention_triton(q, *caches, idx, seq_lens, **kw, **rings, **scale_kw(unread))
+    assert_error_within("sparse out", out,
+                        reference.pod_sparse_decode_attention(q, *caches, idx, seq_lens, **kw, **rings,
+                                                              **scale_kw(scales)),
+                        reference.pod_sparse_decode_attention(q.double(), *caches, idx, seq_lens, **kw, **rings64,
+                                                              **scale_kw(scales)))
