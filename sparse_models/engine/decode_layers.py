@@ -59,9 +59,9 @@ def _recent(cache: StaticCache, layer: int, run: KeyRun, batch: int) -> dict:
             "k_anchor_recent": cache.recent_ring(run.anchor, run.h0, run.h1, batch)}
 
 
-def _own_anchor_recent(recent: dict) -> dict:
+def _own_anchor_recent(rings: dict) -> dict:
     """An own run read by the POD kernel (k_local None): its ring is the anchor's."""
-    return {"k_anchor_recent": recent["k_recent"]} if recent else {}
+    return {"k_anchor_recent": rings["k_recent"]} if rings else {}
 
 
 def gate_anchor_layers(cache: StaticCache) -> frozenset[int]:
@@ -103,25 +103,25 @@ def full_attention(cache: StaticCache, layer: int, q, lens, scale, gate_tau=None
         k_full = cache.full_keys(run.anchor, run.h0, run.h1, batch)
         ks, vs = _scales(cache, layer, run, batch)
         fp8 = {} if vs is None else dict(k_anchor_scale=ks, v_scale=vs)
-        recent = _recent(cache, layer, run, batch)
+        rings = _recent(cache, layer, run, batch)
         if run.own and stores_gate:
             out, gate = kernels.pod_decode_attention(q[:, hq], None, k_full, v, lens, return_gate=True, **pod, **fp8,
-                                                     **_own_anchor_recent(recent))
+                                                     **_own_anchor_recent(rings))
         elif run.own:
             out, gate = kernels.decode_attention(q[:, hq], k_full, v, lens, scale=scale, k_scale=ks, v_scale=vs,
-                                                 **recent), None
+                                                 **rings), None
         elif estimate and run.anchor in gates:
             k_local = cache.local_keys[layer][:batch, run.h0:run.h1]
             fp8.update(_local_scale(cache, layer, run, batch))
             out, gate = kernels.pod_decode_attention(q[:, hq], k_local, k_full, v, lens, gate_tau=gate_tau,
                                                      gate_estimate=gates[run.anchor][:, hq], return_gate=True, **pod,
-                                                     **fp8, **recent)
+                                                     **fp8, **rings)
         else:
             k_local = cache.local_keys[layer][:batch, run.h0:run.h1]
             fp8.update(_local_scale(cache, layer, run, batch))
             out, gate = kernels.pod_decode_attention(q[:, hq], k_local, k_full, v, lens, gate_tau=gate_tau,
                                                      q_distant=_anchor_query(queries, run, hq), **pod,
-                                                     **fp8, **recent), None
+                                                     **fp8, **rings), None
         outs.append(out)
         layer_gates.append(gate)
     if stores_gate:
@@ -150,17 +150,17 @@ def selection_attention(cache: StaticCache, layer: int, q, lens, scale, budget: 
         hq = _heads(run, group)
         v = cache.values[layer][:batch, run.h0:run.h1]
         ks, vs = _scales(cache, layer, run, batch)
-        recent = _recent(cache, layer, run, batch)
+        rings = _recent(cache, layer, run, batch)
         if run.own and fused:
             k_full = cache.full_keys(run.anchor, run.h0, run.h1, batch)
             out, idx = kernels.selection_decode_attention(q[:, hq], k_full, v, lens, budget, scale=scale,
                                                           per_kv_group=selection == "kv_group", k_scale=ks,
-                                                          v_scale=vs, **recent)
+                                                          v_scale=vs, **rings)
             indices.append(idx)
         elif run.own:
             k_full = cache.full_keys(run.anchor, run.h0, run.h1, batch)
             out, run_scores = kernels.decode_attention(q[:, hq], k_full, v, lens, scale=scale, return_scores=True,
-                                                       k_scale=ks, v_scale=vs, **recent)
+                                                       k_scale=ks, v_scale=vs, **rings)
             scores.append(run_scores)
         else:
             # a POD non-anchor run: one read gives the output and the logit of every position by the key it is
@@ -170,7 +170,7 @@ def selection_attention(cache: StaticCache, layer: int, q, lens, scale, budget: 
             fp8 = {} if vs is None else dict(k_anchor_scale=ks, v_scale=vs, **_local_scale(cache, layer, run, batch))
             out, run_scores = kernels.pod_decode_attention(q[:, hq], k_local, k_anchor, v, lens, sink=cache.sink,
                                                            recent=cache.recent, scale=scale, return_scores=True,
-                                                           q_distant=_anchor_query(queries, run, hq), **fp8, **recent)
+                                                           q_distant=_anchor_query(queries, run, hq), **fp8, **rings)
             if fused:
                 indices.append(kernels.select_topk_positions(run_scores, lens, budget, group_size=group,
                                                              per_kv_group=selection == "kv_group"))
@@ -214,11 +214,11 @@ def sparse_attention(cache: StaticCache, layer: int, q, lens, scale, indices, qu
             k_full = cache.full_keys(run.anchor, run.h0, run.h1, batch)
             v = cache.values[layer][:batch, run.h0:run.h1]
             ks, vs = _scales(cache, layer, run, batch)
-            recent = _recent(cache, layer, run, batch)
-            if recent:
-                recent["seq_lens"] = lens
+            rings = _recent(cache, layer, run, batch)
+            if rings:
+                rings["seq_lens"] = lens
             outs.append(kernels.sparse_decode_attention(q[:, hq], k_full, v, idx, scale=scale, k_scale=ks, v_scale=vs,
-                                                        **recent))
+                                                        **rings))
         else:
             outs.append(_pod_sparse_run(cache, layer, run, q[:, hq], idx, lens, scale,
                                         _anchor_query(queries, run, hq)))

@@ -44,8 +44,9 @@ def test_field_validated_with_one_clear_error():
         config.with_overrides(kv_cache_recent_key=64)
 
 
-RECENT_SCHEMES = ["dense", "tidal", "tidal-correction", "quest", "streaming", "pod", "pod-gate-skip-anchor",
-                  "pod+tidal", "pod-prefill+pod", "pod-scores"]
+RECENT_SCHEMES = ["dense", "tidal", "tidal-correction", "tidal-all-union", "tidal-group-union-recent", "quest",
+                  "streaming", "pod", "pod-gate-skip-anchor", "pod+tidal", "pod+tidal-all-union", "pod-prefill+pod",
+                  "pod-scores"]
 
 
 @pytest.mark.parametrize("scheme", RECENT_SCHEMES)
