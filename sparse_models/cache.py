@@ -314,10 +314,10 @@ class SparseKVCache(Cache):
             return local
         lens, window = self.recent_lens[layer], self.recent_window
         pos = local_slot_positions(lens, self.sink, self.recent)  # [B, sink + recent]
-        recent = (pos >= 0) & (pos >= lens[:, None] - window)
+        newest = (pos >= 0) & (pos >= lens[:, None] - window)
         ring = self.recent_keys[layer][:, self.local_heads[layer]]  # [B, local heads, W, D]
         index = (pos.clamp(min=0) % window)[:, None, :, None].expand(-1, ring.shape[1], -1, ring.shape[3])
-        return torch.where(recent[:, None, :, None], torch.gather(ring, 2, index).to(local.dtype), local)
+        return torch.where(newest[:, None, :, None], torch.gather(ring, 2, index).to(local.dtype), local)
 
     def view_slots(self, layer: int) -> int:
         """Cache slots readers of ``layer`` see (the view limit, or the capacity)."""

@@ -41,4 +41,3 @@ def written_ring(ring: torch.Tensor, k: torch.Tensor, start: torch.Tensor, new_l
     src_idx = (pos - start[:, None]).clamp(0, s - 1)
     src = torch.gather(k, 2, src_idx[:, None, :, None].expand(-1, k.shape[1], -1, k.shape[3]))
     return torch.where(take[:, None, :, None], src.to(ring.dtype), ring)
-
