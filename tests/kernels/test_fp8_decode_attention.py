@@ -131,11 +131,16 @@ def test_fp8_sparse_decode_matches_reference(case, per_group, dtype, poisoned_ou
                                                                           scale=0.2))
 
 
+def gpu_case(G: int) -> tuple:
+    """The GPU cases' shape: 3 ragged rows up to 5000 positions, D 128, GQA group ``G``."""
+    Hkv = 8 if G < 8 else 4
+    return (3, G * Hkv, Hkv, 5000, 128, [5000, 1777, 1])
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("G", [1, 3, 4, 8])
 def test_fp8_decode_and_sparse_bf16_gpu(G):
-    Hkv = 8 if G < 8 else 4
-    case = (3, G * Hkv, Hkv, 5000, 128, [5000, 1777, 1])
+    case = gpu_case(G)
     q, (k, v), (k8, v8, ks, vs), seq_lens = fp8_inputs(case, torch.bfloat16, "cuda", G)
     kw = dict(k_scale=ks, v_scale=vs)
     out = decode_attention_triton(q, k8, v8, seq_lens, **kw)
@@ -309,8 +314,7 @@ def test_bad_recent_keys_name_the_argument(bad, error, match):
 @pytest.mark.gpu
 @pytest.mark.parametrize("G", [1, 3, 4, 8])
 def test_recent_keys_decode_and_sparse_bf16_gpu(G):
-    Hkv = 8 if G < 8 else 4
-    case = (3, G * Hkv, Hkv, 5000, 128, [5000, 1777, 1])
+    case = gpu_case(G)
     q, (k, v), (k8, v8, ks, vs), seq_lens = fp8_inputs(case, torch.bfloat16, "cuda", G)
     ring = recent_ring(k, seq_lens, 64, torch.Generator().manual_seed(G))
     kw = dict(k_scale=ks, v_scale=vs, k_recent=ring)

@@ -112,12 +112,16 @@ def test_fp8_pod_sparse_decode_matches_reference(case, per_group, dtype, poisone
     assert_agrees_with_unquantised(out, unquantised)
 
 
+def gpu_fp8_pod_case(G: int):
+    """The GPU cases' bf16 POD inputs: 3 ragged rows up to 3000 positions, D 128, sink 4 + recent 256, group ``G``."""
+    Hkv = 8 if G < 8 else 4
+    return fp8_pod_case((3, G * Hkv, Hkv, 3000, 128, 4, 256, [3000, 1200, 100]), torch.bfloat16, "cuda", G)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("G", [1, 3, 4, 8])
 def test_fp8_pod_decode_bf16_gpu(G):
-    Hkv = 8 if G < 8 else 4
-    case = (3, G * Hkv, Hkv, 3000, 128, 4, 256, [3000, 1200, 100])
-    q, floats, caches, scales, unread, seq_lens, sink, recent = fp8_pod_case(case, torch.bfloat16, "cuda", G)
+    q, floats, caches, scales, unread, seq_lens, sink, recent = gpu_fp8_pod_case(G)
     kw = dict(sink=sink, recent=recent, return_gate=True)
     out, gate = pod_decode_attention_triton(q, *caches, seq_lens, **kw, **scale_kw(unread))
     exact = reference.pod_decode_attention(q.double(), *caches, seq_lens, **kw, **scale_kw(scales))
@@ -229,9 +233,7 @@ def test_recent_keys_pod_sparse_decode_matches_reference(case, per_group, dtype,
 @pytest.mark.gpu
 @pytest.mark.parametrize("G", [1, 3, 4, 8])
 def test_recent_keys_pod_decode_bf16_gpu(G):
-    Hkv = 8 if G < 8 else 4
-    case = (3, G * Hkv, Hkv, 3000, 128, 4, 256, [3000, 1200, 100])
-    q, floats, caches, scales, unread, seq_lens, sink, recent = fp8_pod_case(case, torch.bfloat16, "cuda", G)
+    q, floats, caches, scales, unread, seq_lens, sink, recent = gpu_fp8_pod_case(G)
     own, anchor = recent_rings(floats, seq_lens, sink, recent, 64, seed=G)
     rings = dict(k_local_recent=own, k_anchor_recent=anchor)
     rings64 = dict(k_local_recent=own.double(), k_anchor_recent=anchor.double())
