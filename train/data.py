@@ -42,11 +42,11 @@ def embedded_documents(name: str) -> list[str]:
 def _uses_shards(source: str) -> bool:
     """Registry-derived sources are read from token shards (their text may be absent on a GPU machine
     that received a packed token folder)."""
-    from train.corpus.documents import HELDOUT_PREFIX, HELDOUT_SETS, RECALL
+    from train.corpus.documents import HELDOUT_PREFIX, HELDOUT_SETS, RECALL_NAMES
     from train.corpus.registry import SOURCES
 
     name = source[len(EMBEDDED_DATA_PREFIX):] if source.startswith(EMBEDDED_DATA_PREFIX) else None
-    return name is not None and (name in SOURCES or name in HELDOUT_SETS or name == RECALL
+    return name is not None and (name in SOURCES or name in HELDOUT_SETS or name in RECALL_NAMES
                                  or name.startswith(HELDOUT_PREFIX))
 
 
@@ -61,6 +61,7 @@ def training_rows(recipe, tokenizer, *, context_length: int | None = None, num_r
     ``describe``: log one ``[data]`` line per source and a total (:func:`describe_rows`; the rows a run
     of ``rows_per_step`` rows per optimizer step reads, when given). The exploration's calibration rows
     pass ``describe=False`` and say what they are themselves, so the ``[data]`` lines appear once."""
+    from train.corpus.documents import row_aligned
     from train.corpus.mixture import MixedRows, parse_mix
     from train.corpus.shards import ensure_shards
 
@@ -71,7 +72,8 @@ def training_rows(recipe, tokenizer, *, context_length: int | None = None, num_r
                             text_field=d.text_field, log=log) for e in mix]
     if num_rows is None and d.max_train_tokens is not None:
         num_rows = max(1, d.max_train_tokens // length)
-    rows = MixedRows(shards, [e.weight for e in mix], length, num_rows=num_rows, seed=recipe.train.seed)
+    rows = MixedRows(shards, [e.weight for e in mix], length, num_rows=num_rows, seed=recipe.train.seed,
+                     aligned=[row_aligned(e.source) for e in mix])
     if describe:
         for line in describe_rows(rows, rows_read(recipe, len(rows), rows_per_step)):
             log(line)

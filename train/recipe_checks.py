@@ -90,9 +90,11 @@ def check_values(r: Recipe, problems: list[str]) -> None:
         from train.corpus.mixture import MixError, parse_mix
 
         try:
-            parse_mix(d.train, "data.train")
+            mix = parse_mix(d.train, "data.train")
         except MixError as error:
             problems.extend(error.problems)
+        else:
+            _check_recall_context(mix, d.context_length, add)
     if d.context_length < 2:
         add(f"data.context_length={d.context_length}: expected an integer >= 2")
     elif p.sink_tokens + p.recent_window >= d.context_length:
@@ -164,6 +166,19 @@ def check_values(r: Recipe, problems: list[str]) -> None:
     elif e.max_tokens < d.context_length and e.perplexity:
         add(f"eval.max_tokens={e.max_tokens} is below the eval context length {d.context_length}: no window to score")
     _check_ruler(r, problems)
+
+
+def _check_recall_context(mix, context_length: int, add) -> None:
+    """A recall source whose episodes need longer rows than ``data.context_length`` (train/corpus/recall.py)."""
+    from train.corpus.documents import PREFIX
+    from train.corpus.recall import SHAPES
+
+    for entry in mix:
+        shape = SHAPES.get(entry.source[len(PREFIX):]) if entry.source.startswith(PREFIX) else None
+        if shape is not None and context_length < shape.min_context:
+            add(f"data.train: {entry.source} needs data.context_length >= {shape.min_context}, got {context_length}: "
+                f"its episodes are up to ~{shape.episode_chars[1] // 4000}K tokens, and a shorter row keeps the "
+                f"prose but cuts off the quiz; use podkit:recall at this length")
 
 
 def _check_ruler(r: Recipe, problems: list[str]) -> None:

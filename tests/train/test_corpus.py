@@ -343,3 +343,57 @@ def test_family_members_filter_each_others_held_out_text(fake_source, monkeypatc
     assert quoted not in trained and "Page 3" in trained
     monkeypatch.setitem(registry.SOURCES, "toy", toy)  # without the family the quoted line stays
     assert quoted in "".join(documents.podkit_documents("toy"))
+
+
+def test_row_aligned_rows_start_at_documents_and_keep_them_whole(cache, tmp_path):
+    """podkit:recall-long's rows (MixedRows(aligned=)): each row starts at a document, so a document shorter than
+    a row is never cut; documents too close to the end of the stream start no row; the unaligned source of the
+    same mixture still reads every context_length tokens."""
+    from train.corpus.mixture import document_rows
+
+    tokenizer = _tokenizer()
+    (tmp_path / "a").mkdir()
+    texts = [_text(i, 30 + 17 * i) for i in range(11)] + [_text(99, 5)]  # the last one starts no row
+    a = ensure_shards(_jsonl_source(tmp_path / "a", texts), tokenizer, shard_tokens=200, log=lambda _: None)
+    starts = a.doc_starts()
+    assert len(starts) == 12
+    rows = MixedRows([a, a], [1.0, 1.0], 64, num_rows=60, seed=1, aligned=[True, False])
+    wanted = document_rows(starts, a.total_tokens, 64)
+    assert 0 < len(wanted) < 12 and (wanted + 64 <= a.total_tokens).all()
+    assert [s["available_rows"] for s in rows.summary()] == [len(wanted), a.total_tokens // 64]
+    ends = list(starts[1:]) + [a.total_tokens]
+    for k in range(len(rows)):
+        ids = rows[k]["input_ids"].numpy()
+        row = int(rows.plan.row[k])
+        if rows.plan.source[k] == 0:
+            doc = int(np.searchsorted(starts, wanted[row]))
+            np.testing.assert_array_equal(ids, a.read(int(starts[doc]), 64))
+            whole = min(64, int(ends[doc] - starts[doc]))  # the document's own tokens lead the row, uncut
+            np.testing.assert_array_equal(ids[:whole], a.read(int(starts[doc]), whole))
+        else:
+            np.testing.assert_array_equal(ids, a.read(row * 64, 64))
+    assert len(pickle.dumps(rows)) < 20_000
+    with pytest.raises(ValueError, match="aligned has 1 entries for 2 sources"):
+        MixedRows([a, a], [1.0, 1.0], 64, aligned=[True])
+
+
+def test_pack_of_a_row_aligned_source_keeps_the_rows_it_plans(cache, tmp_path, monkeypatch, capsys):
+    """`python -m train.corpus pack` counts a row-aligned source's rows as the training does (documents, not
+    stream tokens // L) and keeps its stream through the end of the last row it plans."""
+    from train.corpus import __main__ as cli
+    from train.corpus.mixture import document_rows
+
+    tokenizer = _tokenizer()
+    (tmp_path / "a").mkdir()
+    source = _jsonl_source(tmp_path / "a", [_text(i, 40) for i in range(40)])
+    full = ensure_shards(source, tokenizer, shard_tokens=200, log=lambda _: None)
+    monkeypatch.setattr(cli, "load_tokenizer", lambda name: tokenizer)
+    monkeypatch.setattr(documents, "row_aligned", lambda s: s == source)
+    out = tmp_path / "packed"
+    assert cli.main(["pack", "--sources", source, "--max-tokens", str(10 * 32), "--context-length", "32",
+                     "--margin", "1.0", "--out", str(out)]) == 0
+    report = json.loads((out / "pack.json").read_text())["items"][0]
+    rows = document_rows(full.doc_starts(), full.total_tokens, 32)
+    assert report["tokens"] == int(rows[10]) + 32 < full.total_tokens
+    packed = ensure_shards(source, tokenizer, cache=out, log=pytest.fail)
+    assert len(document_rows(packed.doc_starts(), packed.total_tokens, 32)) >= 10

@@ -37,7 +37,7 @@ def load_tokenizer(name: str):
 
 def source_listing() -> list[str]:
     """Every source ``podkit:<name>`` the documents registry resolves (``documents.podkit_names()``), grouped:
-    training sources (the embedded Austen novels, the package sources, the derived recall source), held-out
+    training sources (the embedded Austen novels, the package sources, the derived recall sources), held-out
     sets, held-out splits and the single embedded books."""
     from train.corpus import documents, registry
     from train.corpus.recall import PROSE_SOURCES
@@ -57,8 +57,11 @@ def source_listing() -> list[str]:
             info = json.loads(meta.read_text())
             size = f"{info['documents']:>6} docs {info['characters'] / 1e6:7.1f}M chars"
         lines.append(row(source.name, f"{source.origin}:{source.package}", size, source.licence))
-    lines.append(row(documents.RECALL, "derived (train.corpus.recall)", "synthetic recall episodes",
-                     "as its sources: " + ", ".join(documents.PREFIX + n for n in PROSE_SOURCES)))
+    sizes = {documents.RECALL: "recall episodes, ~0.6-1.8K tokens",
+             documents.RECALL_LONG: "one episode of ~3.5-6.5K tokens/row"}
+    for name in documents.RECALL_NAMES:
+        lines.append(row(name, "derived (train.corpus.recall)", sizes[name],
+                         "as its sources: " + ", ".join(documents.PREFIX + n for n in PROSE_SOURCES)))
     lines += ["held-out sets (data.eval, eval.out_of_domain):",
               row("heldout-indomain", "emma + each source's held-out", "", "as the sources"),
               row("heldout-ood", "books: " + ",".join(registry.OOD_BOOKS), "never in a training source", "")]
@@ -124,15 +127,23 @@ def main(argv: list[str] | None = None) -> int:
         print(f"total {sum(s.total_tokens for s in shards):,d} tokens")
         return 0
     if args.command == "pack":
-        from train.corpus.mixture import plan_rows
+        from train.corpus.documents import row_aligned
+        from train.corpus.mixture import document_rows, plan_rows
 
         out = Path(args.out).expanduser()
         length = args.context_length
-        plan = plan_rows([max(1, s.total_tokens // length) for s in shards], [e.weight for e in mix],
+        # a row-aligned source's rows start at its documents (train.corpus.mixture.MixedRows)
+        starts = [document_rows(s.doc_starts(), s.total_tokens, length) if row_aligned(e.source) else None
+                  for e, s in zip(mix, shards)]
+        plan = plan_rows([max(1, s.total_tokens // length if rows is None else len(rows))
+                          for s, rows in zip(shards, starts)], [e.weight for e in mix],
                          max(1, args.max_tokens // length), seed=0)
         report = []
-        for entry, s, count in zip(mix, shards, plan.counts):
-            want = int(count * length * args.margin) + length
+        for entry, s, count, rows in zip(mix, shards, plan.counts, starts):
+            if rows is None or not len(rows):
+                want = int(count * length * args.margin) + length
+            else:  # through the end of the last row the margin asks for
+                want = int(rows[min(len(rows) - 1, int(count * args.margin))]) + length
             folder = pack_folder(s, want, out)
             report.append({"source": entry.source, "weight": entry.weight, "tokens": min(want, s.total_tokens),
                            "of": s.total_tokens, "folder": str(folder.relative_to(out))})

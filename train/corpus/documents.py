@@ -9,7 +9,8 @@ Source strings (``data.train`` entries, ``data.eval``, ``python -m train.corpus`
   documents, *Emma* or the out-of-domain books (:func:`heldout_lines`), and (in its token shards) without any
   span it shares with them (``train.corpus.shards``);
 * ``podkit:recall`` -- synthetic recall documents (facts in real prose, then a quiz on them) built from
-  the training splits of the prose sources (``train.corpus.recall``);
+  the training splits of the prose sources (``train.corpus.recall``); ``podkit:recall-long`` -- the same with
+  one ~3.5K-6.5K-token episode per document, each starting a training row (8K contexts);
 * ``podkit:heldout/<corpus source>`` -- that source's held-out documents (``podkit:heldout/austen``
   is *Emma*);
 * ``podkit:heldout-indomain`` -- *Emma* and every corpus source's held-out documents, cut into
@@ -36,6 +37,8 @@ PREFIX = "podkit:"
 HELDOUT_PREFIX = "heldout/"
 HELDOUT_SETS = ("heldout-indomain", "heldout-ood")
 RECALL = "recall"
+RECALL_LONG = "recall-long"
+RECALL_NAMES = (RECALL, RECALL_LONG)   # train.corpus.recall.SHAPES' keys (tests/train/test_recall.py)
 LOCAL_BUILDERS = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 PIECE_CHARS = 32_000  # ~8K tokens: one piece fills an 8K-context window
 AUSTEN_HELDOUT = "emma"
@@ -54,7 +57,7 @@ def book_names() -> tuple[str, ...]:
 
 def podkit_names() -> tuple[str, ...]:
     """Every name accepted after ``podkit:``."""
-    return (("austen", RECALL) + book_names() + tuple(registry.SOURCES) + HELDOUT_SETS
+    return (("austen",) + RECALL_NAMES + book_names() + tuple(registry.SOURCES) + HELDOUT_SETS
             + tuple(HELDOUT_PREFIX + n for n in ("austen",) + tuple(registry.SOURCES)))
 
 
@@ -127,6 +130,15 @@ def filtered_by_heldout(source: str) -> bool:
     return source.startswith(PREFIX) and source[len(PREFIX):] in registry.SOURCES
 
 
+def row_aligned(source: str) -> bool:
+    """Whether ``source``'s documents each start a training row (``train.corpus.mixture.MixedRows``) instead of
+    being cut at every ``context_length`` tokens of its stream: podkit:recall-long, whose episodes must stay whole."""
+    from train.corpus.recall import SHAPES
+
+    name = source[len(PREFIX):] if source.startswith(PREFIX) else None
+    return name in SHAPES and SHAPES[name].row_aligned
+
+
 def podkit_documents(name: str) -> Iterator[str]:
     """Texts of ``podkit:<name>`` (see the module docstring)."""
     if name == "austen":
@@ -137,10 +149,11 @@ def podkit_documents(name: str) -> Iterator[str]:
             text = without_lines(text, blocked)
             if text.strip():
                 yield text
-    elif name == RECALL:
-        from train.corpus.recall import PROSE_SOURCES, recall_documents
+    elif name in RECALL_NAMES:
+        from train.corpus.recall import PROSE_SOURCES, SHAPES, recall_documents
 
-        yield from recall_documents({source: podkit_documents(source) for source in PROSE_SOURCES})
+        yield from recall_documents({source: podkit_documents(source) for source in PROSE_SOURCES},
+                                    shape=SHAPES[name])
     elif name == "heldout/austen":
         yield _book(AUSTEN_HELDOUT)
     elif name.startswith(HELDOUT_PREFIX) and name[len(HELDOUT_PREFIX):] in registry.SOURCES:
@@ -211,10 +224,14 @@ def source_fingerprint(source: str, *, config: str | None = None, split: str = "
             parts = [name, PIECE_CHARS] + [_text_fingerprint(b) for b in registry.OOD_BOOKS]
         elif name == "austen":
             parts = [name] + [_text_fingerprint(b) for b in _austen_training_books()]
-        elif name == RECALL:  # built from the prose sources' training splits
-            from train.corpus.recall import DOCUMENTS, PROSE_SOURCES, RECALL_VERSION
+        elif name in RECALL_NAMES:  # built from the prose sources' training splits
+            from dataclasses import astuple
 
-            parts = [name, RECALL_VERSION, DOCUMENTS] + [source_fingerprint(PREFIX + s) for s in PROSE_SOURCES]
+            from train.corpus.recall import DOCUMENTS, PROSE_SOURCES, RECALL_VERSION, SHAPES
+
+            # podkit:recall's parts are what they were before it had a shape: its packed shards stay valid
+            shape = [] if name == RECALL else list(astuple(SHAPES[name]))
+            parts = [name, RECALL_VERSION, DOCUMENTS] + shape + [source_fingerprint(PREFIX + s) for s in PROSE_SOURCES]
         elif name in registry.SOURCES:  # its training split is filtered by every held-out text
             parts = ["train", SPLIT_VERSION, _text_fingerprint(AUSTEN_HELDOUT)]
             parts += [_text_fingerprint(n) for n in registry.family_of(name)]
@@ -260,7 +277,7 @@ def required_texts(source: str) -> list[tuple[str, str]] | None:
         needed = [("book", b) for b in registry.OOD_BOOKS]
     elif name == "austen":
         needed = [("book", b) for b in _austen_training_books()]
-    elif name == RECALL:
+    elif name in RECALL_NAMES:
         from train.corpus.recall import PROSE_SOURCES
 
         needed = [text for s in PROSE_SOURCES for text in required_texts(PREFIX + s)]

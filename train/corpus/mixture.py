@@ -143,20 +143,37 @@ def plan_rows(available: list[int], weights: list[float], num_rows: int, seed: i
     return MixPlan(labels, rows, [int(c) for c in counts], list(available))
 
 
+def document_rows(doc_starts: np.ndarray, total_tokens: int, context_length: int) -> np.ndarray:
+    """Row starts of a row-aligned source: each document that has ``context_length`` tokens of stream left
+    (its own, then the next documents' as filler) starts one row. int64 ``[rows]``."""
+    starts = np.asarray(doc_starts, dtype=np.int64)
+    return starts[starts + context_length <= total_tokens]
+
+
 class MixedRows:
     """Map-style dataset over shard folders (a ``torch.utils.data.Dataset`` by duck typing).
 
     ``dataset[k]`` -> ``{"input_ids": LongTensor[L], "labels": LongTensor[L]}`` (equal: the model
-    shifts), so transformers' ``default_data_collator`` stacks them into ``[B, L]``."""
+    shifts), so transformers' ``default_data_collator`` stacks them into ``[B, L]``.
+
+    ``aligned[i]``: source ``i``'s rows start at its documents (:func:`document_rows`) instead of every
+    ``context_length`` tokens, so a document shorter than a row is never cut (podkit:recall-long's episodes:
+    ``train.corpus.documents.row_aligned``)."""
 
     def __init__(self, sources: list, weights: list[float], context_length: int, *, num_rows: int | None = None,
-                 seed: int = 0):
+                 seed: int = 0, aligned: list[bool] | None = None):
         if context_length < 2:
             raise ValueError(f"context_length={context_length}: expected an integer >= 2")
         self.sources = sources
         self.weights = [float(w) for w in weights]
         self.context_length = context_length
-        available = [s.total_tokens // context_length for s in sources]
+        aligned = [False] * len(sources) if aligned is None else list(aligned)
+        if len(aligned) != len(sources):
+            raise ValueError(f"aligned has {len(aligned)} entries for {len(sources)} sources")
+        self._row_starts = [document_rows(s.doc_starts(), s.total_tokens, context_length) if a else None
+                            for s, a in zip(sources, aligned)]
+        available = [s.total_tokens // context_length if starts is None else len(starts)
+                     for s, starts in zip(sources, self._row_starts)]
         empty = [s.source for s, n in zip(sources, available) if n == 0]
         if empty:
             raise ValueError(f"source(s) {', '.join(empty)} hold fewer than context_length={context_length} tokens")
@@ -173,8 +190,10 @@ class MixedRows:
         """Row ``index`` as int64 ``[context_length]``."""
         if not -len(self) <= index < len(self):
             raise IndexError(f"row {index} outside a dataset of {len(self)} rows")
-        source = self.sources[int(self.plan.source[index])]
-        return source.read(int(self.plan.row[index]) * self.context_length, self.context_length)
+        i, row = int(self.plan.source[index]), int(self.plan.row[index])
+        starts = self._row_starts[i]
+        start = row * self.context_length if starts is None else int(starts[row])
+        return self.sources[i].read(start, self.context_length)
 
     def __getitem__(self, index: int) -> dict:
         import torch

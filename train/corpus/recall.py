@@ -22,7 +22,19 @@ Episode (one of several per document; lengths in characters, about 4 per token):
     Q: What is Margaret Holt's locker number?
     A: Margaret Holt's locker number is 48213.
 
-Deterministic: the same seed, version and prose give the same documents.
+Two shapes (``SHAPES``):
+
+* ``podkit:recall`` -- four episodes of ~600-1800 tokens per document, facts in the first 70%: an episode fits
+  a 2K training row;
+* ``podkit:recall-long`` -- one episode of ~3.5K-6.5K tokens per document, facts in the first half, so a fact
+  is at least half an episode (typically 1.7K tokens or more) before its question: mostly beyond the 8K recipe's
+  1008-token proximal window, where POD's shared distant keys have to find it. Its documents start training
+  rows (``row_aligned``: ``train.corpus.mixture``), so no row boundary cuts an episode (a few of the longest,
+  under 1% on the embedded prose, run past 8K tokens and lose the end of their quiz); it needs
+  ``data.context_length`` of at least ``min_context`` tokens, since a shorter row would keep the prose and lose
+  the quiz.
+
+Deterministic: the same seed, version, shape and prose give the same documents.
 """
 
 from __future__ import annotations
@@ -30,6 +42,7 @@ from __future__ import annotations
 import random
 import re
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 
 RECALL_VERSION = 1          # bump when the generator's output changes: token shards are rebuilt
 PROSE_SOURCES = ("austen", "shakespeare", "bible-web", "anarchist-faq")
@@ -39,6 +52,27 @@ FACT_SPAN = 0.7                  # facts go in the first 70% of an episode: most
 FACTS_PER_EPISODE = (2, 5)
 EPISODES_PER_DOCUMENT = 4
 DOCUMENTS = 4_000           # at most ~4 x 4 x 4.8K chars = 77M characters; the mixture draws what its weight asks
+
+
+@dataclass(frozen=True)
+class RecallShape:
+    """The episodes one recall source generates (see the module docstring)."""
+
+    episode_chars: tuple[int, int]   # prose characters per episode (about 4 per token)
+    fact_span: float                 # facts go in this leading fraction of an episode
+    episodes_per_document: int
+    documents: int
+    row_aligned: bool                # each document starts a training row (train.corpus.mixture)
+    min_context: int                 # the shortest data.context_length whose rows hold a whole episode
+
+
+SHAPES = {
+    "recall": RecallShape(EPISODE_CHARS, FACT_SPAN, EPISODES_PER_DOCUMENT, DOCUMENTS, row_aligned=False,
+                          min_context=2),
+    # ~3.5K-6.5K tokens with the prose sources' ~4 characters per token: under an 8K row with room for the quiz;
+    # the prose runs out well before 4000 documents (every stretch is used once)
+    "recall-long": RecallShape((14_000, 26_000), 0.5, 1, DOCUMENTS, row_aligned=True, min_context=8192),
+}
 
 FIRST_NAMES = ("Margaret", "Thomas", "Eleanor", "Arthur", "Beatrice", "Walter", "Clara", "Henry", "Agnes", "Oliver",
                "Louisa", "Edmund", "Harriet", "Frederick", "Ada", "Julian", "Cecily", "Rupert", "Mabel", "Victor",
@@ -97,11 +131,11 @@ def _paragraph_breaks(text: str) -> list[int]:
     return breaks or [m.end() for m in re.finditer(r"\n", text)]
 
 
-def make_episode(prose: str, rng: random.Random) -> str:
+def make_episode(prose: str, rng: random.Random, fact_span: float = FACT_SPAN) -> str:
     """One episode over ``prose`` (a stretch of real text): facts inserted at random paragraph breaks
-    in its first ``FACT_SPAN``, then a quiz on at least half of them, in random order."""
+    in its first ``fact_span``, then a quiz on at least half of them, in random order."""
     facts = _facts(rng, rng.randint(*FACTS_PER_EPISODE))
-    breaks = [b for b in _paragraph_breaks(prose) if b < FACT_SPAN * len(prose)] or [0]
+    breaks = [b for b in _paragraph_breaks(prose) if b < fact_span * len(prose)] or [0]
     places = sorted(rng.choice(breaks) for _ in facts)
     pieces, start = [], 0
     for place, fact in zip(places, facts):
@@ -113,34 +147,41 @@ def make_episode(prose: str, rng: random.Random) -> str:
     return "".join(pieces)
 
 
-def _prose_stretches(texts: Iterable[str], rng: random.Random) -> Iterator[str]:
-    """Consecutive stretches of ``EPISODE_CHARS`` characters (cut at a line break) out of ``texts``."""
+def _prose_stretches(texts: Iterable[str], rng: random.Random, chars: tuple[int, int] = EPISODE_CHARS
+                     ) -> Iterator[str]:
+    """Consecutive stretches of ``chars`` characters (cut at a line break) out of ``texts``."""
     for text in texts:
         start = 0
-        while len(text) - start >= EPISODE_CHARS[0]:
-            end = min(len(text), start + rng.randint(*EPISODE_CHARS))
-            cut = text.rfind("\n", start + EPISODE_CHARS[0] // 2, end) if end < len(text) else -1
+        while len(text) - start >= chars[0]:
+            end = min(len(text), start + rng.randint(*chars))
+            cut = text.rfind("\n", start + chars[0] // 2, end) if end < len(text) else -1
             end = cut + 1 if cut > 0 else end
             yield text[start:end]
             start = end
 
 
-def recall_documents(prose_by_source: dict[str, Iterable[str]], *, documents: int = DOCUMENTS,
-                     seed: int = 0) -> Iterator[str]:
-    """``documents`` recall documents of ``EPISODES_PER_DOCUMENT`` episodes each, taking prose stretches
-    round-robin over the sources (so every prose genre is filler) until ``documents`` or the prose ends."""
+def recall_documents(prose_by_source: dict[str, Iterable[str]], *, documents: int | None = None,
+                     seed: int = 0, shape: RecallShape = SHAPES["recall"]) -> Iterator[str]:
+    """``documents`` (default ``shape.documents``) recall documents of ``shape.episodes_per_document``
+    episodes each, taking prose stretches round-robin over the sources (so every prose genre is filler) until
+    ``documents`` or the prose ends."""
+    documents = shape.documents if documents is None else documents
     rng = random.Random(f"podkit-recall/{RECALL_VERSION}/{seed}")
-    streams = [_prose_stretches(texts, random.Random(f"{name}/{seed}")) for name, texts in prose_by_source.items()]
+    streams = [_prose_stretches(texts, random.Random(f"{name}/{seed}"), shape.episode_chars)
+               for name, texts in prose_by_source.items()]
     made = 0
     while streams and made < documents:
         episodes = []
-        for stream in list(streams):
+        # a document of fewer episodes than there are sources starts at the next source, so that every
+        # genre is filler (podkit:recall's four episodes already visit the four sources in turn)
+        first = made % len(streams) if shape.episodes_per_document < len(streams) else 0
+        for stream in streams[first:] + streams[:first]:
             stretch = next(stream, None)
             if stretch is None:
                 streams.remove(stream)
                 continue
-            episodes.append(make_episode(stretch, rng))
-            if len(episodes) == EPISODES_PER_DOCUMENT:
+            episodes.append(make_episode(stretch, rng, shape.fact_span))
+            if len(episodes) == shape.episodes_per_document:
                 break
         if not episodes:
             break
