@@ -66,6 +66,14 @@ case "$part" in
       rm -rf "$P/tokens_8k" "$P/tokens_smollm2_135m_gpu_8k"
       tar xzf outputs/tokens_smollm2_135m_gpu_8k.tgz -C "$P" && mv "$P/tokens_smollm2_135m_gpu_8k" "$P/tokens_8k"
     fi
+    # podkit:recall-long's 8K pack (`python -m train.corpus pack --sources podkit:recall-long=1 --max-tokens 100000000
+    # --context-length 8192`, held-out sets left out): merged into the 8K token cache, beside the mixture's sources
+    if [ -f outputs/tokens_recall_long_8k.tgz ] && [ -d "$P/tokens_8k" ]; then
+      rm -rf "$P/tokens_recall_long_8k"; tar xzf outputs/tokens_recall_long_8k.tgz -C "$P"
+      for hash in "$P"/tokens_recall_long_8k/*/; do
+        mkdir -p "$P/tokens_8k/$(basename "$hash")" && cp -r "$hash"* "$P/tokens_8k/$(basename "$hash")/"
+      done
+    fi
     if [ -f outputs/ruler_samples.tgz ]; then rm -rf "$P/ruler_samples"; tar xzf outputs/ruler_samples.tgz -C "$P"; fi
     # the dev split alone (the learning curve), when the test split comes in a later call
     if [ -f outputs/ruler_samples_dev.tgz ]; then mkdir -p "$P/ruler_samples"; tar xzf outputs/ruler_samples_dev.tgz -C "$P"; fi

@@ -7,7 +7,8 @@
 #
 #   probe_start / probe_check   whether a background process outlives its call (the answer decides nothing here:
 #                               `launch` restarts what is not running, resuming from checkpoints)
-#   launch NAME...              start the named runs that have no export and are not running (see `settings`)
+#   launch NAME...              start the named runs that have no export and are not running (see `settings`;
+#                               next: pod_8k_scores_auto, pod_8k_scores_recall)
 #   wait SECONDS                wait for the launched runs (at most SECONDS), then print their progress
 #   rows ROW...                 score rows on the test split: RUN (its export) or RUN:dense (POD's weights run densely)
 #   collect                     tar what the runs wrote (curves, losses, maps, gates, logs) under $OUT
@@ -32,6 +33,9 @@ common=(long_context.samples_dir="$P/ruler_samples" train.save_total_limit=1 pod
 # pod.sharing=keys: what these runs measured (the recipes' default until 2026-12-04; they ship scores since);
 # a run that measures score sharing says pod.sharing=scores, which comes later on its command line and wins
 
+# the 8K recipe's data.train (recipes/smollm2_135m_gpu_8k.yaml), for runs that add a source to it
+MIX_8K=$(python3 -c "from train.recipe import load_recipe; print(load_recipe('recipes/smollm2_135m_gpu_8k.yaml', check_environment=False).data.train)" 2>/dev/null)
+
 settings() {  # name -> recipe, token cache and overrides (globals RECIPE, TOKENS, OVR)
   local r2=recipes/smollm2_135m_gpu.yaml r8=recipes/smollm2_135m_gpu_8k.yaml
   case "$1" in
@@ -55,6 +59,11 @@ settings() {  # name -> recipe, token cache and overrides (globals RECIPE, TOKEN
     pod_8k_scores_auto) RECIPE=$r8 TOKENS=$P/tokens_8k OVR=(pod.sharing=scores pod.protect_units=auto
                                                              "pod.unit_selection={length: 4096, samples: 8}"
                                                              eval.every_steps=1000 train.save_steps=250) ;;
+    # long-range training data that is not RULER's: 13% of the rows are podkit:recall-long episodes (facts 1.7K+
+    # tokens before their question, train/corpus/recall.py), the rest the recipe's mixture; staged by
+    # issue29_control_vs_pod.sh stage from outputs/tokens_recall_long_8k.tgz (merged into the 8K token cache)
+    pod_8k_scores_recall) RECIPE=$r8 TOKENS=$P/tokens_8k OVR=(pod.sharing=scores "data.train=$MIX_8K,podkit:recall-long=1"
+                                                               eval.every_steps=1000 train.save_steps=250) ;;
     *) return 1 ;;
   esac
 }
