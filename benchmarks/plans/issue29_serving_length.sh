@@ -8,7 +8,7 @@
 #   probe_start / probe_check   whether a background process outlives its call (the answer decides nothing here:
 #                               `launch` restarts what is not running, resuming from checkpoints)
 #   launch NAME...              start the named runs that have no export and are not running (see `settings`;
-#                               next: pod_8k_scores_auto, pod_8k_scores_recall)
+#                               next: pod_8k_scores_auto, pod_8k_scores_recall, pod_8k_scores_kv20 / 25 / 35)
 #   wait SECONDS                wait for the launched runs (at most SECONDS), then print their progress
 #   rows ROW...                 score rows on the test split: RUN (its export) or RUN:dense (POD's weights run densely)
 #   collect                     tar what the runs wrote (curves, losses, maps, gates, logs) under $OUT
@@ -64,6 +64,11 @@ settings() {  # name -> recipe, token cache and overrides (globals RECIPE, TOKEN
     # issue29_control_vs_pod.sh stage from outputs/tokens_recall_long_8k.tgz (merged into the 8K token cache)
     pod_8k_scores_recall) RECIPE=$r8 TOKENS=$P/tokens_8k OVR=(pod.sharing=scores "data.train=$MIX_8K,podkit:recall-long=1"
                                                                eval.every_steps=1000 train.save_steps=250) ;;
+    # the trade-off curve at the serving length with score sharing: RULER against KV saved (the shipped run is the
+    # 30% point; the paper's figure is 35%); pod.kv_saving sets the map's saving, min_kv_saving only lowers delta
+    pod_8k_scores_kv20|pod_8k_scores_kv25|pod_8k_scores_kv35)
+      RECIPE=$r8 TOKENS=$P/tokens_8k OVR=(pod.sharing=scores "pod.kv_saving=0.${1##*_kv}" pod.min_kv_saving=null
+                                          eval.every_steps=1000 train.save_steps=250) ;;
     *) return 1 ;;
   esac
 }
