@@ -5,11 +5,14 @@ The reference cache is the model's dtype (fp32 here; bf16 KV differs from it by 
 BENCHMARKS.md "FP8 scale layouts against a bf16 cache").
 
     python benchmarks/cpu_2026-12-05/fp8_recent_keys.py [LENGTH] [ROW ...]
+    POD_EXPORT=FOLDER python benchmarks/cpu_2026-12-05/fp8_recent_keys.py LENGTH pod/model_dtype pod/fp8 ...
 
-ROW: ``scheme/cache`` with scheme in SCHEMES and cache in CACHES (default: every pair). Rows append to
-fp8_recent_keys.jsonl beside this file (a row already there is skipped), so an interrupted run resumes."""
+ROW: ``scheme/cache`` with scheme in SCHEMES and cache in CACHES (default: every pair of the default model's
+schemes). ``pod`` is an adapted POD export (``POD_EXPORT``, e.g. `make demo`'s) under its own decode scheme. Rows
+append to fp8_recent_keys.jsonl beside this file (a row already there is skipped), so an interrupted run resumes."""
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -22,14 +25,14 @@ from eval.runner import window_perplexity  # noqa: E402
 from eval.tasks.perplexity import perplexity_windows  # noqa: E402
 
 SCHEMES = {"dense": {}, "tidal@256": {"decode_scheme": "tidal", "tidal_budget": 256},
-           "quest@256": {"decode_scheme": "quest", "quest_budget": 256}}
+           "quest@256": {"decode_scheme": "quest", "quest_budget": 256}, "pod": {}}
 CACHES = {"model_dtype": {}, "fp8": {"kv_cache_dtype": "fp8_e4m3"},
           "fp8+recent64": {"kv_cache_dtype": "fp8_e4m3", "kv_cache_recent_keys": 64}}
 WINDOWS, DECODE = 3, 256
 OUT = HERE / "fp8_recent_keys.jsonl"
 
 length = int(sys.argv[1]) if len(sys.argv) > 1 else 1024
-wanted = sys.argv[2:] or [f"{s}/{c}" for s in SCHEMES for c in CACHES]
+wanted = sys.argv[2:] or [f"{s}/{c}" for s in SCHEMES if s != "pod" for c in CACHES]
 done = {(r["length"], r["row"]) for r in map(json.loads, OUT.read_text().splitlines())} if OUT.exists() else set()
 tokenizer = load_tokenizer("default")
 windows = perplexity_windows(tokenizer, length, WINDOWS)
@@ -38,11 +41,12 @@ for row in wanted:
         continue
     scheme, cache = row.split("/")
     started = time.perf_counter()
-    model = load_model("default", device="cpu", dtype="float32", **SCHEMES[scheme], **CACHES[cache])
+    source = os.environ["POD_EXPORT"] if scheme == "pod" else "default"
+    model = load_model(source, device="cpu", dtype="float32", **SCHEMES[scheme], **CACHES[cache])
     nll = [window_perplexity(model, ids, decode_tokens=DECODE) for ids in windows]
     per_window = [math.exp(n.decode_nll / n.decode_tokens) for n in nll]
     ppl = math.exp(sum(n.decode_nll for n in nll) / sum(n.decode_tokens for n in nll))
-    record = {"length": length, "row": row, "scheme": scheme, "cache": cache, "decode_ppl": ppl,
+    record = {"length": length, "row": row, "scheme": scheme, "cache": cache, "model": source, "decode_ppl": ppl,
               "per_window": per_window, "windows": WINDOWS, "decode_tokens": DECODE,
               "seconds": round(time.perf_counter() - started, 1)}
     with OUT.open("a") as f:
