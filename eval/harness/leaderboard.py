@@ -62,11 +62,11 @@ from tqdm import tqdm
 
 from eval.harness import fidelity
 from eval.harness import leaderboard_records as lr
+from eval.harness.kv_cache_options import add_kv_cache_arguments, cache_override, check_kv_cache_arguments
 from eval.harness.peers_kvpress import PRESSES
 from eval.models import load_model, load_tokenizer
 from eval.runner import apply_overrides, retrieval_generate
 from eval.schemes import Setting, budget_overrides, budget_sweep_methods, method_rank
-from kernels.fp8_kv import KV_CACHE_DTYPES
 from sparse_models.calibration.outputs import save_figure, write_json
 from sparse_models.engine import GenerationEngine
 from sparse_models.engine.answers import engine_answers, slots_needed
@@ -291,8 +291,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-new-tokens", type=int, default=None, help="cap RULER's answer lengths (smoke runs)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", default="auto", help="auto = bf16 on CUDA, fp32 on CPU")
-    parser.add_argument("--kv-cache-dtype", default=None, choices=list(KV_CACHE_DTYPES),
-                        help="every row's KV cache dtype (default: the model's config; a separate --out per dtype)")
+    add_kv_cache_arguments(parser)
     parser.add_argument("--engine", action=argparse.BooleanOptionalAction, default=None,
                         help="batched answers through podkit's generation engine (default: on CUDA; the same "
                              "protocol as the one-prompt loop, checked in tests/eval/test_engine_runner.py)")
@@ -335,14 +334,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     for ratio in args.peer_ratios or ():
         if not 0 < ratio < 1:
             parser.error(f"--peer-ratios {ratio} is invalid: expected a compression ratio in (0, 1), e.g. 0.875")
+    check_kv_cache_arguments(parser, args)
     if args.pod_adapted and not (Path(args.pod_adapted) / "config.json").exists():
         parser.error(f"--pod-adapted {args.pod_adapted!r} is invalid: no config.json in that folder")
     return args
-
-
-def cache_override(args: argparse.Namespace) -> dict[str, str]:
-    """``--kv-cache-dtype`` as a load-time override (none: the checkpoint's own config decides)."""
-    return {"kv_cache_dtype": args.kv_cache_dtype} if args.kv_cache_dtype else {}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -420,7 +415,7 @@ def main(argv: list[str] | None = None) -> dict:
         failures["peers"] = f"kvpress processes exited with {codes}: their records so far are kept; rerun to continue"
     meta = {"command": "python -m eval.leaderboard " + " ".join(argv if argv is not None else sys.argv[1:]),
             "model": args.model, "device": name, "dtype": args.dtype, "chat_template": chat,
-            "kv_cache_dtype": base.kv_cache_dtype,
+            "kv_cache_dtype": base.kv_cache_dtype, "kv_cache_recent_keys": base.kv_cache_recent_keys,
             "date": time.strftime("%Y-%m-%d"), "calibration": calibration, "seconds": round(time.time() - started, 1),
             "samples_per_task": args.samples, "seed": args.seed}
     if failures:

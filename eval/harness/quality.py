@@ -28,13 +28,13 @@ from typing import Any, Callable, Iterable
 
 import torch
 
+from eval.harness.kv_cache_options import add_kv_cache_arguments, cache_override, check_kv_cache_arguments
 from eval.models import load_model, load_tokenizer
 from eval.runner import apply_overrides, retrieval_generate, window_perplexity
 from eval.schemes import Setting, parse_setting, setting_forms
 from eval.tasks.needle import needle_correct, needle_grid
 from eval.tasks.passkey import passkey_correct, passkey_grid
 from eval.tasks.perplexity import perplexity_windows
-from kernels.fp8_kv import KV_CACHE_DTYPES
 
 RETRIEVAL_TASKS = ("passkey", "passkey_text", "needle")
 TASKS = RETRIEVAL_TASKS + ("ppl",)
@@ -167,21 +167,19 @@ def build_parser() -> argparse.ArgumentParser:
                         help="cuda or cpu (default: cuda when a GPU is visible)")
     parser.add_argument("--dtype", default="auto",
                         help="auto (bfloat16 on CUDA, float32 on CPU), float32, bfloat16 or float16")
-    parser.add_argument("--kv-cache-dtype", default=None, choices=list(KV_CACHE_DTYPES),
-                        help="every setting's KV cache dtype (default: the model's config)")
+    add_kv_cache_arguments(parser, "every setting's")
     parser.add_argument("--out", default=None, metavar="JSON",
                         help="also write every record and the summary to this JSON file")
     return parser
 
 
 def main(argv: list[str] | None = None) -> dict:
-    args = build_parser().parse_args(argv)
-
-
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    check_kv_cache_arguments(parser, args)
     settings = [parse_setting(label, **({"pod_blocks_file": args.pod_blocks} if label.startswith("pod") and
                                         "@" not in label else {})) for label in args.settings]
-    cache = {"kv_cache_dtype": args.kv_cache_dtype} if args.kv_cache_dtype else {}
-    model = load_model(args.model, device=args.device, dtype=args.dtype, **cache)
+    model = load_model(args.model, device=args.device, dtype=args.dtype, **cache_override(args))
     tokenizer = load_tokenizer(args.model)
     base = model.sparse_config
     records: list[dict] = []
@@ -194,7 +192,8 @@ def main(argv: list[str] | None = None) -> dict:
             else:
                 samples = retrieval_samples(task, tokenizer, args.lengths, args.depths, args.samples_per_cell)
                 records += run_retrieval(model, tokenizer, task, samples, setting, emit=lambda r: print(json.dumps(r)))
-    result = {"model": args.model, "device": args.device, "kv_cache_dtype": base.kv_cache_dtype, "records": records,
+    result = {"model": args.model, "device": args.device, "kv_cache_dtype": base.kv_cache_dtype,
+              "kv_cache_recent_keys": base.kv_cache_recent_keys, "records": records,
               "summary": summarise(records)}
     print(json.dumps(result["summary"], indent=1))
     if args.out:

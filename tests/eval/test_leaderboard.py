@@ -154,6 +154,15 @@ def test_kv_cache_dtype_is_a_load_time_override():
     args = leaderboard.parse_args(["--kv-cache-dtype", "fp8_e4m3"])
     assert leaderboard.cache_override(args) == {"kv_cache_dtype": "fp8_e4m3"}
     assert leaderboard.cache_override(leaderboard.parse_args([])) == {}
+    args = leaderboard.parse_args(["--kv-cache-dtype", "fp8_e4m3", "--kv-cache-recent-keys", "64"])
+    assert leaderboard.cache_override(args) == {"kv_cache_dtype": "fp8_e4m3", "kv_cache_recent_keys": 64}
+
+
+def test_recent_keys_without_an_fp8_cache_is_one_parser_error(tmp_path, capsys):
+    with pytest.raises(SystemExit) as error:
+        leaderboard.main(["--kv-cache-recent-keys", "64", "--out", str(tmp_path)])
+    assert error.value.code == 2 and "--kv-cache-recent-keys 64 needs --kv-cache-dtype fp8_e4m3" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
 
 
 # ---------------------------------------------------------------------------------------------- peers

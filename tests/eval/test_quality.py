@@ -63,3 +63,27 @@ def test_fp8_cache_runs_the_same_tasks_and_moves_decode_perplexity_a_little(tmp_
     assert quantised["decode_ppl"] == pytest.approx(dense["decode_ppl"], rel=0.05)
     with pytest.raises(SystemExit):
         main(args + ["--kv-cache-dtype", "fp8"])
+
+
+def test_recent_keys_option_reaches_the_cache_and_bad_values_stop_before_any_model(tmp_path, tiny_tokenizer,
+                                                                                    fake_text_cache, capsys):
+    """--kv-cache-recent-keys W: the newest W keys are read in the model's dtype, so a window covering every decoded
+    position brings the decode perplexity closer to the unquantised cache's than plain FP8; a window without an FP8
+    cache, or a negative one, is one parser error."""
+    from eval.harness.quality import main
+    from tests.tiny_models import tiny_model
+
+    tiny_model(3, 2, seed=0, eval=False, vocab=len(tiny_tokenizer), intermediate=64,
+               positions=1024).save_pretrained(tmp_path / "model")
+    tiny_tokenizer.save_pretrained(tmp_path / "model")
+    args = ["ppl", "--model", str(tmp_path / "model"), "--device", "cpu", "--lengths", "200", "--decode-tokens", "6"]
+    fp8 = ["--kv-cache-dtype", "fp8_e4m3"]
+    exact, plain, recent = main(args), main(args + fp8), main(args + fp8 + ["--kv-cache-recent-keys", "256"])
+    assert recent["kv_cache_recent_keys"] == 256 and plain["kv_cache_recent_keys"] == 0
+    cell = lambda r: r["summary"]["ppl"]["dense"]["200"]["decode_ppl"]  # noqa: E731
+    assert abs(cell(recent) - cell(exact)) < abs(cell(plain) - cell(exact))
+    for bad, message in ((["--kv-cache-recent-keys", "64"], "needs --kv-cache-dtype fp8_e4m3"),
+                         (fp8 + ["--kv-cache-recent-keys", "-1"], "--kv-cache-recent-keys -1 is invalid")):
+        with pytest.raises(SystemExit) as error:
+            main(args + bad)
+        assert error.value.code == 2 and message in capsys.readouterr().err
