@@ -87,6 +87,24 @@ def pick_configs(gpu_configs, interpreter_config, hopper_configs=(), *, hopper_o
     return list(gpu_configs) + (list(hopper_configs) if opted_in and is_hopper_or_newer() else [])
 
 
+def float32_first_candidate(configs, named_args, **kwargs):
+    """``early_config_prune`` of every autotuned podkit kernel (``prune_configs_by=FLOAT32_FIRST_CANDIDATE``):
+    with float32 inputs only the first candidate is compiled, with bf16 / fp16 every candidate.
+
+    float32 is the compatibility path (the embedded default loads as stored, in float32), where ``tl.dot`` runs in
+    exact IEEE math (:func:`dot_precision`); generating that dot's PTX for every tile candidate held the first
+    ``generate()`` call for minutes on an H100, while the first candidate alone compiles in seconds (BENCHMARKS.md,
+    "generate() against the engine"; ``benchmarks/plans/gve_fp32_probe.py``). The dtype is the first floating
+    tensor argument's; Triton's autotuner keys its cache on argument dtypes, so a bf16 call still tunes fully."""
+    for value in named_args.values():
+        if isinstance(value, torch.Tensor) and value.is_floating_point():
+            return list(configs[:1]) if value.dtype == torch.float32 else list(configs)
+    return list(configs)
+
+
+FLOAT32_FIRST_CANDIDATE = {"early_config_prune": float32_first_candidate}
+
+
 def dot_precision(dtype: torch.dtype) -> str:
     """``tl.dot`` input precision: fp32 inputs use exact IEEE math (tf32 would lose ~3 digits);
     fp16/bf16 inputs use the tensor cores' native precision with fp32 accumulation."""

@@ -25,7 +25,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._prefill_common import POD_HOPPER_CONFIGS_ENV, pick_configs
+from ._prefill_common import FLOAT32_FIRST_CANDIDATE, POD_HOPPER_CONFIGS_ENV, pick_configs
 from ._prefill_pod_fwd import pod_key_ranges
 
 
@@ -132,7 +132,7 @@ def _dkdv_block(
     return dk, dv
 
 
-@triton.autotune(configs=dkdv_configs(), key=["HEAD_DIM", "GROUP", "PROX_ONLY"])
+@triton.autotune(configs=dkdv_configs(), key=["HEAD_DIM", "GROUP", "PROX_ONLY"], prune_configs_by=FLOAT32_FIRST_CANDIDATE)
 @triton.jit
 def pod_dkdv_kernel(
     Q, K_OWN, K_ANC, V, DOUT, LSE2, DELTA, SEQ_LENS, DK_OWN, DK_ANC, DV,
@@ -284,7 +284,7 @@ def _dq_block(
     return dq
 
 
-@triton.autotune(configs=dq_configs(), key=["HEAD_DIM", "GROUP", "PROX_ONLY"])
+@triton.autotune(configs=dq_configs(), key=["HEAD_DIM", "GROUP", "PROX_ONLY"], prune_configs_by=FLOAT32_FIRST_CANDIDATE)
 @triton.jit
 def pod_dq_kernel(
     Q, K_OWN, K_ANC, V, DOUT, LSE2, DELTA, SEQ_LENS, DQ,

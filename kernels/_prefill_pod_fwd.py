@@ -23,7 +23,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._prefill_common import POD_HOPPER_CONFIGS_ENV, forward_tile_configs
+from ._prefill_common import FLOAT32_FIRST_CANDIDATE, POD_HOPPER_CONFIGS_ENV, forward_tile_configs
 
 MODE_PROX = 0
 MODE_PROX_MASKED = 1
@@ -127,7 +127,8 @@ def pod_key_ranges(first_q, last_q, kv_end, sink, recent, BLOCK_N: tl.constexpr)
     return e1, e2, e3, e4, end
 
 
-@triton.autotune(configs=forward_configs(), key=["HEAD_DIM", "GROUP", "RETURN_GATE", "PROX_ONLY"])
+@triton.autotune(configs=forward_configs(), key=["HEAD_DIM", "GROUP", "RETURN_GATE", "PROX_ONLY"],
+                 prune_configs_by=FLOAT32_FIRST_CANDIDATE)
 @triton.jit
 def pod_forward_kernel(
     Q, K_OWN, K_ANC, V, SEQ_LENS, OUT, LSE2, GATE,

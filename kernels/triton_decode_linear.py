@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._prefill_common import dot_precision, pick_configs
+from ._prefill_common import FLOAT32_FIRST_CANDIDATE, dot_precision, pick_configs
 from ._value_checks import check_decode_linear_inputs
 
 
@@ -63,7 +63,8 @@ def _store(OUT, stride_om, col0, acc, B, rows, M, N, HAS_BIAS: tl.constexpr, M_B
              mask=(offs_m[:, None] < M) & (rows[None, :] < N))
 
 
-@triton.autotune(configs=_configs(), key=["N0", "N1", "N2", "K", "M_BLOCK", "GATED"])
+@triton.autotune(configs=_configs(), key=["N0", "N1", "N2", "K", "M_BLOCK", "GATED"],
+                 prune_configs_by=FLOAT32_FIRST_CANDIDATE)
 @triton.jit
 def _decode_linear_kernel(X, W0, W1, W2, B0, B1, B2, OUT, M, K, N0, N1, N2,
                           stride_xm, stride_w0, stride_w1, stride_w2, stride_om,

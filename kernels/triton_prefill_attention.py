@@ -33,6 +33,7 @@ import triton.language as tl
 
 from . import reference
 from ._prefill_common import (
+    FLOAT32_FIRST_CANDIDATE,
     LOG2_E,
     check_float_tensor,
     check_gqa,
@@ -99,7 +100,7 @@ def _attend_block(
 # LEN_BUCKET (ceil log2 of the query count) is in the key so that a short prefill and a 32K one each get
 # the tile that is fastest for them (at 8K vs 32K on an H200 the best BLOCK_N differs), without
 # retuning for every length
-@triton.autotune(configs=_configs(), key=["HEAD_DIM", "GROUP", "LEN_BUCKET"])
+@triton.autotune(configs=_configs(), key=["HEAD_DIM", "GROUP", "LEN_BUCKET"], prune_configs_by=FLOAT32_FIRST_CANDIDATE)
 @triton.jit
 def _prefill_attention_kernel(
     Q, K, V, OUT, LSE, Q_OFFSETS, KV_LENS, LEN_BUCKET,

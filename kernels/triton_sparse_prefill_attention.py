@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 from ._prefill_common import (
+    FLOAT32_FIRST_CANDIDATE,
     LOG2_E,
     check_float_tensor,
     check_gqa,
@@ -66,7 +67,7 @@ def _attend_listed_block(
     return acc, m_new, l_i
 
 
-@triton.autotune(configs=_configs(), key=["HEAD_DIM", "GROUP"])
+@triton.autotune(configs=_configs(), key=["HEAD_DIM", "GROUP"], prune_configs_by=FLOAT32_FIRST_CANDIDATE)
 @triton.jit
 def _sparse_prefill_kernel(
     Q, K, V, OUT, IDX,

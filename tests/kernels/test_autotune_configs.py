@@ -83,3 +83,36 @@ def test_shipped_hopper_candidates_are_new_and_wgmma_shaped(compiled_on, monkeyp
         assert extra and not set(extra) & set(base), make.__name__
         # a warpgroup is 4 warps; wgmma tiles have M >= 64 (the larger of the two tile sides here)
         assert all(w % 4 == 0 and max(dict(kw).values()) >= 64 for kw, w, _ in extra), extra
+
+
+@pytest.mark.parametrize("dtype, expected", [
+    (torch.float32, GPU[:1]),       # exact IEEE dot: the first candidate only (compile time)
+    (torch.bfloat16, GPU + HOPPER),
+    (torch.float16, GPU + HOPPER),
+])
+def test_float32_inputs_compile_the_first_candidate_only(dtype, expected):
+    named = {"LEN": 7, "IDX": torch.zeros(3, dtype=torch.int32), "Q": torch.zeros(2, 4, dtype=dtype),
+             "K": torch.zeros(2, 4, dtype=torch.bfloat16)}
+    assert common.float32_first_candidate(GPU + HOPPER, named) == expected
+
+
+def test_float32_pruning_without_a_floating_tensor_keeps_every_candidate():
+    assert common.float32_first_candidate(GPU, {"N": 4, "IDX": torch.zeros(2, dtype=torch.int64)}) == GPU
+
+
+def test_every_autotuned_kernel_prunes_float32_inputs():
+    """A new autotuned kernel without the pruning would compile every candidate's IEEE dot for a float32 model."""
+    import importlib
+    import pkgutil
+
+    from triton.runtime.autotuner import Autotuner
+
+    import kernels
+
+    tuned = {}
+    for info in pkgutil.iter_modules(kernels.__path__):
+        module = importlib.import_module(f"kernels.{info.name}")
+        tuned.update({f"{info.name}.{name}": obj for name, obj in vars(module).items() if isinstance(obj, Autotuner)})
+    assert len(tuned) >= 6, sorted(tuned)
+    unpruned = sorted(name for name, obj in tuned.items() if obj.early_config_prune is not common.float32_first_candidate)
+    assert not unpruned, f"autotuned kernels without prune_configs_by=FLOAT32_FIRST_CANDIDATE: {unpruned}"
