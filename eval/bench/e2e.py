@@ -664,7 +664,13 @@ def resolve_variants(args: argparse.Namespace, shape: dict, cases: dict) -> tupl
         if base in decode_bases:
             decode[spec] = scheme_overrides(base, shape["num_hidden_layers"], shape["num_key_value_heads"],
                                             args.budget, args.tiny) | extra
-            SparseAttentionConfig().with_overrides(**decode[spec])
+            # each decode cell sets kv_cache_dtype to its column's (decode_cell), so the variant is checked with
+            # every --kv-cache-dtypes value: kv_cache_recent_keys is valid beside fp8_e4m3 only
+            for kv_cache_dtype in args.kv_cache_dtypes:
+                try:
+                    SparseAttentionConfig().with_overrides(**(decode[spec] | {"kv_cache_dtype": kv_cache_dtype}))
+                except ConfigError as err:
+                    raise ConfigError(f"--variants {spec!r} with --kv-cache-dtypes {kv_cache_dtype}: {err}") from None
         if base not in cases and base not in decode_bases:
             raise ConfigError(f"--variants {spec!r}: base {base!r} is neither a decode scheme ("
                               f"{', '.join(sorted(decode_bases))}) nor a prefill case ({', '.join(cases)})")

@@ -54,3 +54,18 @@ def test_a_pod_variant_gets_a_decode_row_and_a_prefill_row():
     decode, prefill = e2e.resolve_variants(args, shape, cases)
     assert decode["pod:pod_sharing=scores"]["pod_sharing"] == "scores"
     assert prefill["pod:pod_sharing=scores"][0] == cases["pod"][0] | {"pod_sharing": "scores"}
+
+
+def test_a_recent_keys_variant_is_checked_with_the_kv_dtypes_its_cells_run():
+    """Each decode cell sets its column's kv_cache_dtype: ``kv_cache_recent_keys`` is valid beside FP8 KV only, so a
+    variant naming it runs under ``--kv-cache-dtypes fp8_e4m3`` and is refused, naming the dtype, beside bfloat16."""
+    spec = "podkit-dense:kv_cache_recent_keys=4"
+    shape = dict(e2e.TINY)
+    args = e2e.parse_args(["--tiny", "--kv-cache-dtypes", "fp8_e4m3", "--variants", spec])
+    e2e.apply_tiny(args)
+    decode, _ = e2e.resolve_variants(args, shape, e2e.prefill_cases(shape, args))
+    assert decode[spec]["kv_cache_recent_keys"] == 4
+    args = e2e.parse_args(["--tiny", "--kv-cache-dtypes", "bfloat16", "fp8_e4m3", "--variants", spec])
+    e2e.apply_tiny(args)
+    with pytest.raises(e2e.ConfigError, match="with --kv-cache-dtypes bfloat16: kv_cache_recent_keys=4 is invalid"):
+        e2e.resolve_variants(args, shape, e2e.prefill_cases(shape, args))
