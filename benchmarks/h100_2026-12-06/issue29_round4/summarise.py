@@ -1,0 +1,79 @@
+"""Summary table and PNG of issue 29's fourth round (this folder, one H100, 2026-12-06): the 8K recipe with score
+sharing (as shipped since the third round) with long-range training data that is not RULER's (13% of the rows
+podkit:recall-long episodes) and, separately, with units chosen by gates learned on synthetic recall episodes
+(`pod.protect_units: auto`), beside the earlier rounds' rows on the same test samples
+(../../h200_2026-12-04/issue29_round3/summary.json: the original model, the 8K dense fine-tune control, the 8K
+recipe with key and with score sharing; those ran on an H200). RULER test split per row; the dev split and
+held-out perplexity from each run's learning curve (last point); KV saved from the training log.
+    python3 benchmarks/h100_2026-12-06/issue29_round4/summarise.py  ->  summary.json, ruler_vs_length.png"""
+import json
+import re
+import sys
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+HERE = Path(__file__).parent
+THIRD_ROUND = HERE.parents[1] / "h200_2026-12-04" / "issue29_round3" / "summary.json"
+sys.path.insert(0, str(HERE.parents[1] / "h200_2026-12-04" / "issue29_round2"))
+import summarise as second_round  # noqa: E402  (the second round's row and percentage helpers)
+
+CARRIED = ("original", "control_8k", "control_2k", "pod_8k", "pod_8k_scores", "pod_8k_scores_dense")
+ROWS = {  # row -> (run, label)
+    "pod_8k_scores_recall": ("pod_8k_scores_recall",
+                             "POD export, 8K recipe, score sharing, 13% podkit:recall-long rows"),
+    "pod_8k_scores_recall_dense": ("pod_8k_scores_recall", "its weights run densely"),
+    "pod_8k_scores_auto": ("pod_8k_scores_auto", "POD export, 8K recipe, score sharing, 16 units by learned gates"),
+    "pod_8k_scores_auto_dense": ("pod_8k_scores_auto", "its weights run densely"),
+}
+
+
+def kv_saved(run: str) -> float:
+    """The map's KV saved at 8192 as the training log states it (the explore stage's or the unit selection's)."""
+    text = (HERE / "logs" / f"{run}.train.log").read_text()
+    found = re.findall(r"KV saved at \d+ [\d.]+% -> ([\d.]+)%", text) or re.findall(r"KV saved ([\d.]+)% >=", text)
+    return float(found[-1])
+
+
+def main():
+    third = json.loads(THIRD_ROUND.read_text())
+    summary = {"protocol": third["protocol"], "device": "NVIDIA H100 80GB HBM3 (the carried rows: H200)", "rows": {}}
+    for row in CARRIED:
+        entry = dict(third["rows"][row])
+        if "(2026-12-0" not in entry["label"]:
+            entry["label"] += " (2026-12-04, round 3)"
+        summary["rows"][row] = entry
+    for row, (run, label) in ROWS.items():
+        entry = second_round.row_entry(HERE, row, run, label, 8192, row.endswith("_dense"), kv_saved)
+        data = json.loads((HERE / "rows" / f"{row}.json").read_text())["summary"]
+        entry["categories"] = {n: {c: round(v, 2) for c, v in s["categories"].items()} for n, s in data.items()}
+        summary["rows"][row] = entry
+    second_round.add_percentages(summary)
+    (HERE / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+
+    lengths = [int(n) for n in summary["rows"]["original"]["test"]]
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    for row in ("original", "control_8k", "pod_8k_scores", "pod_8k_scores_recall", "pod_8k_scores_recall_dense",
+                "pod_8k_scores_auto"):
+        e = summary["rows"][row]
+        name = e["label"] if not e["label"].startswith("its weights") else f"{row}: weights run densely"
+        ax.plot(lengths, [e["test"][str(n)] for n in lengths], marker="o", label=name,
+                linestyle="--" if row.endswith("_dense") or row.startswith("control") or row == "original" else "-")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(lengths, [str(n) for n in lengths])
+    ax.set_xlabel("context (tokens)")
+    ax.set_ylabel("RULER average, test split (13 tasks x 20)")
+    ax.set_title("SmolLM2-135M trained at 8192 tokens with score sharing, 30.1% KV saved:\n"
+                 "recall-long data and learned units (H100, 2026-12-06; earlier rows H200)", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.set_ylim(0, 60)
+    ax.legend(fontsize=7, loc="lower left")
+    fig.tight_layout()
+    fig.savefig(HERE / "ruler_vs_length.png", dpi=120)
+
+
+if __name__ == "__main__":
+    main()
