@@ -75,6 +75,10 @@ case "$part" in
       done
     fi
     if [ -f outputs/ruler_samples.tgz ]; then rm -rf "$P/ruler_samples"; tar xzf outputs/ruler_samples.tgz -C "$P"; fi
+    # the wide dev split (13 tasks x 10, seed 104729; issue29_serving_length.sh part devrows)
+    if [ -f outputs/ruler_samples_devwide.tgz ]; then
+      rm -rf "$P/ruler_samples_devwide"; tar xzf outputs/ruler_samples_devwide.tgz -C "$P"
+    fi
     # the dev split alone (the learning curve), when the test split comes in a later call
     if [ -f outputs/ruler_samples_dev.tgz ]; then mkdir -p "$P/ruler_samples"; tar xzf outputs/ruler_samples_dev.tgz -C "$P"; fi
     want=$(cat outputs/gguf_parts/count 2>/dev/null || cat "$P/gguf_parts/count" 2>/dev/null || echo 3)

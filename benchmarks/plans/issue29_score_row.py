@@ -1,7 +1,9 @@
 """Score one model on the 2K GPU recipe's RULER test split, length by length (records written after each), so
 that several rows run side by side on one GPU (benchmarks/plans/issue29_control_vs_pod.sh, part `rows`).
-Usage: python3 benchmarks/plans/issue29_score_row.py ROW MODEL OUT.json [dense] [recipe overrides]
-MODEL: `original` (the recipe's base model) or an export folder; `dense` runs it with dense attention."""
+Usage: python3 benchmarks/plans/issue29_score_row.py ROW MODEL OUT.json [dense] [split=dev] [recipe overrides]
+MODEL: `original` (the recipe's base model) or an export folder; `dense` runs it with dense attention; `split=dev`
+scores the dev split instead (the one choices are made on; widened by long_context.dev_tasks / dev_samples
+overrides, issue29_serving_length.sh part `devrows`)."""
 import dataclasses
 import json
 import sys
@@ -17,11 +19,13 @@ from train.recipe import load_recipe
 
 row, path, out = sys.argv[1], sys.argv[2], Path(sys.argv[3])
 dense = "dense" in sys.argv[4:]
-overrides = [a for a in sys.argv[4:] if a != "dense"]  # recipe overrides (key=value)
+use_dev = "split=dev" in sys.argv[4:]
+overrides = [a for a in sys.argv[4:] if a not in ("dense", "split=dev")]  # recipe overrides (key=value)
 recipe = load_recipe("recipes/smollm2_135m_gpu.yaml", overrides, check_environment=False)
 source = model_source(recipe)
 tokenizer = load_tokenizer(recipe, source)
-_, test = protocol.splits(recipe, getattr(load_config(recipe, source), "max_position_embeddings", None))
+dev, test = protocol.splits(recipe, getattr(load_config(recipe, source), "max_position_embeddings", None))
+split = dev if use_dev else test
 if path == "original":
     model = load_dense_reference(recipe, source)
 else:
@@ -31,12 +35,12 @@ if dense:
 model = model.to("cuda")
 print(row, path, "sparse config:", model.sparse_config, flush=True)
 records = []
-for length in test.lengths:
+for length in split.lengths:
     started = time.perf_counter()
-    samples = protocol.split_samples(dataclasses.replace(test, lengths=(length,)), tokenizer,
+    samples = protocol.split_samples(dataclasses.replace(split, lengths=(length,)), tokenizer,
                                      Path(recipe.long_context.samples_dir), public_model_name(recipe))
     records += scoring.score_samples(model, tokenizer, samples, chat=recipe.long_context.chat,
                                      batch_size=recipe.long_context.batch_size, label=row)
-    out.write_text(json.dumps({"row": row, "model": path, "dense": dense, "split": test.describe(),
+    out.write_text(json.dumps({"row": row, "model": path, "dense": dense, "split": split.describe(),
                                "summary": scoring.summarise(records), "records": records}, indent=1))
     print(f"{row} {length}: {time.perf_counter() - started:.0f}s", flush=True)

@@ -8,9 +8,13 @@
 #   probe_start / probe_check   whether a background process outlives its call (the answer decides nothing here:
 #                               `launch` restarts what is not running, resuming from checkpoints)
 #   launch NAME...              start the named runs that have no export and are not running (see `settings`;
-#                               next: pod_8k_scores_auto, pod_8k_scores_recall, pod_8k_scores_kv20 / 25 / 35)
+#                               next: control_8k_recall, pod_8k_scores_recall_auto, pod_8k_scores_kv20 / 25 / 35)
 #   wait SECONDS                wait for the launched runs (at most SECONDS), then print their progress
 #   rows ROW...                 score rows on the test split: RUN (its export) or RUN:dense (POD's weights run densely)
+#   devrows ROW...              the same rows on the wide dev split (all 13 tasks x 10 samples, seed 104729, samples
+#                               from outputs/ruler_samples_devwide.tgz, made on the CPU machine by ruler_samples.py
+#                               with those dev overrides and checked disjoint from the test split): what a choice
+#                               between candidates is made on when the learning curve's 6 x 5 dev split ties
 #   collect                     tar what the runs wrote (curves, losses, maps, gates, logs) under $OUT
 #   bench                       alone on the GPU, before any `launch` (one call, about 9 minutes): the decode cost of
 #                               score sharing, which the recipes ship since 2026-12-04, beside key sharing (eval.bench
@@ -21,8 +25,8 @@
 set -u
 part=${1:-}; shift || true
 case "$part" in
-  probe_start|probe_check|launch|wait|rows|collect|bench) ;;
-  *) echo "unknown part '$part'; allowed: probe_start, probe_check, launch, wait, rows, collect, bench" >&2; exit 2 ;;
+  probe_start|probe_check|launch|wait|rows|devrows|collect|bench) ;;
+  *) echo "unknown part '$part'; allowed: probe_start, probe_check, launch, wait, rows, devrows, collect, bench" >&2; exit 2 ;;
 esac
 OUT=${OUT:-outputs/issue29_serving_length}; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
 P=/tmp/p29; RUNS=$P/runs; mkdir -p "$RUNS"
@@ -30,6 +34,7 @@ export PYTHONUNBUFFERED=1 PYTHONPATH="$P/site:/tmp/site${PYTHONPATH:+:$PYTHONPAT
   TORCH_EXTENSIONS_DIR=/tmp/torch_ext DS_ACCELERATOR=cuda HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false \
   PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 common=(long_context.samples_dir="$P/ruler_samples" train.save_total_limit=1 pod.sharing=keys)
+DEV_WIDE="long_context.dev_tasks=[niah_single_1,niah_single_2,niah_single_3,niah_multikey_1,niah_multikey_2,niah_multikey_3,niah_multivalue,niah_multiquery,vt,cwe,fwe,qa_1,qa_2]"
 # pod.sharing=keys: what these runs measured (the recipes' default until 2026-12-04; they ship scores since);
 # a run that measures score sharing says pod.sharing=scores, which comes later on its command line and wins
 
@@ -66,6 +71,15 @@ settings() {  # name -> recipe, token cache and overrides (globals RECIPE, TOKEN
                                                                eval.every_steps=1000 train.save_steps=250) ;;
     # the trade-off curve at the serving length with score sharing: RULER against KV saved (the shipped run is the
     # 30% point; the paper's figure is 35%); pod.kv_saving sets the map's saving, min_kv_saving only lowers delta
+    # the fourth round's follow-ups (BENCHMARKS.md "Long-range training data and learned units at the serving
+    # length"): the recall candidate's own dense control (same data, steps, optimizer and objective), and the two
+    # levers of that round together
+    control_8k_recall) RECIPE=$r8 TOKENS=$P/tokens_8k OVR=(train.attention=dense "data.train=$MIX_8K,podkit:recall-long=1"
+                                                           eval.every_steps=1000 train.save_steps=250) ;;
+    pod_8k_scores_recall_auto) RECIPE=$r8 TOKENS=$P/tokens_8k OVR=(pod.sharing=scores "data.train=$MIX_8K,podkit:recall-long=1"
+                                                                   pod.protect_units=auto
+                                                                   "pod.unit_selection={length: 4096, samples: 8}"
+                                                                   eval.every_steps=1000 train.save_steps=250) ;;
     pod_8k_scores_kv20|pod_8k_scores_kv25|pod_8k_scores_kv35)
       RECIPE=$r8 TOKENS=$P/tokens_8k OVR=(pod.sharing=scores "pod.kv_saving=0.${1##*_kv}" pod.min_kv_saving=null
                                           eval.every_steps=1000 train.save_steps=250) ;;
@@ -113,14 +127,17 @@ case "$part" in
     done
     cat "$RUNS/rc.txt" 2>/dev/null
     nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader ;;
-  rows)
+  rows|devrows)
     # ROW is RUN (its export as exported) or RUN:dense (POD's weights run densely), scored in the order given,
     # ROWS_PARALLEL at a time (nine 8K rows at batch 64 do not fit in one H200's memory together)
-    mkdir -p "$OUT/rows"
+    folder=$part; split=(long_context.samples_dir="$P/ruler_samples")
+    [ "$part" = devrows ] && split=(split=dev long_context.samples_dir="$P/ruler_samples_devwide" "$DEV_WIDE"
+                                    long_context.dev_samples=10)
+    mkdir -p "$OUT/$folder"
     score() {  # row name, model, output, [dense]
       if [ ! -f "$2/config.json" ]; then echo "$1: no export at $2, skipped"; return; fi
       PYTHONPATH="$PWD:$PYTHONPATH" timeout 560 python3 benchmarks/plans/issue29_score_row.py "$@" \
-        long_context.samples_dir="$P/ruler_samples" long_context.batch_size=64 > "$OUT/rows/$1.log" 2>&1
+        "${split[@]}" long_context.batch_size=64 > "$OUT/$folder/$1.log" 2>&1
       echo "$1 rc=$?"
     }
     started=$(date +%s)
@@ -128,14 +145,14 @@ case "$part" in
       while [ "$(jobs -rp | wc -l)" -ge "${ROWS_PARALLEL:-4}" ]; do sleep 2; done
       run=${row%%:*}
       case "$row" in
-        *:dense) score "${run}_dense" "$RUNS/$run/export" "$OUT/rows/${run}_dense.json" dense & ;;
-        *) score "$run" "$RUNS/$run/export" "$OUT/rows/$run.json" & ;;
+        *:dense) score "${run}_dense" "$RUNS/$run/export" "$OUT/$folder/${run}_dense.json" dense & ;;
+        *) score "$run" "$RUNS/$run/export" "$OUT/$folder/$run.json" & ;;
       esac
     done
     wait
-    echo "rows wall $(( $(date +%s) - started )) s" | tee "$OUT/rows/wall.txt"
-    grep -h "s$\|Error" "$OUT"/rows/*.log | tail -30
-    (cd "$OUT" && tar czf rows.tgz rows && rm -rf rows) ;;
+    echo "$folder wall $(( $(date +%s) - started )) s" | tee "$OUT/$folder/wall.txt"
+    grep -h "s$\|Error" "$OUT/$folder"/*.log | tail -30
+    (cd "$OUT" && tar czf "$folder.tgz" "$folder" && rm -rf "$folder") ;;
   bench)
     timeout 390 python3 -m eval.bench e2e --sections decode --rows 32768x1 131072x1 131072x4 --hf-rows \
       --schemes podkit-dense pod tidal pod+tidal --variants pod:pod_sharing=scores pod+tidal:pod_sharing=scores \
