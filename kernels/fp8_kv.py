@@ -57,9 +57,11 @@ of the FP8 cache at 32K. Quest's page bounds cover both versions of a recent key
 keep the ring (``sparse_models/cache.py``, whose readers overlay it; ``engine/static_cache.py``), and every decode
 kernel takes it (``k_recent``; POD's ``k_local_recent`` for the layer's own keys and ``k_anchor_recent`` for the
 anchor's): a tile row whose position is among the newest W loads its key from the ring and takes scale 1
-(``kernels/_fp8_device.recent_key_rows``), the FP8 row is not used. Default 0 (off): every key tile pays the
-ring's masked load and select, not only the tiles that hold the newest W positions, and on a GPU that costs more
-decode time than the window's bytes suggest (BENCHMARKS.md "Recent keys' decode cost on an H100").
+(``kernels/_fp8_device.recent_key_rows``), the FP8 row is not used. Full decode runs that select only in the
+tiles that reach the newest W positions; the POD and sparse decode kernels run it on every tile (POD decode's
+distant loop spilled registers past tests/kernels/test_sm90_compile.py's limit with the tile test, and a sparse
+tile's rows are arbitrary positions). Default 0 (off): on a GPU the per-tile select cost more decode time than the
+window's bytes suggest (BENCHMARKS.md "Recent keys' decode cost on an H100").
 
 The decode kernels read FP8 K/V and their scales and dequantise in registers: an E4M3 value converts exactly
 to fp16 / bf16 / fp32 (3 mantissa bits, exponents 2^-9 .. 2^8), so the kernels feed ``k8.to(q.dtype)`` to the same

@@ -123,8 +123,11 @@ def _decode_split_kernel(
                                   ks_base + offs_n * stride_ksn, n_mask, tl.float16 if K16 else Q.dtype.element_ty,
                                   FP8, CVT == 0, REMASK >= 2)
         if RECENT > 0:
-            k, k_sc = F8.recent_key_rows(k, k_sc, kr_base, offs_n, stride_krn, offs_d, d_mask, n_mask, seq_len,
-                                         RECENT)
+            # only a tile that reaches the newest RECENT positions reads the ring: a per-row select on every tile
+            # cost more decode time than the ring's bytes (BENCHMARKS.md "Recent keys' decode cost on an H100")
+            if n0 + BLOCK_N > seq_len - RECENT:
+                k, k_sc = F8.recent_key_rows(k, k_sc, kr_base, offs_n, stride_krn, offs_d, d_mask, n_mask, seq_len,
+                                             RECENT)
         v, v_sc = F8.load_kv_tile(v_base + offs_n[:, None] * stride_vn + offs_d[None, :], kv_mask,
                                   vs_base + offs_n * stride_vsn, n_mask, tl.float16 if V16 else Q.dtype.element_ty,
                                   FP8, CVT == 0, REMASK >= 1)
