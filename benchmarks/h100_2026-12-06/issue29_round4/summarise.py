@@ -56,15 +56,9 @@ def main():
 
     lengths = [int(n) for n in summary["rows"]["original"]["test"]]
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
-    for row in ("original", "control_8k", "pod_8k_scores", "pod_8k_scores_recall", "pod_8k_scores_recall_dense",
-                "pod_8k_scores_auto"):
-        e = summary["rows"][row]
-        name = e["label"] if not e["label"].startswith("its weights") else f"{row}: weights run densely"
-        ax.plot(lengths, [e["test"][str(n)] for n in lengths], marker="o", label=name,
-                linestyle="--" if row.endswith("_dense") or row.startswith("control") or row == "original" else "-")
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(lengths, [str(n) for n in lengths])
-    ax.set_xlabel("context (tokens)")
+    rows = ["original", "control_8k", "pod_8k_scores", "pod_8k_scores_recall", "pod_8k_scores_recall_dense",
+            "pod_8k_scores_auto"]
+    second_round.plot_rows(ax, summary, rows, lengths)
     ax.set_ylabel("RULER average, test split (13 tasks x 20)")
     ax.set_title("SmolLM2-135M trained at 8192 tokens with score sharing, 30.1% KV saved:\n"
                  "recall-long data and learned units (H100, 2026-12-06; earlier rows H200)", fontsize=10)

@@ -60,6 +60,20 @@ def add_percentages(summary: dict) -> None:
             entry["test_pct_of_control"] = {n: round(100 * v / control[n], 1) for n, v in entry["test"].items()}
 
 
+def plot_rows(ax, summary: dict, rows: list[str], lengths: list[int]) -> None:
+    """RULER test average against context length, one line per row (dashed: the original, controls and weights
+    run densely), on a log2 length axis; the later rounds' summarise.py draw with it too."""
+    for row in rows:
+        e = summary["rows"][row]
+        xs = [n for n in lengths if str(n) in e["test"]]
+        name = e["label"] if not e["label"].startswith("its weights") else f"{row}: weights run densely"
+        ax.plot(xs, [e["test"][str(n)] for n in xs], marker="o", label=name,
+                linestyle="--" if row.endswith("_dense") or row.startswith("control") or row == "original" else "-")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(lengths, [str(n) for n in lengths])
+    ax.set_xlabel("context (tokens)")
+
+
 def main():
     first = json.loads(FIRST_ROUND.read_text())
     summary = {"protocol": first["protocol"], "rows": {}}
@@ -82,15 +96,7 @@ def main():
                                           "pod_scores_dense", "pod_lora", "pod_auto"]),
               ("trained at 8192 tokens", ["original", "control_8k", "pod_8k", "pod_8k_dense"])]
     for ax, (title, rows) in zip(axes, panels):
-        for row in rows:
-            e = summary["rows"][row]
-            xs = [n for n in lengths if str(n) in e["test"]]
-            name = e["label"] if not e["label"].startswith("its weights") else f"{row}: weights run densely"
-            ax.plot(xs, [e["test"][str(n)] for n in xs], marker="o", label=name,
-                    linestyle="--" if row.endswith("_dense") or row.startswith("control") or row == "original" else "-")
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(lengths, [str(n) for n in lengths])
-        ax.set_xlabel("context (tokens)")
+        plot_rows(ax, summary, rows, lengths)
         ax.set_title(f"SmolLM2-135M, {title} (30.1% KV saved)", fontsize=10)
         ax.grid(alpha=0.3)
         ax.set_ylim(0, 68)
