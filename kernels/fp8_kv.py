@@ -58,8 +58,9 @@ keep the ring (``sparse_models/cache.py``, whose readers overlay it; ``engine/st
 kernel takes it (``k_recent``; POD's ``k_local_recent`` for the layer's own keys and ``k_anchor_recent`` for the
 anchor's): a tile row whose position is among the newest W loads its key from the ring and takes scale 1
 (``kernels/_fp8_device.recent_key_rows``), the FP8 row is not used. Full decode runs that select only in the
-tiles that reach the newest W positions; the POD and sparse decode kernels run it on every tile (POD decode's
-distant loop spilled registers past tests/kernels/test_sm90_compile.py's limit with the tile test, and a sparse
+tiles that reach the newest W positions; POD decode's distant loop runs it only when W exceeds the proximal window
+(otherwise no distant position is among the newest W; a per-tile test there spilled registers past
+tests/kernels/test_sm90_compile.py's limit), its proximal loop and the sparse kernels on every tile (a sparse
 tile's rows are arbitrary positions). Default 0 (off): on a GPU the per-tile select cost more decode time than the
 window's bytes suggest (BENCHMARKS.md "Recent keys' decode cost on an H100").
 

@@ -65,7 +65,7 @@ def _pod_decode_split_kernel(
     G: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
     D: tl.constexpr, BLOCK_D: tl.constexpr, IEEE: tl.constexpr, SKIP: tl.constexpr = False,
     LOCAL_BY_POSITION: tl.constexpr = False, RETURN_SCORES: tl.constexpr = False, FP8: tl.constexpr = False,
-    RECENT: tl.constexpr = 0,
+    RECENT: tl.constexpr = 0, RECENT_DISTANT: tl.constexpr = 0,
 ):
     """Program (split, b*Hkv + kvh). Splits < num_distant_splits: distant positions
     [sink + split*chunk_d, ...) below p - recent + 1, keys from k_anchor. Other splits: virtual
@@ -80,7 +80,9 @@ def _pod_decode_split_kernel(
     QD: the distant programs' queries (Q itself under key sharing; the anchor layer's under score sharing), so each
     program loads one query tile either way.
     RECENT (FP8, > 0): keys of positions [seq_len - RECENT, seq_len) come from the model-dtype rings KRL (the
-    layer's own, proximal programs) and KRA (the anchor's, distant programs) at slot position % RECENT."""
+    layer's own, proximal programs) and KRA (the anchor's, distant programs) at slot position % RECENT.
+    RECENT_DISTANT: RECENT when it exceeds ``recent``, else 0. Distant positions lie below seq_len - recent, so a
+    window no wider than the proximal one never reaches them and the distant loop leaves out the ring's select."""
     split = tl.program_id(0)
     bh = tl.program_id(1)
     b = (bh // Hkv).to(tl.int64)
@@ -118,7 +120,7 @@ def _pod_decode_split_kernel(
             kv_mask = valid[:, None] & d_mask[None, :]
             k, k_sc = F8.load_kv_tile(ka_base + offs[:, None] * stride_an + offs_d[None, :], kv_mask,
                                       kas_base + offs * stride_asn, valid, Q.dtype.element_ty, FP8)
-            if RECENT > 0:
+            if RECENT_DISTANT > 0:
                 k, k_sc = F8.recent_key_rows(k, k_sc, KRA + b * stride_krab + kvh * stride_krah, offs, stride_kran,
                                              offs_d, d_mask, valid, seq_len, RECENT)
             v, v_sc = F8.load_kv_tile(v_base + offs[:, None] * stride_vn + offs_d[None, :], kv_mask,
@@ -287,6 +289,7 @@ def pod_decode_attention_triton(q, k_local, k_anchor, v_cache, seq_lens, *, sink
     k_local = k_anchor if by_position else C.last_dim_contiguous(k_local)
     k_local_scale = k_anchor_scale if by_position else k_local_scale
     k_local_recent = k_anchor_recent if by_position else k_local_recent
+    window = k_anchor_recent.shape[2] if k_anchor_recent is not None else 0
     rows = B * Hkv
     num_d, chunk_d = C.plan_splits(max(N - sink, 1), rows, q.device, _BLOCK_N)
     num_p, chunk_p = C.plan_splits(sink + recent, rows, q.device, _BLOCK_N, max_splits=8)
@@ -312,7 +315,7 @@ def pod_decode_attention_triton(q, k_local, k_anchor, v_cache, seq_lens, *, sink
         *C.recent_args(k_local_recent, lse_part), *C.recent_args(k_anchor_recent, lse_part),
         G=G, BLOCK_G=C.block_g(G), BLOCK_N=_BLOCK_N, D=D, BLOCK_D=triton.next_power_of_2(D),
         IEEE=q.dtype == torch.float32, SKIP=use_est, LOCAL_BY_POSITION=by_position, RETURN_SCORES=return_scores,
-        FP8=v_scale is not None, RECENT=k_anchor_recent.shape[2] if k_anchor_recent is not None else 0,
+        FP8=v_scale is not None, RECENT=window, RECENT_DISTANT=window if window > recent else 0,
         **launch,
     )
     # with an estimate the skipped heads' distant partials are already empty: no tau in the merge

@@ -72,12 +72,17 @@ def variants():
               ("pod_sparse_split", "per_group=True")}
     for name, variant, fn, constexprs, types, num_warps, num_stages in _bf16_variants():
         if (name, variant) in recent:
-            yield (name, f"{variant} fp8 recent", fn, dict(constexprs, FP8=True, RECENT=64), {**types, **_FP8_TYPES},
-                   num_warps, num_stages)
+            constexprs = dict(constexprs, FP8=True, RECENT=64)
+            if "RECENT_DISTANT" in fn.arg_names:  # POD decode: a window wider than the proximal one (the worst case)
+                constexprs["RECENT_DISTANT"] = 64
+            yield name, f"{variant} fp8 recent", fn, constexprs, {**types, **_FP8_TYPES}, num_warps, num_stages
 
 
 def _no_recent(fn, constexprs: dict) -> dict:
-    """A constexpr left out of the dict would compile as a runtime i32: RECENT = 0 for the kernels that have it."""
+    """A constexpr left out of the dict would compile as a runtime i32: RECENT = 0 (and POD decode's RECENT_DISTANT)
+    for the kernels that have it."""
+    if "RECENT_DISTANT" in fn.arg_names:
+        constexprs = dict(constexprs, RECENT_DISTANT=0)
     return dict(constexprs, RECENT=0) if "RECENT" in fn.arg_names else constexprs
 
 

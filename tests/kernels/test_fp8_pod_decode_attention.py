@@ -173,13 +173,17 @@ def recent_rings(floats, seq_lens, sink, recent, window, seed):
 
 
 @pytest.mark.parametrize("case", CASES[:4])
-@pytest.mark.parametrize("window", [3, 40])
+@pytest.mark.parametrize("window", [3, 40, "proximal", "proximal+1"])
 @pytest.mark.parametrize("dtype", CPU_DTYPES)
 def test_recent_keys_pod_decode_matches_reference(case, window, dtype, poisoned_outputs):
     """Recent keys (kernels/fp8_kv.py): proximal programs read the newest positions' keys from the layer's own
-    ring, distant programs from the anchor's; a window past the proximal one reaches distant positions too."""
-    q, floats, caches, scales, unread, seq_lens, sink, recent = fp8_pod_case(case, dtype, "cpu",
-                                                                             case_seed(case, dtype) + window)
+    ring, distant programs from the anchor's; a window past the proximal one reaches distant positions too (the
+    kernel's distant loop reads the ring only then: "proximal" and "proximal+1" are the windows on either side)."""
+    offset = {"proximal": 0, "proximal+1": 1}.get(window)
+    seed = case_seed(case, dtype) + (window if offset is None else 100 + offset)
+    q, floats, caches, scales, unread, seq_lens, sink, recent = fp8_pod_case(case, dtype, "cpu", seed)
+    if offset is not None:
+        window = recent + offset
     own, anchor = recent_rings(floats, seq_lens, sink, recent, window, seed=window)
     kw = dict(sink=sink, recent=recent, return_gate=True, return_scores=True, k_local_recent=own,
               k_anchor_recent=anchor)
