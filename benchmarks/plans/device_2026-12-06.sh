@@ -13,8 +13,8 @@
 #   wait S       the runs' progress after at most S seconds, and the suite's summary once it is written
 #   devrows      the wide dev split (13 tasks x 10) for every run (POD runs also with their weights run densely):
 #                what a choice between them is made on
-#   finish       the test-split rows of every run (POD runs also densely), the runs' curves and logs, the suite's
-#                logs, all under $OUT
+#   finish       the test-split rows of every run (POD runs also densely), the pass-key / needle target for them
+#                and the original, the runs' curves and logs, the suite's logs, all under $OUT
 # Inputs: benchmarks/plans/prep_8k_inputs.sh on the CPU machine. Next session (issue 29, fifth round):
 #   RUNS="pod_8k_scores_recall control_8k_recall pod_8k_scores_recall_auto pod_8k_scores" (the last for run-to-run
 #   noise), devrows to choose, finish for the test rows.
@@ -62,6 +62,8 @@ case "$part" in
   finish)
     # shellcheck disable=SC2046
     OUT="$OUT/issue29" ROWS_PARALLEL=4 bash benchmarks/plans/issue29_serving_length.sh rows $(rows_of)
+    # shellcheck disable=SC2046
+    OUT="$OUT/issue29" bash benchmarks/plans/issue29_serving_length.sh retrieval original $(rows_of)
     OUT="$OUT/issue29" bash benchmarks/plans/issue29_serving_length.sh collect
     suite_summary
     [ -d /tmp/gpu_suite ] && (cd /tmp && tar czf "$OUT/gpu_suite.tgz" gpu_suite) ;;

@@ -46,7 +46,8 @@ for length in (2048, 2100, 2048):
 
 
 def main():
-    out = Path(sys.argv[1]); out.mkdir(parents=True, exist_ok=True)
+    out = Path(sys.argv[1])
+    out.mkdir(parents=True, exist_ok=True)
     limit = float(sys.argv[2]) if len(sys.argv) > 2 else 100.0
     cases = {"float32": ("float32", {}, "generate"), "float32_autotune0": ("float32", {"PODKIT_TRITON_AUTOTUNE": "0"},
              "generate"), "bfloat16": ("bfloat16", {}, "generate"), "engine_float32": ("float32", {}, "engine"),

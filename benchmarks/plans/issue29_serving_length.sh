@@ -15,6 +15,9 @@
 #                               from outputs/ruler_samples_devwide.tgz, made on the CPU machine by ruler_samples.py
 #                               with those dev overrides and checked disjoint from the test split): what a choice
 #                               between candidates is made on when the learning curve's 6 x 5 dev split ties
+#   retrieval ROW...            the pass-key and needle target (podkit_passkey / podkit_needle at 2K and 4K x 10 depths,
+#                               scored as eval.chain's lm-eval run scores them: issue29_retrieval_row.py); ROW is
+#                               `original`, RUN or RUN:dense, one process at a time (each takes well under a minute)
 #   collect                     tar what the runs wrote (curves, losses, maps, gates, logs) under $OUT
 #   bench                       alone on the GPU, before any `launch` (one call, about 9 minutes): the decode cost of
 #                               score sharing, which the recipes ship since 2026-12-04, beside key sharing (eval.bench
@@ -25,8 +28,8 @@
 set -u
 part=${1:-}; shift || true
 case "$part" in
-  probe_start|probe_check|launch|wait|rows|devrows|collect|bench) ;;
-  *) echo "unknown part '$part'; allowed: probe_start, probe_check, launch, wait, rows, devrows, collect, bench" >&2; exit 2 ;;
+  probe_start|probe_check|launch|wait|rows|devrows|retrieval|collect|bench) ;;
+  *) echo "unknown part '$part'; allowed: probe_start, probe_check, launch, wait, rows, devrows, retrieval, collect, bench" >&2; exit 2 ;;
 esac
 OUT=${OUT:-outputs/issue29_serving_length}; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
 P=/tmp/p29; RUNS=$P/runs; mkdir -p "$RUNS"
@@ -160,6 +163,18 @@ case "$part" in
     echo "e2e rc=$?"; tail -12 "$OUT/e2e_scores.log"
     timeout 200 python3 -m eval.bench generate-vs-engine --out "$OUT/gve.json" > "$OUT/gve.log" 2>&1
     echo "generate-vs-engine rc=$?"; tail -8 "$OUT/gve.log" ;;
+  retrieval)
+    mkdir -p "$OUT/retrieval"
+    for row in "$@"; do
+      run=${row%%:*}; model="$RUNS/$run/export"; name=$run; dense=()
+      [ "$row" = original ] && model=original
+      case "$row" in *:dense) name=${run}_dense; dense=(dense) ;; esac
+      if [ "$model" != original ] && [ ! -f "$model/config.json" ]; then echo "$row: no export, skipped"; continue; fi
+      PYTHONPATH="$PWD:$PYTHONPATH" timeout 300 python3 benchmarks/plans/issue29_retrieval_row.py "$name" "$model" \
+        "$OUT/retrieval/$name.json" "${dense[@]}" > "$OUT/retrieval/$name.log" 2>&1
+      echo "$name rc=$?"; grep podkit_ "$OUT/retrieval/$name.log"
+    done
+    (cd "$OUT" && tar czf retrieval.tgz retrieval && rm -rf retrieval) ;;
   collect)
     (cd "$RUNS" && tar czf "$OUT/runs.tgz" --ignore-failed-read ./*.train.log rc.txt \
       ./*/learning_curve.json ./*/learning_curve.png ./*/losses.jsonl ./*/train_metrics.json \
