@@ -1,6 +1,7 @@
 """Why calibrated TidalDecode (`tidal_selection=all_union`) stays below Quest at 1/8 (issue 31): the attention-mass
-analysis of this folder's two `python -m eval.needle_heads` runs (a filler haystack and a prose one) at the budgets
-that are 1/8 and 1/4 of each length, beside the 2026-12-03 test board's per-task scores
+analysis of this folder's `python -m eval.needle_heads` runs (a filler haystack and a prose one with the default
+selection layers, and the prose one with the second selection layer moved) at the budgets that are 1/8 and 1/4 of
+each length, beside the 2026-12-03 test board's per-task scores
 (../h200_2026-12-03/issue31/board/records.tgz). Prints the tables of BENCHMARKS.md "Why calibrated TidalDecode
 stays below Quest" and writes issue31_why.json.
     python3 benchmarks/cpu_2026-12-06/issue31_why.py"""
@@ -13,7 +14,12 @@ from pathlib import Path
 
 HERE = Path(__file__).parent
 BOARD = HERE.parent / "h200_2026-12-03" / "issue31" / "board" / "records.tgz"
-RUNS = {"filler": HERE / "needle_heads_union.json", "prose (Pride and Prejudice)": HERE / "needle_heads_union_prose.json"}
+RUNS = {  # haystack and selection layers -> the needle_heads run (the default plan selects at layers 2 and 12)
+    "filler, layers 2+12": HERE / "needle_heads_union.json",
+    "prose, layers 2+12": HERE / "needle_heads_union_prose.json",
+    "prose, layers 2+14": HERE / "needle_heads_union_prose_sel2_14.json",
+    "prose, layers 2+12+18": HERE / "needle_heads_union_prose_sel2_12_18.json",
+}
 SELECTIONS = ("query_head", "kv_group", "all_union", "union_of_heads", "own_topk")
 BOARD_ROWS = {"dense": "records_dense.jsonl", "Quest @1/8": "records_quest_1_8.jsonl",
               "TidalDecode @1/8, all_union": "records_tidal_calibrated_1_8.jsonl"}
@@ -56,7 +62,7 @@ def board_tasks() -> dict:
 def main():
     result = {"mass_kept": mass_kept(), "board": board_tasks()}
     (HERE / "issue31_why.json").write_text(json.dumps(result, indent=1) + "\n")
-    print("| haystack | length | budget | " + " | ".join(SELECTIONS) + " |")
+    print("| haystack, selection layers | length | budget | " + " | ".join(SELECTIONS) + " |")
     for key, row in result["mass_kept"].items():
         print("| " + key + " | " + " | ".join(f"{row[s]:.0f}%" for s in SELECTIONS) + " |")
     print()
