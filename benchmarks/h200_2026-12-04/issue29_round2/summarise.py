@@ -60,6 +60,24 @@ def add_percentages(summary: dict) -> None:
             entry["test_pct_of_control"] = {n: round(100 * v / control[n], 1) for n, v in entry["test"].items()}
 
 
+def later_round_rows(previous: dict, carried, suffix: str, folder: Path, rows: dict, kv_saved) -> dict:
+    """``summary["rows"]`` of a later round: the ``carried`` rows of the previous round's summary (labels dated
+    with ``suffix`` unless they carry a date), then ``rows`` (row -> (run, label)) from ``folder``, trained at 8192
+    tokens, each with its test split's categories."""
+    out = {}
+    for row in carried:
+        entry = dict(previous["rows"][row])
+        if "(2026-12-0" not in entry["label"]:
+            entry["label"] += f" ({suffix})"
+        out[row] = entry
+    for row, (run, label) in rows.items():
+        entry = row_entry(folder, row, run, label, 8192, row.endswith("_dense"), kv_saved)
+        data = json.loads((folder / "rows" / f"{row}.json").read_text())["summary"]
+        entry["categories"] = {n: {c: round(v, 2) for c, v in s["categories"].items()} for n, s in data.items()}
+        out[row] = entry
+    return out
+
+
 def plot_rows(ax, summary: dict, rows: list[str], lengths: list[int]) -> None:
     """RULER test average against context length, one line per row (dashed: the original, controls and weights
     run densely), on a log2 length axis; the later rounds' summarise.py draw with it too."""

@@ -32,17 +32,8 @@ def kv_saved(run: str) -> float:
 
 def main():
     second = json.loads(SECOND_ROUND.read_text())
-    summary = {"protocol": second["protocol"], "rows": {}}
-    for row in CARRIED:
-        entry = dict(second["rows"][row])
-        if "(2026-12-0" not in entry["label"]:
-            entry["label"] += " (2026-12-04, round 2)"
-        summary["rows"][row] = entry
-    for row, (run, label) in ROWS.items():
-        entry = second_round.row_entry(HERE, row, run, label, 8192, row.endswith("_dense"), kv_saved)
-        data = json.loads((HERE / "rows" / f"{row}.json").read_text())["summary"]
-        entry["categories"] = {n: {c: round(v, 2) for c, v in s["categories"].items()} for n, s in data.items()}
-        summary["rows"][row] = entry
+    summary = {"protocol": second["protocol"]}
+    summary["rows"] = second_round.later_round_rows(second, CARRIED, "2026-12-04, round 2", HERE, ROWS, kv_saved)
     second_round.add_percentages(summary)
     (HERE / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
 
