@@ -11,11 +11,6 @@ import re
 import sys
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
 HERE = Path(__file__).parent
 THIRD_ROUND = HERE.parents[1] / "h200_2026-12-04" / "issue29_round3" / "summary.json"
 sys.path.insert(0, str(HERE.parents[1] / "h200_2026-12-04" / "issue29_round2"))
@@ -45,19 +40,11 @@ def main():
     second_round.add_percentages(summary)
     (HERE / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
 
-    lengths = [int(n) for n in summary["rows"]["original"]["test"]]
-    fig, ax = plt.subplots(figsize=(7.5, 4.8))
     rows = ["original", "control_8k", "pod_8k_scores", "pod_8k_scores_recall", "pod_8k_scores_recall_dense",
             "pod_8k_scores_auto"]
-    second_round.plot_rows(ax, summary, rows, lengths)
-    ax.set_ylabel("RULER average, test split (13 tasks x 20)")
-    ax.set_title("SmolLM2-135M trained at 8192 tokens with score sharing, 30.1% KV saved:\n"
-                 "recall-long data and learned units (H100, 2026-12-06; earlier rows H200)", fontsize=10)
-    ax.grid(alpha=0.3)
-    ax.set_ylim(0, 60)
-    ax.legend(fontsize=7, loc="lower left")
-    fig.tight_layout()
-    fig.savefig(HERE / "ruler_vs_length.png", dpi=120)
+    title = ("SmolLM2-135M trained at 8192 tokens with score sharing, 30.1% KV saved:\n"
+             "recall-long data and learned units (H100, 2026-12-06; earlier rows H200)")
+    second_round.save_one_panel(summary, rows, title, HERE / "ruler_vs_length.png")
 
 
 if __name__ == "__main__":

@@ -92,6 +92,20 @@ def plot_rows(ax, summary: dict, rows: list[str], lengths: list[int]) -> None:
     ax.set_xlabel("context (tokens)")
 
 
+def save_one_panel(summary: dict, rows: list[str], title: str, path: Path) -> None:
+    """A later round's PNG: ``rows`` against context length (:func:`plot_rows`) in one panel, 0-60 points."""
+    lengths = [int(n) for n in summary["rows"]["original"]["test"]]
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    plot_rows(ax, summary, rows, lengths)
+    ax.set_ylabel("RULER average, test split (13 tasks x 20)")
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.set_ylim(0, 60)
+    ax.legend(fontsize=7, loc="lower left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
 def main():
     first = json.loads(FIRST_ROUND.read_text())
     summary = {"protocol": first["protocol"], "rows": {}}

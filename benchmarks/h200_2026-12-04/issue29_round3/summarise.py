@@ -8,11 +8,6 @@ import re
 import sys
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
 HERE = Path(__file__).parent
 SECOND_ROUND = HERE.parent / "issue29_round2" / "summary.json"
 sys.path.insert(0, str(SECOND_ROUND.parent))
@@ -37,18 +32,10 @@ def main():
     second_round.add_percentages(summary)
     (HERE / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
 
-    lengths = [int(n) for n in summary["rows"]["original"]["test"]]
-    fig, ax = plt.subplots(figsize=(7.5, 4.8))
     rows = ["original", "control_8k", "pod_8k", "pod_8k_dense", "pod_8k_scores", "pod_8k_scores_dense"]
-    second_round.plot_rows(ax, summary, rows, lengths)
-    ax.set_ylabel("RULER average, test split (13 tasks x 20)")
-    ax.set_title("SmolLM2-135M trained at 8192 tokens, 30.1% KV saved: key against score sharing\n"
-                 "one H200, 2026-12-04", fontsize=10)
-    ax.grid(alpha=0.3)
-    ax.set_ylim(0, 60)
-    ax.legend(fontsize=7, loc="lower left")
-    fig.tight_layout()
-    fig.savefig(HERE / "ruler_vs_length.png", dpi=120)
+    title = ("SmolLM2-135M trained at 8192 tokens, 30.1% KV saved: key against score sharing\n"
+             "one H200, 2026-12-04")
+    second_round.save_one_panel(summary, rows, title, HERE / "ruler_vs_length.png")
 
 
 if __name__ == "__main__":
