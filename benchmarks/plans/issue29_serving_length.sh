@@ -37,7 +37,8 @@ export PYTHONUNBUFFERED=1 PYTHONPATH="$P/site:/tmp/site${PYTHONPATH:+:$PYTHONPAT
   TORCH_EXTENSIONS_DIR=/tmp/torch_ext DS_ACCELERATOR=cuda HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false \
   PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 common=(long_context.samples_dir="$P/ruler_samples" train.save_total_limit=1 pod.sharing=keys)
-DEV_WIDE="long_context.dev_tasks=[niah_single_1,niah_single_2,niah_single_3,niah_multikey_1,niah_multikey_2,niah_multikey_3,niah_multivalue,niah_multiquery,vt,cwe,fwe,qa_1,qa_2]"
+# the wide dev split's tasks: every RULER task (train/long_context_eval/ruler.py's TASKS)
+DEV_WIDE="long_context.dev_tasks=[$(python3 -c "from train.long_context_eval.ruler import TASKS; print(','.join(TASKS))" 2>/dev/null)]"
 # pod.sharing=keys: what these runs measured (the recipes' default until 2026-12-04; they ship scores since);
 # a run that measures score sharing says pod.sharing=scores, which comes later on its command line and wins
 
@@ -72,8 +73,6 @@ settings() {  # name -> recipe, token cache and overrides (globals RECIPE, TOKEN
     # issue29_control_vs_pod.sh stage from outputs/tokens_recall_long_8k.tgz (merged into the 8K token cache)
     pod_8k_scores_recall) RECIPE=$r8 TOKENS=$P/tokens_8k OVR=(pod.sharing=scores "data.train=$MIX_8K,podkit:recall-long=1"
                                                                eval.every_steps=1000 train.save_steps=250) ;;
-    # the trade-off curve at the serving length with score sharing: RULER against KV saved (the shipped run is the
-    # 30% point; the paper's figure is 35%); pod.kv_saving sets the map's saving, min_kv_saving only lowers delta
     # the fourth round's follow-ups (BENCHMARKS.md "Long-range training data and learned units at the serving
     # length"): the recall candidate's own dense control (same data, steps, optimizer and objective), and the two
     # levers of that round together
@@ -83,6 +82,8 @@ settings() {  # name -> recipe, token cache and overrides (globals RECIPE, TOKEN
                                                                    pod.protect_units=auto
                                                                    "pod.unit_selection={length: 4096, samples: 8}"
                                                                    eval.every_steps=1000 train.save_steps=250) ;;
+    # the trade-off curve at the serving length with score sharing: RULER against KV saved (the shipped run is the
+    # 30% point; the paper's figure is 35%); pod.kv_saving sets the map's saving, min_kv_saving only lowers delta
     pod_8k_scores_kv20|pod_8k_scores_kv25|pod_8k_scores_kv35)
       RECIPE=$r8 TOKENS=$P/tokens_8k OVR=(pod.sharing=scores "pod.kv_saving=0.${1##*_kv}" pod.min_kv_saving=null
                                           eval.every_steps=1000 train.save_steps=250) ;;

@@ -23,7 +23,7 @@ rm -rf outputs/gguf_parts && mkdir -p outputs/gguf_parts
 split -b 33M -d -a 1 "$gguf" outputs/gguf_parts/part_
 ls outputs/gguf_parts/part_* | wc -l > outputs/gguf_parts/count
 RECIPE=recipes/smollm2_135m_gpu_8k.yaml
-ALL_TASKS="[niah_single_1,niah_single_2,niah_single_3,niah_multikey_1,niah_multikey_2,niah_multikey_3,niah_multivalue,niah_multiquery,vt,cwe,fwe,qa_1,qa_2]"
+ALL_TASKS="[$("$PY" -c "from train.long_context_eval.ruler import TASKS; print(','.join(TASKS))")]"
 rm -rf outputs/ruler_samples outputs/ruler_samples_devwide
 "$PY" benchmarks/plans/ruler_samples.py "$RECIPE" outputs/ruler_samples
 "$PY" benchmarks/plans/ruler_samples.py "$RECIPE" outputs/ruler_samples_devwide "long_context.dev_tasks=$ALL_TASKS" \
