@@ -6,8 +6,8 @@
 # 2. e2e decode at 32K x 1, 128K x 1 and 128K x 4 (Llama-3-8B shape, random weights): each scheme with FP8 KV and
 #    with FP8 KV + the newest 64 keys in bf16 (a --variants row of the same scheme), and bf16 KV for the ratio.
 # 3. with `ruler` as the argument instead: the RULER test board (seed 7919, 13 tasks x 20, 2K / 4K) for dense,
-#    TidalDecode and Quest at 1/8 with plain FP8 KV and with FP8 KV + the newest 64 keys in bf16, side by side (the
-#    bf16 rows are the 2026-12-03 board's). Needs the test samples under /tmp/p31/issue31_test: carry
+#    TidalDecode and Quest at 1/8 with a bf16 cache, plain FP8 KV and FP8 KV + the newest 64 keys in bf16, side by
+#    side in one run (so the three differ only by the cache). Needs the test samples under /tmp/p31/issue31_test: carry
 #    outputs/issue31_test.tgz (`python -m eval.leaderboard --generate-only --lengths 2048 4096 8192 --samples 20
 #    --seed 7919 --out outputs/issue31_test`, then tar czf) and the staged model (issue29_control_vs_pod.sh stage).
 OUT=${OUT:-outputs/issue32_recent}; mkdir -p "$OUT"
@@ -16,15 +16,16 @@ if [ "${1:-}" = ruler ]; then
   Q=/tmp/p31; mkdir -p "$Q"
   [ -f outputs/issue31_test.tgz ] && tar xzf outputs/issue31_test.tgz -C "$Q"
   [ -d "$Q/issue31_test" ] || { echo "no test samples at $Q/issue31_test: carry outputs/issue31_test.tgz" >&2; exit 2; }
-  for row in fp8 fp8_recent64; do
-    extra=(); [ "$row" = fp8_recent64 ] && extra=(--kv-cache-recent-keys 64)
+  for row in bf16 fp8 fp8_recent64; do
+    extra=(--kv-cache-dtype fp8_e4m3); [ "$row" = fp8_recent64 ] && extra+=(--kv-cache-recent-keys 64)
+    [ "$row" = bf16 ] && extra=()
     rm -rf "$Q/board_$row"; cp -r "$Q/issue31_test" "$Q/board_$row"
     timeout 540 python3 -m eval.leaderboard --out "$Q/board_$row" --seed 7919 --samples 20 --no-calibrate \
-      --lengths 2048 4096 --kv-cache-dtype fp8_e4m3 "${extra[@]}" --settings dense tidal@1/8 quest@1/8 \
+      --lengths 2048 4096 --batch-size "${BATCH:-64}" "${extra[@]}" --settings dense tidal@1/8 quest@1/8 \
       > "$OUT/board_$row.log" 2>&1 &
   done
   wait
-  for row in fp8 fp8_recent64; do
+  for row in bf16 fp8 fp8_recent64; do
     mkdir -p "$OUT/board/$row"; cp "$Q/board_$row"/*.{json,md} "$OUT/board/$row/" 2>/dev/null
     rm -f "$OUT/board/$row"/samples_*.json; tail -2 "$OUT/board_$row.log"
   done

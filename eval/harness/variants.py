@@ -100,6 +100,28 @@ def tidal_grid(num_layers: int, calibration: str | None = None, grid: str = "ful
     return v
 
 
+def placement_grid(num_layers: int, selection: str = "all_union") -> list[Variant]:
+    """The second sweep, once granularity is chosen: ``selection`` (the first sweep's pick, BENCHMARKS.md "TidalDecode
+    and Token Sparse variants on RULER") with the re-selection layer moved through the middle third of the model, and
+    one three-layer plan. The needle-mass study ("Why calibrated TidalDecode stays below Quest") found the layer that
+    builds the shared list matters more than how the lists are merged, and that the all-heads calibration
+    (sparse_models/calibration/tidal_reselection.py) does not see the retrieval heads: so the layer is chosen here by
+    RULER on the dev seed, not by attention mass. The variant named ``selection`` alone is it at today's layers; the
+    per-head default is left out (the first sweep measured it)."""
+    from sparse_models.schemes.tidal import default_reselection_layer
+
+    today = default_reselection_layer(num_layers)
+    third = num_layers // 3
+    v = [Variant(selection, "tidal", {"tidal_selection": selection})]
+    for layer in range(third, 2 * third, 2):
+        if layer != today:
+            v.append(Variant(f"{selection}+sel[2,{layer}]", "tidal",
+                             {"tidal_selection": selection, "tidal_selection_layers": [2, layer]}))
+    v.append(Variant(f"{selection}+sel[2,{today},{2 * third}]", "tidal",
+                     {"tidal_selection": selection, "tidal_selection_layers": [2, today, 2 * third]}))
+    return v
+
+
 def token_sparse_grid(num_layers: int, drift: str | None = None, grid: str = "full") -> list[Variant]:
     """~11 Token Sparse variants: sparse layers (drift calibration / second half / all but the first two), tau,
     scoring window, sink tokens, keep_window."""
@@ -296,8 +318,12 @@ def sweep(args) -> dict:
     check_seed(args.seed, args.allow_test_seed)
     methods = ["tidal", "token_sparse"] if args.method == "both" else [args.method]
     layers = num_layers(args.model)
-    grids = {"tidal": tidal_grid(layers, args.tidal_calibration, args.grid),
-             "token_sparse": token_sparse_grid(layers, args.drift_calibration, args.grid)}
+    if args.grid == "placement" and args.method != "tidal":
+        raise SystemExit(f"--grid placement sweeps TidalDecode's selection layers: it needs --method tidal, "
+                         f"got --method {args.method}")
+    tidal = (placement_grid(layers) if args.grid == "placement"
+             else tidal_grid(layers, args.tidal_calibration, args.grid))
+    grids = {"tidal": tidal, "token_sparse": token_sparse_grid(layers, args.drift_calibration, args.grid)}
     variants = [v for m in methods for v in grids[m]]
     validate(variants, args.lengths, args.fractions)   # before the model loads: a bad grid costs no device time
     model = load_model(args.model, device=args.device)
@@ -339,7 +365,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--samples-dir", default=None, help="variants: folder with samples_<length>.json")
     parser.add_argument("--out", default="outputs/variants")
     parser.add_argument("--export", default=None, help="variants: write the pick into this export's config.json")
-    parser.add_argument("--grid", default="full", choices=["full", "small"])
+    parser.add_argument("--grid", default="full", choices=["full", "small", "placement"],
+                        help="variants: full / small one-factor grids, or placement (TidalDecode's union with the "
+                             "re-selection layer moved; --method tidal)")
     parser.add_argument("--tidal-calibration", default=None, help="variants: a tidal_reselection.json")
     parser.add_argument("--drift-calibration", default=None, help="variants: a token_sparse_drift.json")
     parser.add_argument("--time-limit", type=float, default=None)

@@ -166,3 +166,30 @@ def test_the_leaderboard_adds_calibrated_rows_from_variants_json_or_an_export(tm
     (export / "config.json").write_text(json.dumps({va.CALIBRATION_KEY: {"tidal": {"overrides": {"tidal_recent_share": 0.125}}}}))
     assert leaderboard.calibrated_picks(str(export)) == {"tidal": {"tidal_recent_share": 0.125}}
     assert leaderboard.parse_args(["--variants-from", str(path), "--device", "cpu"]).variants_from == str(path)
+
+
+def test_placement_grid_moves_the_reselection_layer_of_the_union_and_validates():
+    from sparse_models.schemes.tidal import default_reselection_layer
+
+    grid = va.placement_grid(30)
+    va.validate(grid, [2048, 4096], va.FRACTIONS)
+    assert all(v.overrides["tidal_selection"] == "all_union" for v in grid)
+    plans = [v.overrides.get("tidal_selection_layers") for v in grid]
+    assert plans[0] is None                                       # the union at today's layers
+    today = default_reselection_layer(30)
+    seconds = [p[1] for p in plans[1:] if len(p) == 2]
+    assert seconds == [10, 14, 16, 18] and today not in seconds   # the middle third, today's layer not repeated
+    assert [2, today, 20] in plans                                # one three-layer plan
+    assert len({v.label for v in grid}) == len(grid)
+
+
+def test_placement_grid_needs_the_tidal_method_before_any_model(monkeypatch):
+    import argparse
+
+    monkeypatch.setattr(va, "load_model", lambda *a, **k: pytest.fail("the model loaded before the check"))
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", default="default")
+    va.add_arguments(parser)
+    args = parser.parse_args(["--grid", "placement", "--method", "both", "--seed", str(protocol.DEV_SEED)])
+    with pytest.raises(SystemExit, match="--grid placement .* needs --method tidal, got --method both"):
+        va.sweep(args)
