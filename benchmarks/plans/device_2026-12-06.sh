@@ -30,12 +30,21 @@
 #                dense, Quest and the calibrated TidalDecode at 1/8, 1/4 and 1/2, 2K / 4K / 8K, one process per row
 #                (batch 16: seven of them share the GPU with the issue-29 rows); with ISSUE32=1 also issue 32's
 #                RULER rows with a bf16, an FP8 and an FP8 + recent-keys cache (issue32_recent_keys.sh ruler)
-#   finish       as above, plus the placement sweep and the board under $OUT/issue31 once they are written
+#   finish       as above (ROWS_PARALLEL rows at a time, default 4), plus issue 31's sweep and board so far
+#   podtidal [RUN]  issue 31's POD + TidalDecode rows on RUN's export (default pod_8k_scores_recall), test seed
+#   collect31 S  wait at most S seconds for issue 31's / 32's board processes, then tar what they wrote
+#
+# The third session (the second one's start ran out of GPU memory: three trainings, the suite and two sweeps at
+# batch 64 on one H100): RUNS="control_8k_recall pod_8k_scores_recall" (the candidate's own control and a second run
+# of the candidate), SUITE=0 (the suite alone afterwards, if device time is left), SWEEP31=1 (the sweep now at
+# --batch-size 16); board31 with BOARD31_PEERS=0 scores only the calibrated TidalDecode rows (dense and Quest are on
+# the 2026-12-03 board, the same test samples).
 set -u
 part=${1:-}; shift || true
 case "$part" in
-  stage|start|wait|devrows|board31|finish) ;;
-  *) echo "unknown part '$part'; allowed: stage, start, wait, devrows, board31, finish" >&2; exit 2 ;;
+  stage|start|wait|devrows|board31|podtidal|finish|collect31) ;;
+  *) echo "unknown part '$part'; allowed: stage, start, wait, devrows, board31, podtidal, finish, collect31" >&2
+     exit 2 ;;
 esac
 OUT=${OUT:-outputs/device_2026-12-06}; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
 export PYTHONUNBUFFERED=1 PYTHONPATH="/tmp/p29/site:/tmp/site${PYTHONPATH:+:$PYTHONPATH}" PODKIT_CACHE=/tmp/p29/cache \
@@ -52,6 +61,22 @@ sweep31_state() {  # the placement sweep's processes and their last lines
     echo "placement $length: $(tail -c 300 "$Q/place_$length.log" 2>/dev/null | tr '\r' '\n' | tail -1)"
   done
   cat "$Q/rc.txt" 2>/dev/null
+}
+collect31() {  # issue 31: the sweep (records, pick) and the board rows written so far; issue 32's rows
+  [ -d "$Q" ] || return 0
+  sweep31_state
+  pgrep -fa "eval.leaderboard --out $Q/board_" | cut -c1-160
+  (cd "$Q" && tar czf "$OUT/issue31.tgz" --ignore-failed-read --exclude='samples_*' placement place_*/*.json \
+    place_*/*.md place_*.log rc.txt board_*/*.json board_*/*.md board_*/records*.jsonl board_*.log issue32 issue32.log \
+    2>/dev/null)
+  ls -la "$OUT/issue31.tgz"
+}
+board_row() {  # issue 31's test board, one row in the background: name, leaderboard arguments...
+  local name=$1; shift
+  rm -rf "$Q/board_$name"; cp -r "$Q/issue31_test" "$Q/board_$name"
+  setsid nohup bash -c "timeout 900 python3 -m eval.leaderboard --out $Q/board_$name ${TEST31[*]} --no-calibrate \
+    --lengths 2048 4096 8192 --batch-size 16 $* > $Q/board_$name.log 2>&1; echo \"board $name rc=\$?\" >> $Q/rc.txt" \
+    > /dev/null 2>&1 < /dev/null &
 }
 suite_summary() {
   if [ -f /tmp/gpu_suite/summary.txt ]; then cat /tmp/gpu_suite/summary.txt; else echo "GPU suite: still running"; fi
@@ -75,15 +100,18 @@ case "$part" in
       echo "generate-vs-engine rc=$?"; tail -12 "$OUT/gve.log"
     fi
     OUT="$OUT/issue29" bash benchmarks/plans/issue29_serving_length.sh launch "${RUNS[@]}"
-    mkdir -p /tmp/gpu_suite
-    setsid nohup bash -c "LOGS=/tmp/gpu_suite scripts/test_gpu_parallel.sh python3 > /tmp/gpu_suite/summary.tmp 2>&1;
-      echo \"suite rc=\$?\" >> /tmp/gpu_suite/summary.tmp; mv /tmp/gpu_suite/summary.tmp /tmp/gpu_suite/summary.txt" \
-      > /dev/null 2>&1 < /dev/null &
-    echo "GPU suite started"
+    if [ "${SUITE:-1}" = 1 ]; then
+      mkdir -p /tmp/gpu_suite
+      setsid nohup bash -c "LOGS=/tmp/gpu_suite scripts/test_gpu_parallel.sh python3 > /tmp/gpu_suite/summary.tmp 2>&1;
+        echo \"suite rc=\$?\" >> /tmp/gpu_suite/summary.tmp; mv /tmp/gpu_suite/summary.tmp /tmp/gpu_suite/summary.txt" \
+        > /dev/null 2>&1 < /dev/null &
+      echo "GPU suite started"
+    fi
     if [ "${SWEEP31:-0}" = 1 ]; then
       for length in 2048 4096; do
         setsid nohup bash -c "timeout 1500 python3 -m eval.calibrate variants --method tidal --grid placement \
           --lengths $length ${DEV31[*]} --samples-dir $Q/issue31_dev --out $Q/place_$length --time-limit 1400 \
+          --batch-size 16 \
           > $Q/place_$length.log 2>&1; echo \"placement $length rc=\$?\" >> $Q/rc.txt" > /dev/null 2>&1 < /dev/null &
       done
       echo "issue 31 placement sweep started (2K, 4K)"
@@ -102,16 +130,9 @@ case "$part" in
     timeout 120 python3 -m eval.calibrate variants --method tidal --grid placement --lengths 2048 4096 "${DEV31[@]}" \
       --samples-dir "$Q/issue31_dev" --out "$Q/placement" --time-limit 60 > "$Q/placement.log" 2>&1
     echo "pick rc=$?"; head -30 "$Q/placement/variants.md" 2>/dev/null
-    board_row() {  # name, leaderboard arguments...
-      local name=$1; shift
-      rm -rf "$Q/board_$name"; cp -r "$Q/issue31_test" "$Q/board_$name"
-      setsid nohup bash -c "timeout 900 python3 -m eval.leaderboard --out $Q/board_$name ${TEST31[*]} --no-calibrate \
-        --lengths 2048 4096 8192 --batch-size 16 $* > $Q/board_$name.log 2>&1; echo \"board $name rc=\$?\" >> $Q/rc.txt" \
-        > /dev/null 2>&1 < /dev/null &
-    }
-    board_row dense --settings dense
+    [ "${BOARD31_PEERS:-1}" = 1 ] && board_row dense --settings dense
     for f in 1/8 1/4 1/2; do
-      board_row "quest_${f/\//_}" --settings "quest@$f"
+      [ "${BOARD31_PEERS:-1}" = 1 ] && board_row "quest_${f/\//_}" --settings "quest@$f"
       [ -f "$Q/placement/variants.json" ] && board_row "tidal_calibrated_${f/\//_}" \
         --variants-from "$Q/placement/variants.json" --settings "tidal_calibrated@$f"
     done
@@ -121,17 +142,32 @@ case "$part" in
         > "$Q/issue32.log" 2>&1 < /dev/null &
       echo "issue 32 board started"
     fi ;;
+  podtidal)
+    # issue 31's item 4: POD + TidalDecode on an adapted export (RUN, default the recall candidate), with the export
+    # alone beside it, on the test board's samples; the calibrated pick too once board31 wrote it
+    export_dir=/tmp/p29/runs/${1:-pod_8k_scores_recall}/export
+    [ -f "$export_dir/config.json" ] || { echo "no export at $export_dir"; exit 1; }
+    rows=(pod_adapted pod_adapted+tidal@1/8 pod_adapted+tidal@1/4)
+    calibrated=()
+    if [ -f "$Q/placement/variants.json" ]; then
+      calibrated=(--variants-from "$Q/placement/variants.json")
+      rows+=(pod_adapted+tidal_calibrated@1/8 pod_adapted+tidal_calibrated@1/4)
+    fi
+    board_row pod_tidal --pod-adapted "$export_dir" "${calibrated[@]}" --settings "${rows[@]}"
+    echo "POD + TidalDecode board started: ${rows[*]}" ;;
   finish)
     # shellcheck disable=SC2046
-    OUT="$OUT/issue29" ROWS_PARALLEL=4 bash benchmarks/plans/issue29_serving_length.sh rows $(rows_of)
+    OUT="$OUT/issue29" ROWS_PARALLEL=${ROWS_PARALLEL:-4} bash benchmarks/plans/issue29_serving_length.sh rows $(rows_of)
     # shellcheck disable=SC2046
     OUT="$OUT/issue29" bash benchmarks/plans/issue29_serving_length.sh retrieval original $(rows_of)
     OUT="$OUT/issue29" bash benchmarks/plans/issue29_serving_length.sh collect
     suite_summary
     [ -d /tmp/gpu_suite ] && (cd /tmp && tar czf "$OUT/gpu_suite.tgz" gpu_suite)
-    if [ -d "$Q/placement" ]; then  # issue 31: the sweep (records, pick) and the board rows written so far
-      sweep31_state
-      (cd "$Q" && tar czf "$OUT/issue31.tgz" --ignore-failed-read placement place_*.log rc.txt \
-        board_*/*.json board_*/*.md board_*/records*.jsonl board_*.log issue32 issue32.log --exclude='samples_*' 2>/dev/null)
-    fi ;;
+    collect31 ;;
+  collect31)
+    started=$(date +%s)
+    while pgrep -f "eval.leaderboard --out $Q/board_" > /dev/null && [ $(( $(date +%s) - started )) -lt "${1:-0}" ]; do
+      sleep 10
+    done
+    collect31 ;;
 esac

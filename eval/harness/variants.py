@@ -36,6 +36,7 @@ from eval.models import load_model, load_tokenizer
 from eval.runner import apply_overrides
 from eval.schemes import Setting, dense
 from sparse_models.config import SparseAttentionConfig
+from sparse_models.schemes.tidal import default_reselection_layer
 from sparse_models.smollm2 import default_model_path
 from train.long_context_eval import ruler
 from train.long_context_eval.protocol import TEST_SEED
@@ -108,8 +109,6 @@ def placement_grid(num_layers: int, selection: str = "all_union") -> list[Varian
     (sparse_models/calibration/tidal_reselection.py) does not see the retrieval heads: so the layer is chosen here by
     RULER on the dev seed, not by attention mass. The variant named ``selection`` alone is it at today's layers; the
     per-head default is left out (the first sweep measured it)."""
-    from sparse_models.schemes.tidal import default_reselection_layer
-
     today = default_reselection_layer(num_layers)
     third = num_layers // 3
     v = [Variant(selection, "tidal", {"tidal_selection": selection})]
@@ -321,6 +320,8 @@ def sweep(args) -> dict:
     if args.grid == "placement" and args.method != "tidal":
         raise SystemExit(f"--grid placement sweeps TidalDecode's selection layers: it needs --method tidal, "
                          f"got --method {args.method}")
+    if args.batch_size < 1:
+        raise SystemExit(f"--batch-size {args.batch_size} is invalid: expected an integer >= 1")
     tidal = (placement_grid(layers) if args.grid == "placement"
              else tidal_grid(layers, args.tidal_calibration, args.grid))
     grids = {"tidal": tidal, "token_sparse": token_sparse_grid(layers, args.drift_calibration, args.grid)}
@@ -332,10 +333,11 @@ def sweep(args) -> dict:
     samples = {n: lb.load_samples(Path(args.samples_dir), n, args.tasks, args.samples, args.seed, args.model,
                                   tokenizer) for n in args.lengths}
     engine = args.device.startswith("cuda")
+    batching = {"batch_size": args.batch_size} if engine else {}   # the CPU path answers one prompt at a time
     deadline = time.time() + args.time_limit if args.time_limit else float("inf")
     finished = run_sweep(model, tokenizer, variants, samples, out, args.fractions, engine=engine, deadline=deadline,
                          chat=True, max_new_tokens=args.max_new_tokens, device_name=lb.device_name(args.device),
-                         model_name=args.model)
+                         model_name=args.model, **batching)
     protocol = {"seed": args.seed, "tasks": args.tasks, "samples_per_task": args.samples, "lengths": args.lengths,
                 "fractions": args.fractions, "grid": args.grid, "model": args.model, "finished": finished}
     records = lr.load_all(out)
@@ -372,3 +374,6 @@ def add_arguments(parser) -> None:
     parser.add_argument("--drift-calibration", default=None, help="variants: a token_sparse_drift.json")
     parser.add_argument("--time-limit", type=float, default=None)
     parser.add_argument("--max-new-tokens", type=int, default=None)
+    parser.add_argument("--batch-size", type=int, default=64,
+                        help="variants: prompts per engine batch on a GPU (a smaller batch shares the GPU with other "
+                             "processes)")

@@ -193,3 +193,34 @@ def test_placement_grid_needs_the_tidal_method_before_any_model(monkeypatch):
     args = parser.parse_args(["--grid", "placement", "--method", "both", "--seed", str(protocol.DEV_SEED)])
     with pytest.raises(SystemExit, match="--grid placement .* needs --method tidal, got --method both"):
         va.sweep(args)
+
+
+def test_batch_size_is_checked_before_any_model_and_reaches_the_engine(monkeypatch, tmp_path):
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", default="default")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--samples", type=int, default=1)
+    va.add_arguments(parser)
+    monkeypatch.setattr(va, "load_model", lambda *a, **k: pytest.fail("the model loaded before the check"))
+    bad = parser.parse_args(["--method", "tidal", "--batch-size", "0", "--seed", str(protocol.DEV_SEED)])
+    with pytest.raises(SystemExit, match="--batch-size 0 is invalid: expected an integer >= 1"):
+        va.sweep(bad)
+
+    seen = {}
+
+    def fake_sweep(*args, **options):
+        seen.update(options)
+        return False
+
+    monkeypatch.setattr(va, "load_model", lambda *a, **k: object())
+    monkeypatch.setattr(va, "load_tokenizer", lambda *a, **k: object())
+    monkeypatch.setattr(va.lb, "load_samples", lambda *a, **k: [])
+    monkeypatch.setattr(va.lb, "device_name", lambda device: "test device")
+    monkeypatch.setattr(va, "run_sweep", fake_sweep)
+    good = parser.parse_args(["--method", "tidal", "--grid", "placement", "--batch-size", "16", "--lengths", "2048",
+                              "--seed", str(protocol.DEV_SEED), "--samples-dir", str(tmp_path),
+                              "--out", str(tmp_path / "out")])
+    va.sweep(good)
+    assert seen["batch_size"] == 16 and seen["engine"] is True
