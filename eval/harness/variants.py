@@ -183,10 +183,14 @@ def validate(variants: list[Variant], lengths: list[int], fractions: list[str]) 
 
 def run_sweep(model, tokenizer, variants: list[Variant], samples: dict[int, list], out: Path, fractions: list[str], *,
               engine: bool, deadline: float = float("inf"), **options) -> bool:
-    """Score dense and every variant's settings on ``samples[length]`` into ``out/records.jsonl`` (resumable);
+    """Score dense and every variant's settings on ``samples[length]`` into ``out/records.jsonl`` (resumable from
+    every ``records*.jsonl`` in ``out``);
     False if ``deadline`` came first. ``options``: run_setting's chat / max_new_tokens / device_name / model_name."""
     run = lb.run_setting_engine if engine else lb.run_setting
     records, base, finished = lr.RecordFile(out / "records.jsonl"), model.sparse_config, True
+    # per-length sweeps merged into one folder (records_<length>.jsonl) count as done too: the pass that
+    # picks over them must not score them again
+    records.done |= {lr.record_key(r) for r in lr.load_all(out)}
     for length, batch in samples.items():
         todo = [dense()] + [s for v in variants for s in settings(v, length, fractions)]
         for setting in todo:

@@ -141,6 +141,12 @@ def test_tiny_sweep_end_to_end_with_resume(tiny_model_dir, tiny_tokenizer, tmp_p
     assert len(records) == 6
     va.run_sweep(model, tiny_tokenizer, grid, samples, tmp_path, ["1/4"], engine=False, **options)
     assert len(va.lr.load(tmp_path / "records.jsonl")) == 6  # resumed: nothing redone
+    merged = tmp_path / "merged"   # per-length sweeps copied in as records_<length>.jsonl: nothing scored again
+    merged.mkdir()
+    (tmp_path / "records.jsonl").rename(merged / "records_2048.jsonl")
+    va.run_sweep(model, tiny_tokenizer, grid, samples, merged, ["1/4"], engine=False, **options)
+    assert not (merged / "records.jsonl").exists()
+    assert len(va.lr.load_all(merged)) == 6
     summary = va.summarise(records, grid)
     assert va.pick(summary, grid)[0] is not None
     va.write_outputs(tmp_path, {"protocol": {"seed": protocol.DEV_SEED}, "methods": {"tidal": {
