@@ -3,7 +3,10 @@
 
 Grids (:func:`tidal_grid`, :func:`token_sparse_grid`): a label and flat overrides each (sparse_models/config.py
 ``with_overrides``), one factor at a time from today's default plus a few combinations; TidalDecode's are crossed
-with budget fractions of the context (``budget_label``). Every variant is validated by the config before any
+with budget fractions of the context (``budget_label``). The default ``--grid staged`` then runs a second
+TidalDecode stage (:func:`second_stage`): the re-selection layer moved through the middle third at the granularity
+the first stage picked, because the layer that builds the shared list matters as much as how it is merged
+(BENCHMARKS.md "Why calibrated TidalDecode stays below Quest" and the placement sweep after it). Every variant is validated by the config before any
 model loads (:func:`validate`), so an option the config does not know fails with the config's own error.
 
 The runner scores them with the leaderboard's own functions (eval/harness/leaderboard.py: ``load_samples``,
@@ -36,7 +39,7 @@ from eval.models import load_model, load_tokenizer
 from eval.runner import apply_overrides
 from eval.schemes import Setting, dense
 from sparse_models.config import SparseAttentionConfig
-from sparse_models.schemes.tidal import default_reselection_layer
+from sparse_models.schemes.tidal import SELECTIONS, default_reselection_layer
 from sparse_models.smollm2 import default_model_path
 from train.long_context_eval import ruler
 from train.long_context_eval.protocol import TEST_SEED
@@ -119,6 +122,34 @@ def placement_grid(num_layers: int, selection: str = "all_union") -> list[Varian
     v.append(Variant(f"{selection}+sel[2,{today},{2 * third}]", "tidal",
                      {"tidal_selection": selection, "tidal_selection_layers": [2, today, 2 * third]}))
     return v
+
+
+def configured(variant: Variant) -> dict:
+    """The full scheme config ``variant`` sets up (two variants with the same one score the same)."""
+    return SparseAttentionConfig().with_overrides(**variant.overrides).to_dict()
+
+
+def second_stage(first: list[Variant], best: Variant | None, num_layers: int) -> list[Variant]:
+    """The staged grid's second TidalDecode stage: the selection layers of :func:`placement_grid` applied to the
+    first stage's pick ``best`` (its granularity and other options kept), less every variant that configures a
+    scheme the first stage (or the default) already scored. Empty when the first stage picked nothing."""
+    if best is None:
+        return []
+    selection = best.overrides.get("tidal_selection", SparseAttentionConfig().tidal.selection)
+    # the pick's other options (a recent share, a correction period) stay; only the layers move
+    carried = {k: v for k, v in best.overrides.items() if k != "tidal_selection_layers"}
+    stem = selection if "tidal_selection_layers" in best.overrides else best.label
+    seen = [configured(v) for v in first] + [configured(Variant("default", "tidal", {}))]
+    out = []
+    for variant in placement_grid(num_layers, selection):
+        layers = variant.overrides.get("tidal_selection_layers")
+        if layers is None:   # the pick's granularity at today's layers
+            continue
+        moved = Variant(f"{stem}+sel[{','.join(map(str, layers))}]", "tidal",
+                        {**carried, "tidal_selection_layers": layers})
+        if configured(moved) not in seen:
+            out.append(moved)
+    return out
 
 
 def token_sparse_grid(num_layers: int, drift: str | None = None, grid: str = "full") -> list[Variant]:
@@ -326,11 +357,17 @@ def sweep(args) -> dict:
                          f"got --method {args.method}")
     if args.batch_size < 1:
         raise SystemExit(f"--batch-size {args.batch_size} is invalid: expected an integer >= 1")
+    first_grid = "full" if args.grid == "staged" else args.grid
     tidal = (placement_grid(layers) if args.grid == "placement"
-             else tidal_grid(layers, args.tidal_calibration, args.grid))
-    grids = {"tidal": tidal, "token_sparse": token_sparse_grid(layers, args.drift_calibration, args.grid)}
+             else tidal_grid(layers, args.tidal_calibration, first_grid))
+    grids = {"tidal": tidal, "token_sparse": token_sparse_grid(layers, args.drift_calibration, first_grid)}
     variants = [v for m in methods for v in grids[m]]
     validate(variants, args.lengths, args.fractions)   # before the model loads: a bad grid costs no device time
+    staged = args.grid == "staged" and "tidal" in methods
+    if staged:   # every second stage the first one could lead to, checked now for the same reason
+        for selection in SELECTIONS:
+            validate(second_stage(tidal, Variant(selection, "tidal", {"tidal_selection": selection}), layers),
+                     args.lengths, args.fractions)
     model = load_model(args.model, device=args.device)
     tokenizer, out = load_tokenizer(args.model), Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -342,6 +379,17 @@ def sweep(args) -> dict:
     finished = run_sweep(model, tokenizer, variants, samples, out, args.fractions, engine=engine, deadline=deadline,
                          chat=True, max_new_tokens=args.max_new_tokens, device_name=lb.device_name(args.device),
                          model_name=args.model, **batching)
+    if staged and finished:   # stage 2: the re-selection layer moved, at the granularity stage 1 picked
+        first_pick, _ = pick(summarise(lr.load_all(out), tidal), tidal)
+        extra = second_stage(tidal, first_pick, layers)
+        print(f"staged grid: stage 1 picked {first_pick and first_pick.label}; stage 2 scores "
+              f"{', '.join(v.label for v in extra) or 'nothing new'}", flush=True)
+        finished = run_sweep(model, tokenizer, extra, samples, out, args.fractions, engine=engine, deadline=deadline,
+                             chat=True, max_new_tokens=args.max_new_tokens, device_name=lb.device_name(args.device),
+                             model_name=args.model, **batching)
+        grids["tidal"] = tidal + extra
+    elif staged:
+        print("staged grid: stage 1 is not finished (time limit): rerun the same command to continue", flush=True)
     protocol = {"seed": args.seed, "tasks": args.tasks, "samples_per_task": args.samples, "lengths": args.lengths,
                 "fractions": args.fractions, "grid": args.grid, "model": args.model, "finished": finished}
     records = lr.load_all(out)
@@ -371,9 +419,10 @@ def add_arguments(parser) -> None:
     parser.add_argument("--samples-dir", default=None, help="variants: folder with samples_<length>.json")
     parser.add_argument("--out", default="outputs/variants")
     parser.add_argument("--export", default=None, help="variants: write the pick into this export's config.json")
-    parser.add_argument("--grid", default="full", choices=["full", "small", "placement"],
-                        help="variants: full / small one-factor grids, or placement (TidalDecode's union with the "
-                             "re-selection layer moved; --method tidal)")
+    parser.add_argument("--grid", default="staged", choices=["staged", "full", "small", "placement"],
+                        help="variants: staged (the full grid, then TidalDecode's re-selection layer moved at the "
+                             "granularity it picked), full / small one-factor grids, or placement (the all-heads "
+                             "union with the re-selection layer moved; --method tidal)")
     parser.add_argument("--tidal-calibration", default=None, help="variants: a tidal_reselection.json")
     parser.add_argument("--drift-calibration", default=None, help="variants: a token_sparse_drift.json")
     parser.add_argument("--time-limit", type=float, default=None)

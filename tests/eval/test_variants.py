@@ -230,3 +230,55 @@ def test_batch_size_is_checked_before_any_model_and_reaches_the_engine(monkeypat
                               "--out", str(tmp_path / "out")])
     va.sweep(good)
     assert seen["batch_size"] == 16 and seen["engine"] is True
+
+
+def test_second_stage_moves_the_picks_layers_and_skips_what_stage_one_scored():
+    first = va.tidal_grid(30)
+    union = next(v for v in first if v.label == "all_union")
+    stage = va.second_stage(first, union, 30)
+    assert [v.label for v in stage] == [v.label for v in va.placement_grid(30)[1:]]  # the placement sweep's
+    assert all(v.overrides["tidal_selection"] == "all_union" for v in stage)
+    scored = [va.configured(v) for v in first]
+    assert all(va.configured(v) not in scored for v in stage)
+    va.validate(stage, [2048, 4096], va.FRACTIONS)
+    # a pick with its own layers keeps its granularity and other options; the layers move
+    combo = next(v for v in first if v.label.endswith("+kv_group") and "tidal_selection_layers" in v.overrides)
+    moved = va.second_stage(first, combo, 30)
+    assert moved and all(v.label.startswith("kv_group+sel[") for v in moved)
+    assert va.second_stage(first, None, 30) == []
+
+
+def test_staged_sweep_scores_the_second_stage_around_the_first_pick(monkeypatch, tmp_path):
+    import argparse
+
+    calls = []
+
+    def fake_sweep(model, tokenizer, variants, samples, out, fractions, **options):
+        calls.append([v.label for v in variants])
+        records = va.lr.RecordFile(out / "records.jsonl")
+        for variant in variants:
+            score = 0.9 if variant.label == "all_union+sel[2,14]" else 0.6 if variant.label == "all_union" else 0.2
+            for setting in va.settings(variant, 2048, fractions):
+                records.append({"source": "podkit", "setting": setting.label, "method": "tidal", "task": "vt",
+                                "category": "multi-hop tracing", "length": 2048, "index": 0, "seed": 1,
+                                "score": score, "kv_kept": 1.0, "kv_read": 0.2})
+        return True
+
+    monkeypatch.setattr(va, "load_model", lambda *a, **k: object())
+    monkeypatch.setattr(va, "load_tokenizer", lambda *a, **k: object())
+    monkeypatch.setattr(va.lb, "load_samples", lambda *a, **k: [])
+    monkeypatch.setattr(va.lb, "device_name", lambda device: "test device")
+    monkeypatch.setattr(va, "run_sweep", fake_sweep)
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", default="default")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--samples", type=int, default=1)
+    va.add_arguments(parser)
+    args = parser.parse_args(["--method", "tidal", "--lengths", "2048", "--seed", str(protocol.DEV_SEED),
+                              "--samples-dir", str(tmp_path), "--out", str(tmp_path / "out")])
+    assert args.grid == "staged"
+    result = va.sweep(args)
+    assert calls[0] == [v.label for v in va.tidal_grid(30)]
+    assert calls[1] == [v.label for v in va.placement_grid(30)[1:]]
+    assert result["methods"]["tidal"]["pick"] == "all_union+sel[2,14]"
+    assert result["protocol"]["finished"] and result["protocol"]["grid"] == "staged"
