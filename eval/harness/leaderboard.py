@@ -179,11 +179,18 @@ def kv_fractions(model, num_tokens: int) -> tuple[float, float]:
 
 # ---------------------------------------------------------------------------------------------- run
 
+def question_phase(question_in_decode: bool) -> str:
+    """The records' name for where the question went: ``decode`` or ``prefill``."""
+    return "decode" if question_in_decode else "prefill"
+
+
 def run_setting(model, tokenizer, setting, samples: list[ruler.RulerSample], records: lr.RecordFile, *,
                 chat: bool, max_new_tokens: int | None, device_name: str, model_name: str,
-                deadline: float = float("inf")) -> bool:
+                deadline: float = float("inf"), question_in_decode: bool = True) -> bool:
     """Answer every sample not yet in ``records`` under the model's current scheme, one record each;
-    False if ``deadline`` (a ``time.time()``) came first."""
+    False if ``deadline`` (a ``time.time()``) came first. ``question_in_decode``: the question goes through the
+    decode path after the context's prefill (kvpress's question-agnostic protocol, the default), else it is
+    prefilled with the context (what a prefill scheme such as Token Sparse sees when a user sends both at once)."""
 
     todo = [s for s in samples if (setting.label, s.task, s.max_length, s.index, s.seed) not in records.done]
     for sample in tqdm(todo, desc=setting.label, leave=False):
@@ -193,7 +200,7 @@ def run_setting(model, tokenizer, setting, samples: list[ruler.RulerSample], rec
         start = time.perf_counter()
         tokens = min(sample.tokens_to_generate, max_new_tokens or sample.tokens_to_generate)
         generation = retrieval_generate(model, tokenizer, context, question, max_new_tokens=tokens,
-                                        question_in_decode=True, stop_at_newline=False)
+                                        question_in_decode=question_in_decode, stop_at_newline=False)
         num_tokens = generation.context_tokens + generation.question_tokens
         kept, read = kv_fractions(model, num_tokens)
         records.append({
@@ -203,13 +210,14 @@ def run_setting(model, tokenizer, setting, samples: list[ruler.RulerSample], rec
             "outputs": sample.outputs, "prompt_tokens": num_tokens, "kv_kept": kept, "kv_read": read,
             "budget": setting.budget, "coverage": setting.coverage, "compression_ratio": None,
             "token_sparsity": generation.token_sparsity, "max_new_tokens": tokens, "chat": chat,
+            "question_phase": question_phase(question_in_decode),
             "seconds": round(time.perf_counter() - start, 3), "device": device_name, "model": model_name})
     return True
 
 
 def run_setting_engine(model, tokenizer, setting, samples: list[ruler.RulerSample], records: lr.RecordFile, *,
                        chat: bool, max_new_tokens: int | None, device_name: str, model_name: str,
-                       deadline: float = float("inf"), batch_size: int = 64) -> bool:
+                       deadline: float = float("inf"), batch_size: int = 64, question_in_decode: bool = True) -> bool:
     """:func:`run_setting` through podkit's generation engine (sparse_models/engine/answers.py): the same protocol,
     ``batch_size`` prompts at a time, CUDA-graph decode steps on a GPU; False if ``deadline`` came first."""
     todo = [s for s in samples if (setting.label, s.task, s.max_length, s.index, s.seed) not in records.done]
@@ -220,6 +228,8 @@ def run_setting_engine(model, tokenizer, setting, samples: list[ruler.RulerSampl
         rendered = [ruler.render(s, tokenizer, chat) for s in chunk]
         contexts = [tokenizer(c).input_ids for c, _ in rendered]
         questions = [tokenizer(q, add_special_tokens=False).input_ids for _, q in rendered]
+        if not question_in_decode:   # prefilled with the context: the answer starts from the prefill's logits
+            contexts, questions = [c + q for c, q in zip(contexts, questions)], [[] for _ in questions]
         tokens = [min(s.tokens_to_generate, max_new_tokens or s.tokens_to_generate) for s in chunk]
         capacity = slots_needed(contexts, questions, tokens)
         began = time.perf_counter()
@@ -238,6 +248,7 @@ def run_setting_engine(model, tokenizer, setting, samples: list[ruler.RulerSampl
                 "outputs": sample.outputs, "prompt_tokens": len(context) + len(question), "kv_kept": kept,
                 "kv_read": read, "budget": setting.budget, "coverage": setting.coverage, "compression_ratio": None,
                 "token_sparsity": None, "max_new_tokens": limit, "chat": chat, "engine": True,
+                "question_phase": question_phase(question_in_decode),
                 "seconds": round(seconds, 3), "device": device_name, "model": model_name})
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
@@ -296,6 +307,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="batched answers through podkit's generation engine (default: on CUDA; the same "
                              "protocol as the one-prompt loop, checked in tests/eval/test_engine_runner.py)")
     parser.add_argument("--batch-size", type=int, default=64, help="prompts per engine batch")
+    parser.add_argument("--question-phase", default="decode", choices=["decode", "prefill"],
+                        help="decode (default): the context is prefilled and the question fed through the decode "
+                             "path, question-agnostic as kvpress's presses; prefill: context and question prefilled "
+                             "together, so a prefill scheme (Token Sparse) scores tokens with the question's queries "
+                             "(use a separate --out: records do not mix protocols)")
     parser.add_argument("--generate-only", action="store_true", help="write the samples files and stop")
     parser.add_argument("--peers", action="store_true", help="then run kvpress's presses in .venv-peers (make peers)")
     parser.add_argument("--peers-venv", default=".venv-peers")
@@ -337,6 +353,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     check_kv_cache_arguments(parser, args)
     if args.pod_adapted and not (Path(args.pod_adapted) / "config.json").exists():
         parser.error(f"--pod-adapted {args.pod_adapted!r} is invalid: no config.json in that folder")
+    if not args.replot:
+        other = {r.get("question_phase", "decode") for r in lr.load_all(args.out)} - {args.question_phase}
+        if other:   # a resumed row would keep the other protocol's answers under the same key
+            parser.error(f"--question-phase {args.question_phase} is invalid for --out {args.out}: its records were "
+                         f"scored with the question in {', '.join(sorted(other))}; use another --out")
     return args
 
 
@@ -363,7 +384,8 @@ def main(argv: list[str] | None = None) -> dict:
     failures: dict[str, str] = {}
     chat = not args.plain
     deadline = started + args.time_limit if args.time_limit else float("inf")
-    options = {"chat": chat, "max_new_tokens": args.max_new_tokens, "device_name": name}
+    options = {"chat": chat, "max_new_tokens": args.max_new_tokens, "device_name": name,
+               "question_in_decode": args.question_phase == "decode"}
     if args.engine:
         def run(*positional, **keywords):
             return run_setting_engine(*positional, **keywords, **options, batch_size=args.batch_size)
@@ -415,7 +437,8 @@ def main(argv: list[str] | None = None) -> dict:
         failures["peers"] = f"kvpress processes exited with {codes}: their records so far are kept; rerun to continue"
     meta = {"command": "python -m eval.leaderboard " + " ".join(argv if argv is not None else sys.argv[1:]),
             "model": args.model, "device": name, "dtype": args.dtype, "chat_template": chat,
-            "kv_cache_dtype": base.kv_cache_dtype, "kv_cache_recent_keys": base.kv_cache_recent_keys,
+            "question_phase": args.question_phase, "kv_cache_dtype": base.kv_cache_dtype,
+            "kv_cache_recent_keys": base.kv_cache_recent_keys,
             "date": time.strftime("%Y-%m-%d"), "calibration": calibration, "seconds": round(time.time() - started, 1),
             "samples_per_task": args.samples, "seed": args.seed}
     if failures:

@@ -1,6 +1,7 @@
 """Batched retrieval answers through podkit's generation engine (sparse_models.engine): the protocol of
 :func:`eval.runner.retrieval_generate` (context prefilled with the prefill scheme, question fed token
-by token through the decode path, greedy answer through the decode path) for many prompts at once,
+by token through the decode path, or prefilled with the context when its ids are empty, greedy answer
+through the decode path) for many prompts at once,
 with CUDA-graph decode steps on a GPU. The RULER leaderboard uses it on CUDA (``--engine``), where
 the one-prompt loop would take hours per length.
 
@@ -28,6 +29,9 @@ def engine_answers(engine, context_ids: Sequence[Sequence[int]], question_ids: S
                    max_new_tokens: Sequence[int], eos_token_id: int | None) -> list[list[int]]:
     """Greedy answer token ids (end-of-sequence excluded) per row, at most ``max_new_tokens[b]`` each.
 
+    ``context_ids[b]`` is prefilled; ``question_ids[b]`` is fed through decode steps (the question-agnostic
+    protocol), or is empty when the question was prefilled with the context: that row's first answer token then
+    comes from the prefill's last logits.
     ``engine``: a :class:`sparse_models.engine.GenerationEngine` with ``max_batch_size >= len(context_ids)``
     and a capacity of at least :func:`slots_needed` (every row advances until the last row finishes).
     """
@@ -35,16 +39,31 @@ def engine_answers(engine, context_ids: Sequence[Sequence[int]], question_ids: S
     if not batch or not len(question_ids) == len(max_new_tokens) == batch:
         raise ValueError(f"engine_answers: {batch} contexts, {len(question_ids)} questions and "
                          f"{len(max_new_tokens)} answer lengths: expected the same non-zero number")
-    if any(len(q) < 1 for q in question_ids) or any(n < 1 for n in max_new_tokens):
-        raise ValueError("engine_answers: every question needs >= 1 token and every row max_new_tokens >= 1")
+    if any(len(c) < 1 for c in context_ids) or any(n < 1 for n in max_new_tokens):
+        raise ValueError("engine_answers: every context needs >= 1 token and every row max_new_tokens >= 1")
     need = slots_needed(context_ids, question_ids, max_new_tokens)
     if need > engine.capacity or batch > engine.max_batch_size:
         raise ValueError(f"engine_answers: {batch} rows needing {need} slots, but the engine holds "
                          f"{engine.max_batch_size} rows of {engine.capacity}")
-    engine.prefill([list(c) for c in context_ids])
+    first = engine.prefill([list(c) for c in context_ids]).argmax(-1).tolist()
     answers: list[list[int]] = [[] for _ in range(batch)]
     done = [False] * batch
-    fed = [q[0] for q in question_ids]
+    fed = [0] * batch
+
+    def take(b: int, token: int) -> None:
+        """Row ``b``'s greedy token: the end of its answer, or the next answer token (fed back next step)."""
+        if eos_token_id is not None and token == eos_token_id:
+            done[b] = True
+            return
+        answers[b].append(token)
+        fed[b] = token
+        done[b] = len(answers[b]) >= max_new_tokens[b]
+
+    for b in range(batch):
+        if question_ids[b]:
+            fed[b] = question_ids[b][0]
+        else:
+            take(b, first[b])
     step = 0
     device = engine.device
     while not all(done):
@@ -57,11 +76,5 @@ def engine_answers(engine, context_ids: Sequence[Sequence[int]], question_ids: S
             if step < len(question_ids[b]):
                 fed[b] = question_ids[b][step]
                 continue
-            token = greedy[b]
-            if eos_token_id is not None and token == eos_token_id:
-                done[b] = True
-                continue
-            answers[b].append(token)
-            fed[b] = token
-            done[b] = len(answers[b]) >= max_new_tokens[b]
+            take(b, greedy[b])
     return answers

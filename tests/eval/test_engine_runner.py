@@ -20,9 +20,10 @@ SETTINGS = [{}, {"decode_scheme": "tidal", "tidal_budget": 16, "tidal_full_layer
 MAX_NEW = [4, 2, 3]  # answer tokens per row: rows of one batch end at different steps
 
 
-def one_prompt_answers(model, tokenizer) -> list[list[int]]:
-    """Each row's answer token ids from eval.runner's one-prompt loop (question through the decode path)."""
-    return [retrieval_generate(model, tokenizer, c, q, max_new_tokens=n, question_in_decode=True,
+def one_prompt_answers(model, tokenizer, question_in_decode: bool = True) -> list[list[int]]:
+    """Each row's answer token ids from eval.runner's one-prompt loop (question through the decode path, or
+    prefilled with the context)."""
+    return [retrieval_generate(model, tokenizer, c, q, max_new_tokens=n, question_in_decode=question_in_decode,
                                stop_at_newline=False).token_ids for c, q, n in zip(CONTEXTS, QUESTIONS, MAX_NEW)]
 
 
@@ -63,6 +64,33 @@ def test_batched_engine_matches_the_one_prompt_loop(deep_model, tiny_tokenizer, 
         # the engine is reusable: a second batch in another order gives each row the same answer
         again = engine_answers(engine, contexts[::-1], questions[::-1], MAX_NEW[::-1], tiny_tokenizer.eos_token_id)
         assert again == loop[::-1]
+    finally:
+        apply_overrides(deep_model, base, {})
+
+
+PREFILL_SETTINGS = SETTINGS[:2] + [{"prefill_scheme": "token_sparse", "token_sparse_sparse_layers": [2, 3],
+                                    "token_sparse_window": 8, "token_sparse_coverage": 0.2}]
+
+
+@pytest.mark.parametrize("overrides", PREFILL_SETTINGS, ids=["dense", "tidal", "token_sparse"])
+def test_a_prefilled_question_matches_the_one_prompt_loop(deep_model, tiny_tokenizer, overrides):
+    """Empty question ids: the question was prefilled with the context, the first answer token comes from the
+    prefill's logits, as in retrieval_generate(question_in_decode=False); a batch may mix both kinds of row."""
+    from sparse_models.engine import GenerationEngine
+
+    base = deep_model.sparse_config
+    apply_overrides(deep_model, base, overrides)
+    try:
+        loop = one_prompt_answers(deep_model, tiny_tokenizer, question_in_decode=False)
+        engine = GenerationEngine(deep_model, sparse_config=deep_model.sparse_config, max_batch_size=4,
+                                  max_seq_len=512, use_cuda_graphs=False)
+        contexts, questions = encoded(tiny_tokenizer)
+        prompts = [c + q for c, q in zip(contexts, questions)]
+        batched = engine_answers(engine, prompts, [[] for _ in prompts], MAX_NEW, tiny_tokenizer.eos_token_id)
+        assert batched == loop
+        mixed = engine_answers(engine, [prompts[0], contexts[1]], [[], questions[1]], MAX_NEW[:2],
+                               tiny_tokenizer.eos_token_id)
+        assert mixed == [loop[0], one_prompt_answers(deep_model, tiny_tokenizer)[1]]
     finally:
         apply_overrides(deep_model, base, {})
 

@@ -344,3 +344,31 @@ def test_adapted_export_rows_add_pod_plus_tidal_per_fraction():
     kept, read = leaderboard.kv_fractions(model, 1000)
     assert kept == pytest.approx(1 - 0.5 * 0.5 * 0.9)  # POD's cache: half the units keep 100 of 1000 keys
     assert read < 1.0
+
+
+def test_question_phase_is_recorded_and_a_folder_keeps_one_protocol(tmp_path, monkeypatch, capsys):
+    """--question-phase prefill reaches the one-prompt loop as question_in_decode=False, each record says where the
+    question went, and a folder scored with one protocol refuses the other before any model loads."""
+    sample = RulerSample(task="vt", index=0, seed=0, max_length=2048, input="c\nQuestion: Find all variables",
+                         question_start=1, gen_prefix="Answer:", outputs=["A"], tokens_to_generate=30,
+                         category="multi-hop tracing")
+    seen = []
+
+    def fake_generate(model, tokenizer, context, question, **options):
+        seen.append(options["question_in_decode"])
+        return SimpleNamespace(text=" A", context_tokens=10, question_tokens=5, token_sparsity=None)
+
+    monkeypatch.setattr(leaderboard, "retrieval_generate", fake_generate)
+    monkeypatch.setattr(leaderboard.ruler, "render", lambda sample, tokenizer, chat: ("c", "q"))
+    monkeypatch.setattr(leaderboard, "kv_fractions", lambda model, tokens: (1.0, 1.0))
+    records = lr.RecordFile(tmp_path / "records.jsonl")
+    setting = leaderboard.podkit_settings(2048, ["1/8"], [], {})[0]
+    assert leaderboard.run_setting(None, None, setting, [sample], records, chat=False, max_new_tokens=None,
+                                   device_name="cpu", model_name="m", question_in_decode=False)
+    assert seen == [False] and records.records[0]["question_phase"] == "prefill"
+    assert leaderboard.parse_args(["--out", str(tmp_path), "--question-phase", "prefill"]).question_phase == "prefill"
+    with pytest.raises(SystemExit):
+        leaderboard.parse_args(["--out", str(tmp_path)])   # the default, decode, against prefill records
+    assert "scored with the question in prefill; use another --out" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        leaderboard.parse_args(["--out", str(tmp_path), "--question-phase", "middle"])
