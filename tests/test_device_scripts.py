@@ -36,3 +36,35 @@ def test_device_setup_says_what_is_missing(tmp_path):
                           capture_output=True, text=True)
     assert done.returncode != 0
     assert "no wheels in .whl (carry it)" in done.stderr
+
+
+def _devrows_archive(folder: Path, rows: dict, split: str = "dev split: seed 104729") -> Path:
+    import io
+    import json
+    import tarfile
+
+    archive = folder / "devrows.tgz"
+    with tarfile.open(archive, "w:gz") as tar:
+        for row, cells in rows.items():
+            data = json.dumps({"row": row, "split": split,
+                               "summary": {n: {"average": v} for n, v in cells.items()}}).encode()
+            info = tarfile.TarInfo(f"devrows/{row}.json")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return archive
+
+
+def test_issue29_choice_keeps_the_shipped_setting_unless_clearly_beaten(tmp_path):
+    import runpy
+
+    choose = runpy.run_path(str(REPO / "benchmarks" / "plans" / "issue29_choose.py"))["main"]
+    rows = {"pod_8k_scores": {"2048": 40.0, "4096": 35.0, "8192": 30.0},
+            "pod_8k_scores_recall": {"2048": 41.0, "4096": 35.5, "8192": 30.5},   # +0.67: within the margin
+            "pod_8k_scores_recall_dense": {"2048": 60.0, "4096": 60.0, "8192": 60.0}}  # weights run densely: ignored
+    assert choose([str(_devrows_archive(tmp_path, rows))])["pick"] == "pod_8k_scores"
+    rows["pod_8k_scores_recall_auto"] = {"2048": 42.0, "4096": 36.5, "8192": 31.0}   # +1.5
+    result = choose([str(_devrows_archive(tmp_path, rows))])
+    assert result["pick"] == "pod_8k_scores_recall_auto"
+    assert (tmp_path / "choice.json").exists() and "pod_8k_scores_recall_dense" not in result["mean"]
+    with pytest.raises(SystemExit, match="not the dev split"):
+        choose([str(_devrows_archive(tmp_path, rows, split="test split: seed 7919"))])

@@ -16,6 +16,14 @@ kept against the share of all prefix tokens kept.
     python -m eval.needle_token_sparse --lengths 2048 4096 8192 --depths 3 \\
         --out benchmarks/results/fidelity_smollm2/needle_token_sparse
 
+``--ruler-samples`` runs the same measurement on RULER prompts (a leaderboard ``samples_<length>.json``,
+rendered with the chat template as the leaderboard renders them): the "key" is every token of the answer strings
+where they occur in the context, ``decode`` is the leaderboard's default protocol (the context alone is
+prefilled) and ``prefill`` its ``--question-phase prefill``.
+
+    python -m eval.needle_token_sparse --ruler-samples outputs/issue31_test/samples_2048.json \
+        --tasks niah_single_2 niah_single_3 niah_multikey_1 --ruler-count 10 --out outputs/ts_ruler_2048
+
 The summary averages the prompts whose key lies before the scoring window (at depth 1 it sits
 inside the window, which every head keeps); ``summary_with_key_in_window`` averages them all.
 ``--replot`` recomputes both summaries and the PNG from the JSON's records.
@@ -89,7 +97,8 @@ def analyse_prompts(model, prompts: list[dict], *, progress: bool = True) -> dic
             records.append({"length": prompt["length"], "depth": prompt["depth"], "protocol": protocol,
                             "tokens": ids.shape[1], "key_in_window": bool(in_window), "layers": per_layer,
                             "key_kept": sum(v["key"] for v in per_layer.values()) / len(per_layer),
-                            "prefix_kept": sum(v["prefix"] for v in per_layer.values()) / len(per_layer)})
+                            "prefix_kept": sum(v["prefix"] for v in per_layer.values()) / len(per_layer),
+                            **{k: prompt[k] for k in ("task", "index") if k in prompt}})   # RULER prompts
     return {"sparse_layers": layers, "coverage": cfg.coverage, "window": cfg.window, "records": records}
 
 
@@ -164,6 +173,41 @@ def build_prompts(tokenizer, samples) -> list[dict]:
     return prompts
 
 
+def answer_token_positions(tokenizer, context: str, answers: list[str]) -> list[int]:
+    """Token positions of ``tokenizer(context)`` that overlap any occurrence of any of ``answers`` in ``context``
+    (character offsets from the fast tokenizer's offset mapping)."""
+    encoded = tokenizer(context, return_offsets_mapping=True)
+    spans = []
+    for answer in answers:
+        start = context.find(answer)
+        while answer and start >= 0:
+            spans.append((start, start + len(answer)))
+            start = context.find(answer, start + 1)
+    return [i for i, (a, b) in enumerate(encoded["offset_mapping"])
+            if b > a and any(a < end and b > begin for begin, end in spans)]
+
+
+def build_ruler_prompts(tokenizer, samples, *, chat: bool = True) -> list[dict]:
+    """The two prefills of each RULER sample as eval.leaderboard renders it (train/long_context_eval/ruler.py
+    ``render``) and the answer tokens' positions in its context; samples whose answers do not occur in the
+    context (aggregation, multi-hop tracing, question answering) are left out."""
+    from train.long_context_eval import ruler
+
+    prompts = []
+    for sample in samples:
+        context, question = ruler.render(sample, tokenizer, chat)
+        positions = answer_token_positions(tokenizer, context, sample.outputs)
+        if not positions:
+            continue
+        context_ids = tokenizer(context)["input_ids"]
+        question_ids = tokenizer(question, add_special_tokens=False)["input_ids"]
+        prompts.append({"ids": {"decode": list(context_ids), "prefill": list(context_ids) + list(question_ids)},
+                        "key_positions": positions, "length": sample.max_length,
+                        "depth": round(min(positions) / len(context_ids), 3), "task": sample.task,
+                        "index": sample.index})
+    return prompts
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(prog="python -m eval.needle_token_sparse", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="default", help="'default' (SmolLM2) or a checkpoint folder")
@@ -175,6 +219,12 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--out", default="outputs/needle_token_sparse", help="output path without suffix")
     parser.add_argument("--replot", action="store_true", help="recompute the summaries and the PNG from <out>.json")
+    parser.add_argument("--ruler-samples", default=None,
+                        help="a leaderboard samples_<length>.json: RULER prompts instead of the pass-key grid")
+    parser.add_argument("--tasks", nargs="+", default=None, help="with --ruler-samples: only these tasks")
+    parser.add_argument("--ruler-count", type=int, default=None,
+                        help="with --ruler-samples: the first N samples of each task")
+    parser.add_argument("--window", type=int, default=None, help="token_sparse.window (default: the config's)")
     args = parser.parse_args(argv)
     out = Path(args.out)
     if args.replot:
@@ -188,7 +238,28 @@ def main(argv: list[str] | None = None) -> dict:
     bad = [n for n in args.lengths if n < 16]
     if bad:
         parser.error(f"--lengths {args.lengths} is invalid: every length must be >= 16")
+    ruler_samples = None
+    if args.ruler_samples:
+        from train.long_context_eval.ruler import RulerSample
+
+        path = Path(args.ruler_samples)
+        if not path.is_file():
+            parser.error(f"--ruler-samples {args.ruler_samples}: no such file (eval.leaderboard --generate-only "
+                         "writes samples_<length>.json)")
+        ruler_samples = [RulerSample.from_dict(d) for d in json.loads(path.read_text())["samples"]]
+        known = sorted({sample.task for sample in ruler_samples})
+        unknown = sorted(set(args.tasks or ()) - set(known))
+        if unknown:
+            parser.error(f"--tasks {' '.join(unknown)} is invalid: {path} holds {', '.join(known)}")
+        if args.ruler_count is not None and args.ruler_count < 1:
+            parser.error(f"--ruler-count {args.ruler_count} is invalid: expected >= 1")
+        ruler_samples = [s for s in ruler_samples if (not args.tasks or s.task in args.tasks)
+                         and (args.ruler_count is None or s.index < args.ruler_count)]
+    if args.window is not None and args.window < 1:
+        parser.error(f"--window {args.window} is invalid: expected >= 1")
     overrides = {"prefill_scheme": "token_sparse", "token_sparse_coverage": args.coverage}
+    if args.window is not None:
+        overrides["token_sparse_window"] = args.window
     if args.calibration.lower() != "none":
         path = Path(args.calibration)
         if not path.is_file():
@@ -197,9 +268,15 @@ def main(argv: list[str] | None = None) -> dict:
 
     model = load_model(args.model, device=args.device, **overrides)
     tokenizer = load_tokenizer(args.model)
-    prompts = build_prompts(tokenizer, passkey_grid(tokenizer, args.lengths, args.depths))
+    if ruler_samples is not None:
+        prompts = build_ruler_prompts(tokenizer, ruler_samples)
+        lengths = sorted({p["length"] for p in prompts})
+    else:
+        prompts = build_prompts(tokenizer, passkey_grid(tokenizer, args.lengths, args.depths))
+        lengths = args.lengths
     result = analyse_prompts(model, prompts)
-    payload = {"format": NEEDLE_TOKEN_SPARSE_FORMAT, "model": args.model, "lengths": args.lengths,
+    payload = {"format": NEEDLE_TOKEN_SPARSE_FORMAT, "model": args.model, "lengths": lengths,
+               "prompts_from": args.ruler_samples or "passkey grid",
                "depths": args.depths, "device": str(args.device), "coverage": result["coverage"],
                "window": result["window"], "sparse_layers": result["sparse_layers"], "records": result["records"]}
     json_path, png_path = write_outputs(payload, out)

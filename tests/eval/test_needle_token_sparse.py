@@ -92,3 +92,42 @@ def test_cli_rejects_bad_input_before_loading(capsys, tmp_path):
     with pytest.raises(SystemExit):
         main(["--calibration", str(tmp_path / "missing.json")])
     assert "--calibration" in capsys.readouterr().err
+
+
+def test_ruler_prompts_mark_the_answer_tokens_in_the_context(tiny_token_sparse, tiny_tokenizer):
+    from eval.studies.needle_token_sparse import answer_token_positions, build_ruler_prompts
+    from train.long_context_eval.ruler import RulerSample
+
+    context = "Some filler text. " * 6 + "The special magic number for apple is: 4412. " + "More filler. " * 5
+    positions = answer_token_positions(tiny_tokenizer, context, ["4412"])
+    ids = tiny_tokenizer(context)["input_ids"]
+    assert positions and "4412" in tiny_tokenizer.decode([ids[i] for i in positions]).replace(" ", "")
+    assert answer_token_positions(tiny_tokenizer, context, ["9999"]) == []
+    samples = [RulerSample(task="niah_single_1", index=0, seed=1, max_length=160, input=context + "\nWhat is it?",
+                           question_start=len(context), gen_prefix="Answer:", outputs=["4412"],
+                           tokens_to_generate=8, category="retrieval"),
+               RulerSample(task="cwe", index=0, seed=1, max_length=160, input=context + "\nCount words.",
+                           question_start=len(context), gen_prefix="Answer:", outputs=["absent"],
+                           tokens_to_generate=8, category="aggregation")]
+    prompts = build_ruler_prompts(tiny_tokenizer, samples, chat=False)
+    assert [p["task"] for p in prompts] == ["niah_single_1"]   # no answer in its context: left out
+    prompt = prompts[0]
+    assert prompt["ids"]["prefill"][:len(prompt["ids"]["decode"])] == prompt["ids"]["decode"]
+    assert len(prompt["ids"]["prefill"]) > len(prompt["ids"]["decode"])
+    result = analyse_prompts(tiny_token_sparse, prompts, progress=False)
+    assert {(r["task"], r["protocol"]) for r in result["records"]} == {("niah_single_1", p) for p in PROTOCOLS}
+
+
+def test_cli_rejects_bad_ruler_input_before_loading(capsys, tmp_path):
+    with pytest.raises(SystemExit):
+        main(["--ruler-samples", str(tmp_path / "missing.json")])
+    assert "--ruler-samples" in capsys.readouterr().err
+    path = tmp_path / "samples_2048.json"
+    path.write_text('{"samples": [{"task": "vt", "index": 0, "seed": 1, "max_length": 2048, "input": "x", '
+                    '"question_start": 0, "gen_prefix": "", "outputs": ["a"], "tokens_to_generate": 4}]}')
+    with pytest.raises(SystemExit):
+        main(["--ruler-samples", str(path), "--tasks", "qa_1"])
+    assert "--tasks qa_1 is invalid" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--ruler-samples", str(path), "--ruler-count", "0"])
+    assert "--ruler-count 0 is invalid" in capsys.readouterr().err

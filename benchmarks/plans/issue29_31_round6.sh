@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# The next GPU session (written 2026-12-06 after the third session of that day), one part per device call, the calls
+# back to back (the machine is given back after 30 s idle). Inputs: benchmarks/plans/prep_8k_inputs.sh and
+# `python -m eval.leaderboard --generate-only` (outputs/issue31_test.tgz) on the CPU machine, then the three stage
+# calls of benchmarks/plans/device_2026-12-06.sh (the tracked dated benchmark folders moved out of the tree for them).
+#
+#   start    issue 29: the shipped 8K recipe, the recall candidate and the recall candidate with learned units, trained
+#            side by side (issue29_serving_length.sh launch; the fourth and fifth rounds' control with the recall
+#            rows is already scored), and the GPU suite beside them (SUITE=0 leaves it out)
+#   board31  issue 31 in the background, test seed, one process per row: the calibrated TidalDecode (the union with
+#            its re-selection layer at 14, benchmarks/h100_2026-12-06/issue31_placement) at 1/2; Token Sparse today's
+#            and calibrated, and dense, with the question prefilled (eval.leaderboard --question-phase prefill: what
+#            the Token Sparse paper's RULER setting prefills); then the e2e decode time of the new pick beside
+#            today's TidalDecode and the first pick (128K x 1 and x 4, Llama-3-8B shape)
+#   wait S   the trainings' progress after at most S seconds, the suite's summary, the board's processes
+#   choose   the wide dev split (13 tasks x 10, seed 104729) of the three exports, then the pre-registered rule of
+#            benchmarks/plans/issue29_choose.py (the shipped setting stays unless beaten by >= 1 point); prints the
+#            pick
+#   finish   the test split of the pick (and its weights run densely) and of the shipped setting, the pass-key /
+#            needle rows, the runs' curves and logs, issue 31's board and e2e, all under $OUT
+set -u
+part=${1:-}; shift || true
+case "$part" in
+  start|board31|wait|choose|finish) ;;
+  *) echo "unknown part '$part'; allowed: start, board31, wait, choose, finish" >&2; exit 2 ;;
+esac
+OUT=${OUT:-outputs/round6}; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
+export PYTHONUNBUFFERED=1 PYTHONPATH="/tmp/p29/site:/tmp/site${PYTHONPATH:+:$PYTHONPATH}" PODKIT_CACHE=/tmp/p29/cache \
+  TORCH_EXTENSIONS_DIR=/tmp/torch_ext DS_ACCELERATOR=cuda HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+RUNS=(pod_8k_scores pod_8k_scores_recall pod_8k_scores_recall_auto)
+Q=/tmp/p31
+PICK=benchmarks/h100_2026-12-06/issue31_placement/placement/variants.json     # TidalDecode's pick (layer 14)
+TOKEN_SPARSE_PICK=benchmarks/h200_2026-12-03/issue31/variants.json           # Token Sparse's (window 256)
+E2E=/tmp/e2e31
+board_row() {  # name, leaderboard arguments...: one test-board row in the background
+  local name=$1; shift
+  rm -rf "$Q/board_$name"; cp -r "$Q/issue31_test" "$Q/board_$name"
+  setsid nohup bash -c "timeout 900 python3 -m eval.leaderboard --out $Q/board_$name --seed 7919 --samples 20 \
+    --no-calibrate --lengths 2048 4096 8192 --batch-size 32 $* > $Q/board_$name.log 2>&1; \
+    echo \"board $name rc=\$?\" >> $Q/rc.txt" > /dev/null 2>&1 < /dev/null &
+}
+case "$part" in
+  start)
+    OUT="$OUT/issue29" bash benchmarks/plans/issue29_serving_length.sh launch "${RUNS[@]}"
+    if [ "${SUITE:-1}" = 1 ]; then
+      mkdir -p /tmp/gpu_suite
+      setsid nohup bash -c "LOGS=/tmp/gpu_suite scripts/test_gpu_parallel.sh python3 > /tmp/gpu_suite/summary.tmp 2>&1;
+        echo \"suite rc=\$?\" >> /tmp/gpu_suite/summary.tmp; mv /tmp/gpu_suite/summary.tmp /tmp/gpu_suite/summary.txt" \
+        > /dev/null 2>&1 < /dev/null &
+      echo "GPU suite started"
+    fi ;;
+  board31)
+    [ -d "$Q/issue31_test" ] || { echo "no $Q/issue31_test: run device_2026-12-06.sh stage first"; exit 1; }
+    board_row tidal_calibrated_1_2 --variants-from "$PICK" --settings tidal_calibrated@1/2
+    board_row prefill_token_sparse --question-phase prefill --variants-from "$TOKEN_SPARSE_PICK" \
+      --settings dense token_sparse@0.005 token_sparse_calibrated
+    mkdir -p "$E2E"
+    setsid nohup bash -c "timeout 500 python3 -m eval.bench e2e --sections decode --rows 131072x1 131072x4 \
+      --schemes tidal --variants tidal:tidal_selection=all_union \
+      'tidal:tidal_selection=all_union:tidal_selection_layers=[2,14]' --time-budget-s 420 --out $E2E/e2e_pick.json \
+      > $E2E/e2e_pick.log 2>&1; echo \"e2e rc=\$?\" >> $Q/rc.txt" > /dev/null 2>&1 < /dev/null &
+    echo "issue 31 board and e2e started" ;;
+  wait)
+    OUT="$OUT/issue29" bash benchmarks/plans/issue29_serving_length.sh wait "${1:-60}"
+    if [ -f /tmp/gpu_suite/summary.txt ]; then cat /tmp/gpu_suite/summary.txt; else echo "GPU suite: not finished"; fi
+    pgrep -fa "eval.leaderboard --out $Q/board_|eval.bench e2e" | cut -c1-120
+    cat "$Q/rc.txt" 2>/dev/null ;;
+  choose)
+    OUT="$OUT/issue29" ROWS_PARALLEL=3 bash benchmarks/plans/issue29_serving_length.sh devrows "${RUNS[@]}"
+    python3 benchmarks/plans/issue29_choose.py "$OUT/issue29/devrows.tgz" ;;
+  finish)
+    pick=$(python3 -c "import json; print(json.load(open('$OUT/issue29/choice.json'))['pick'])")
+    rows=(pod_8k_scores "$pick" "$pick:dense")
+    [ "$pick" = pod_8k_scores ] && rows=(pod_8k_scores pod_8k_scores:dense pod_8k_scores_recall)
+    OUT="$OUT/issue29" ROWS_PARALLEL=3 bash benchmarks/plans/issue29_serving_length.sh rows "${rows[@]}"
+    OUT="$OUT/issue29" bash benchmarks/plans/issue29_serving_length.sh retrieval "${rows[@]}"
+    OUT="$OUT/issue29" bash benchmarks/plans/issue29_serving_length.sh collect
+    [ -d /tmp/gpu_suite ] && (cd /tmp && tar czf "$OUT/gpu_suite.tgz" gpu_suite)
+    (cd "$Q" && tar czf "$OUT/issue31.tgz" --ignore-failed-read board_*/*.md board_*/leaderboard.json \
+      board_*/records*.jsonl board_*.log rc.txt 2>/dev/null)
+    cp "$E2E"/e2e_pick.* "$OUT/" 2>/dev/null
+    ls -la "$OUT" ;;
+esac
