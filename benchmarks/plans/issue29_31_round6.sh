@@ -43,11 +43,7 @@ case "$part" in
   start)
     OUT="$OUT/issue29" bash benchmarks/plans/issue29_serving_length.sh launch "${RUNS[@]}"
     if [ "${SUITE:-1}" = 1 ]; then
-      mkdir -p /tmp/gpu_suite
-      setsid nohup bash -c "LOGS=/tmp/gpu_suite scripts/test_gpu_parallel.sh python3 > /tmp/gpu_suite/summary.tmp 2>&1;
-        echo \"suite rc=\$?\" >> /tmp/gpu_suite/summary.tmp; mv /tmp/gpu_suite/summary.tmp /tmp/gpu_suite/summary.txt" \
-        > /dev/null 2>&1 < /dev/null &
-      echo "GPU suite started"
+      bash benchmarks/plans/gpu_suite_background.sh
     fi ;;
   board31)
     [ -d "$Q/issue31_test" ] || { echo "no $Q/issue31_test: run device_2026-12-06.sh stage first"; exit 1; }

@@ -49,6 +49,27 @@ def _records(scores: dict[str, float], sparsity: dict[str, float] | None = None)
     return out
 
 
+def _variants_parser(device: str):
+    """The ``eval.calibrate variants`` options with the parent command's --model / --device / --samples."""
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", default="default")
+    parser.add_argument("--device", default=device)
+    parser.add_argument("--samples", type=int, default=1)
+    va.add_arguments(parser)
+    return parser
+
+
+def _no_model(monkeypatch, run_sweep) -> None:
+    """sweep() without a model: stand-ins for loading, the samples and the device name, and ``run_sweep``."""
+    monkeypatch.setattr(va, "load_model", lambda *a, **k: object())
+    monkeypatch.setattr(va, "load_tokenizer", lambda *a, **k: object())
+    monkeypatch.setattr(va.lb, "load_samples", lambda *a, **k: [])
+    monkeypatch.setattr(va.lb, "device_name", lambda device: "test device")
+    monkeypatch.setattr(va, "run_sweep", run_sweep)
+
+
 def test_tidal_pick_is_the_best_mean_and_ties_go_to_the_cheaper():
     grid = [va.Variant("default", "tidal", {}), va.Variant("three", "tidal", {"tidal_selection_layers": [2, 9, 18]}),
             va.Variant("one", "tidal", {"tidal_selection_layers": [2]})]
@@ -190,25 +211,14 @@ def test_placement_grid_moves_the_reselection_layer_of_the_union_and_validates()
 
 
 def test_placement_grid_needs_the_tidal_method_before_any_model(monkeypatch):
-    import argparse
-
     monkeypatch.setattr(va, "load_model", lambda *a, **k: pytest.fail("the model loaded before the check"))
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--model", default="default")
-    va.add_arguments(parser)
-    args = parser.parse_args(["--grid", "placement", "--method", "both", "--seed", str(protocol.DEV_SEED)])
+    args = _variants_parser("cpu").parse_args(["--grid", "placement", "--method", "both", "--seed", str(protocol.DEV_SEED)])
     with pytest.raises(SystemExit, match="--grid placement .* needs --method tidal, got --method both"):
         va.sweep(args)
 
 
 def test_batch_size_is_checked_before_any_model_and_reaches_the_engine(monkeypatch, tmp_path):
-    import argparse
-
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--model", default="default")
-    parser.add_argument("--device", default="cuda")
-    parser.add_argument("--samples", type=int, default=1)
-    va.add_arguments(parser)
+    parser = _variants_parser("cuda")
     monkeypatch.setattr(va, "load_model", lambda *a, **k: pytest.fail("the model loaded before the check"))
     bad = parser.parse_args(["--method", "tidal", "--batch-size", "0", "--seed", str(protocol.DEV_SEED)])
     with pytest.raises(SystemExit, match="--batch-size 0 is invalid: expected an integer >= 1"):
@@ -220,11 +230,7 @@ def test_batch_size_is_checked_before_any_model_and_reaches_the_engine(monkeypat
         seen.update(options)
         return False
 
-    monkeypatch.setattr(va, "load_model", lambda *a, **k: object())
-    monkeypatch.setattr(va, "load_tokenizer", lambda *a, **k: object())
-    monkeypatch.setattr(va.lb, "load_samples", lambda *a, **k: [])
-    monkeypatch.setattr(va.lb, "device_name", lambda device: "test device")
-    monkeypatch.setattr(va, "run_sweep", fake_sweep)
+    _no_model(monkeypatch, fake_sweep)
     good = parser.parse_args(["--method", "tidal", "--grid", "placement", "--batch-size", "16", "--lengths", "2048",
                               "--seed", str(protocol.DEV_SEED), "--samples-dir", str(tmp_path),
                               "--out", str(tmp_path / "out")])
@@ -249,8 +255,6 @@ def test_second_stage_moves_the_picks_layers_and_skips_what_stage_one_scored():
 
 
 def test_staged_sweep_scores_the_second_stage_around_the_first_pick(monkeypatch, tmp_path):
-    import argparse
-
     calls = []
 
     def fake_sweep(model, tokenizer, variants, samples, out, fractions, **options):
@@ -264,16 +268,8 @@ def test_staged_sweep_scores_the_second_stage_around_the_first_pick(monkeypatch,
                                 "score": score, "kv_kept": 1.0, "kv_read": 0.2})
         return True
 
-    monkeypatch.setattr(va, "load_model", lambda *a, **k: object())
-    monkeypatch.setattr(va, "load_tokenizer", lambda *a, **k: object())
-    monkeypatch.setattr(va.lb, "load_samples", lambda *a, **k: [])
-    monkeypatch.setattr(va.lb, "device_name", lambda device: "test device")
-    monkeypatch.setattr(va, "run_sweep", fake_sweep)
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--model", default="default")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--samples", type=int, default=1)
-    va.add_arguments(parser)
+    _no_model(monkeypatch, fake_sweep)
+    parser = _variants_parser("cpu")
     args = parser.parse_args(["--method", "tidal", "--lengths", "2048", "--seed", str(protocol.DEV_SEED),
                               "--samples-dir", str(tmp_path), "--out", str(tmp_path / "out")])
     assert args.grid == "staged"
