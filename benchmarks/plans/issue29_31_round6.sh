@@ -7,15 +7,19 @@
 #   start    issue 29: the shipped 8K recipe, the recall candidate and the recall candidate with learned units, trained
 #            side by side (issue29_serving_length.sh launch; the fourth and fifth rounds' control with the recall
 #            rows is already scored), and the GPU suite beside them (SUITE=0 leaves it out)
-#   board31  issue 31 in the background, test seed, one process per row: the calibrated TidalDecode (the union with
+#   board31  (once the trainings are done: three trainings, the suite and two sweeps at once ran out of an H100's
+#            memory on 2026-12-06) issue 31 in the background, test seed, one process per row: the calibrated TidalDecode (the union with
 #            its re-selection layer at 14, benchmarks/h100_2026-12-06/issue31_placement) at 1/2; Token Sparse today's
 #            and calibrated, and dense, with the question prefilled (eval.leaderboard --question-phase prefill: what
 #            the Token Sparse paper's RULER setting prefills); then the e2e decode time of the new pick beside
-#            today's TidalDecode and the first pick (128K x 1 and x 4, Llama-3-8B shape)
+#            today's TidalDecode and the first pick (128K x 1 and x 4, Llama-3-8B shape); and Token Sparse's full grid
+#            again on the dev seed at the issue's 10 samples per task (the 2026-12-03 sweep had 5), one process per
+#            length
 #   wait S   the trainings' progress after at most S seconds, the suite's summary, the board's processes
 #   choose   the wide dev split (13 tasks x 10, seed 104729) of the three exports, then the pre-registered rule of
 #            benchmarks/plans/issue29_choose.py (the shipped setting stays unless beaten by >= 1 point); prints the
-#            pick
+#            pick; then, in the background, issue 31's POD + TidalDecode rows on the shipped setting's export (the
+#            export alone, POD + TidalDecode at 1/8 and 1/4, today's and calibrated; test seed)
 #   finish   the test split of the pick (and its weights run densely) and of the shipped setting, the pass-key /
 #            needle rows, the runs' curves and logs, issue 31's board and e2e, all under $OUT
 set -u
@@ -55,7 +59,13 @@ case "$part" in
       --schemes tidal --variants tidal:tidal_selection=all_union \
       'tidal:tidal_selection=all_union:tidal_selection_layers=[2,14]' --time-budget-s 420 --out $E2E/e2e_pick.json \
       > $E2E/e2e_pick.log 2>&1; echo \"e2e rc=\$?\" >> $Q/rc.txt" > /dev/null 2>&1 < /dev/null &
-    echo "issue 31 board and e2e started" ;;
+    for length in 2048 4096; do
+      setsid nohup bash -c "timeout 1200 python3 -m eval.calibrate variants --method token_sparse --grid full \
+        --lengths $length --seed 104729 --samples 10 --samples-dir $Q/issue31_dev --out $Q/ts_sweep_$length \
+        --batch-size 16 --time-limit 1100 > $Q/ts_sweep_$length.log 2>&1; echo \"ts sweep $length rc=\$?\" >> $Q/rc.txt" \
+        > /dev/null 2>&1 < /dev/null &
+    done
+    echo "issue 31 board, e2e and Token Sparse sweep started" ;;
   wait)
     OUT="$OUT/issue29" bash benchmarks/plans/issue29_serving_length.sh wait "${1:-60}"
     if [ -f /tmp/gpu_suite/summary.txt ]; then cat /tmp/gpu_suite/summary.txt; else echo "GPU suite: not finished"; fi
@@ -63,7 +73,13 @@ case "$part" in
     cat "$Q/rc.txt" 2>/dev/null ;;
   choose)
     OUT="$OUT/issue29" ROWS_PARALLEL=3 bash benchmarks/plans/issue29_serving_length.sh devrows "${RUNS[@]}"
-    python3 benchmarks/plans/issue29_choose.py "$OUT/issue29/devrows.tgz" ;;
+    python3 benchmarks/plans/issue29_choose.py "$OUT/issue29/devrows.tgz"
+    export_dir=/tmp/p29/runs/pod_8k_scores/export
+    if [ -f "$export_dir/config.json" ]; then
+      board_row pod_tidal --pod-adapted "$export_dir" --variants-from "$PICK" --settings pod_adapted \
+        pod_adapted+tidal@1/8 pod_adapted+tidal@1/4 pod_adapted+tidal_calibrated@1/8 pod_adapted+tidal_calibrated@1/4
+      echo "POD + TidalDecode rows started on $export_dir"
+    fi ;;
   finish)
     pick=$(python3 -c "import json; print(json.load(open('$OUT/issue29/choice.json'))['pick'])")
     rows=(pod_8k_scores "$pick" "$pick:dense")
@@ -73,7 +89,8 @@ case "$part" in
     OUT="$OUT/issue29" bash benchmarks/plans/issue29_serving_length.sh collect
     [ -d /tmp/gpu_suite ] && (cd /tmp && tar czf "$OUT/gpu_suite.tgz" gpu_suite)
     (cd "$Q" && tar czf "$OUT/issue31.tgz" --ignore-failed-read board_*/*.md board_*/leaderboard.json \
-      board_*/records*.jsonl board_*.log rc.txt 2>/dev/null)
+      board_*/records*.jsonl board_*.log ts_sweep_*/records*.jsonl ts_sweep_*/variants.* ts_sweep_*.log rc.txt \
+      2>/dev/null)
     cp "$E2E"/e2e_pick.* "$OUT/" 2>/dev/null
     ls -la "$OUT" ;;
 esac
