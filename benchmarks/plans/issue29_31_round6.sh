@@ -20,7 +20,8 @@
 #            benchmarks/plans/issue29_choose.py (the shipped setting stays unless beaten by >= 1 point); prints the
 #            pick; then, in the background, issue 31's POD + TidalDecode rows on the shipped setting's export (the
 #            export alone, POD + TidalDecode at 1/8 and 1/4, today's and calibrated; test seed)
-#   finish   the test split of the pick (and its weights run densely) and of the shipped setting, the pass-key /
+#   finish   the test split of the pick (its weights run densely, and POD decode with the shared units' distant
+#            part skipped: the needle-distance ablation) and of the shipped setting, the pass-key /
 #            needle rows, the runs' curves and logs, issue 31's board and e2e, all under $OUT
 set -u
 part=${1:-}; shift || true
@@ -82,10 +83,11 @@ case "$part" in
     fi ;;
   finish)
     pick=$(python3 -c "import json; print(json.load(open('$OUT/issue29/choice.json'))['pick'])")
-    rows=(pod_8k_scores "$pick" "$pick:dense")
-    [ "$pick" = pod_8k_scores ] && rows=(pod_8k_scores pod_8k_scores:dense pod_8k_scores_recall)
+    rows=(pod_8k_scores "$pick" "$pick:dense" "$pick:proximal")
+    [ "$pick" = pod_8k_scores ] && rows=(pod_8k_scores pod_8k_scores:dense pod_8k_scores:proximal pod_8k_scores_recall)
     OUT="$OUT/issue29" ROWS_PARALLEL=3 bash benchmarks/plans/issue29_serving_length.sh rows "${rows[@]}"
-    OUT="$OUT/issue29" bash benchmarks/plans/issue29_serving_length.sh retrieval "${rows[@]}"
+    served=(); for row in "${rows[@]}"; do case "$row" in *:proximal) ;; *) served+=("$row") ;; esac; done
+    OUT="$OUT/issue29" bash benchmarks/plans/issue29_serving_length.sh retrieval "${served[@]}"
     OUT="$OUT/issue29" bash benchmarks/plans/issue29_serving_length.sh collect
     [ -d /tmp/gpu_suite ] && (cd /tmp && tar czf "$OUT/gpu_suite.tgz" gpu_suite)
     (cd "$Q" && tar czf "$OUT/issue31.tgz" --ignore-failed-read board_*/*.md board_*/leaderboard.json \

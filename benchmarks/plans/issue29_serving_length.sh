@@ -10,7 +10,8 @@
 #   launch NAME...              start the named runs that have no export and are not running (see `settings`;
 #                               next: control_8k_recall, pod_8k_scores_recall_auto, pod_8k_scores_kv20 / 25 / 35)
 #   wait SECONDS                wait for the launched runs (at most SECONDS), then print their progress
-#   rows ROW...                 score rows on the test split: RUN (its export) or RUN:dense (POD's weights run densely)
+#   rows ROW...                 score rows on the test split: RUN (its export), RUN:dense (POD's weights run densely)
+#                               or RUN:proximal (POD decode, shared units without their distant part)
 #   devrows ROW...              the same rows on the wide dev split (all 13 tasks x 10 samples, seed 104729, samples
 #                               from outputs/ruler_samples_devwide.tgz, made on the CPU machine by ruler_samples.py
 #                               with those dev overrides and checked disjoint from the test split): what a choice
@@ -150,6 +151,11 @@ case "$part" in
       run=${row%%:*}
       case "$row" in
         *:dense) score "${run}_dense" "$RUNS/$run/export" "$OUT/$folder/${run}_dense.json" dense & ;;
+        # POD decode with every shared unit's distant part skipped (its sink + recent window only; anchor units read
+        # everything): does the merge cost near needles? (BENCHMARKS.md, "The recall candidate against its own
+        # dense control")
+        *:proximal) score "${run}_proximal" "$RUNS/$run/export" "$OUT/$folder/${run}_proximal.json" \
+                      sparse:pod_gate_tau=0.000001 & ;;
         *) score "$run" "$RUNS/$run/export" "$OUT/$folder/$run.json" & ;;
       esac
     done
