@@ -124,7 +124,8 @@ def summarise(result: dict, include_key_in_window: bool = False) -> dict:
             "by_layer": {p: {n: mean(v) for n, v in cells.items()} for p, cells in by_layer.items()}}
 
 
-def plot_summary(summary: dict, path: str | Path) -> Path:
+def plot_summary(summary: dict, path: str | Path, key: str = "pass-key tokens") -> Path:
+    """Key-token against prefix keep rates, per sparse layer and per length; ``key`` names the key tokens."""
     import matplotlib  # lazy: matplotlib is optional (plots only)
 
     matplotlib.use("Agg")
@@ -136,7 +137,7 @@ def plot_summary(summary: dict, path: str | Path) -> Path:
         for protocol, style in zip(PROTOCOLS, ("-", "--")):
             cells = summary[grouping].get(protocol, {})
             xs = sorted(cells, key=int)
-            for field, marker, color, what in (("key_kept", "o", None, "pass-key tokens"),
+            for field, marker, color, what in (("key_kept", "o", None, key),
                                                ("prefix_kept", ".", "tab:gray", "all prefix tokens")):
                 ax.plot([int(x) for x in xs], [100 * cells[x][field] for x in xs], style, marker=marker, color=color,
                         label=f"{what}, question in {protocol}")
@@ -146,7 +147,7 @@ def plot_summary(summary: dict, path: str | Path) -> Path:
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("% kept (mean over heads and prompts)")
     axes[1].set_xscale("log", base=2)
-    fig.suptitle("Token Sparse Attention: are the pass-key tokens kept in the sparse layers? (prompts with the key "
+    fig.suptitle(f"Token Sparse Attention: are the {key} kept in the sparse layers? (prompts with the key "
                  "before the scoring window)", fontsize=10)
     fig.tight_layout()
     return save_figure(fig, path)
@@ -157,7 +158,9 @@ def write_outputs(payload: dict, out: Path) -> tuple[Path, Path]:
     payload["summary"] = summarise(payload)
     payload["summary_with_key_in_window"] = summarise(payload, include_key_in_window=True)
 
-    return write_json(out.with_suffix(".json"), payload), plot_summary(payload["summary"], out.with_suffix(".png"))
+    key = "pass-key tokens" if payload.get("prompts_from", "passkey grid") == "passkey grid" else "RULER answer tokens"
+    return (write_json(out.with_suffix(".json"), payload),
+            plot_summary(payload["summary"], out.with_suffix(".png"), key))
 
 
 def build_prompts(tokenizer, samples) -> list[dict]:
