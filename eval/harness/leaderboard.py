@@ -353,6 +353,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     check_kv_cache_arguments(parser, args)
     if args.pod_adapted and not (Path(args.pod_adapted) / "config.json").exists():
         parser.error(f"--pod-adapted {args.pod_adapted!r} is invalid: no config.json in that folder")
+    if args.peers and args.question_phase != "decode":
+        parser.error(f"--question-phase {args.question_phase} is invalid with --peers: kvpress's presses compress the "
+                     "context without the question (the decode protocol); score them in a decode board")
     if not args.replot:
         other = {r.get("question_phase", "decode") for r in lr.load_all(args.out)} - {args.question_phase}
         if other:   # a resumed row would keep the other protocol's answers under the same key

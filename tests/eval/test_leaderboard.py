@@ -372,3 +372,6 @@ def test_question_phase_is_recorded_and_a_folder_keeps_one_protocol(tmp_path, mo
     assert "scored with the question in prefill; use another --out" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         leaderboard.parse_args(["--out", str(tmp_path), "--question-phase", "middle"])
+    with pytest.raises(SystemExit):
+        leaderboard.parse_args(["--out", str(tmp_path / "new"), "--question-phase", "prefill", "--peers"])
+    assert "invalid with --peers" in capsys.readouterr().err
