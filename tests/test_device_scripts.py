@@ -68,3 +68,13 @@ def test_issue29_choice_keeps_the_shipped_setting_unless_clearly_beaten(tmp_path
     assert (tmp_path / "choice.json").exists() and "pod_8k_scores_recall_dense" not in result["mean"]
     with pytest.raises(SystemExit, match="not the dev split"):
         choose([str(_devrows_archive(tmp_path, rows, split="test split: seed 7919"))])
+    # a candidate stopped before 8K is averaged over the easier lengths only: left out; a POD-without-distant row
+    # is the same export run another way: never a candidate
+    rows["pod_8k_scores_recall_auto"] = {"2048": 60.0, "4096": 50.0}
+    rows["pod_8k_scores_proximal"] = {"2048": 60.0, "4096": 60.0, "8192": 60.0}
+    result = choose([str(_devrows_archive(tmp_path, rows))])
+    assert result["pick"] == "pod_8k_scores" and result["left_out_incomplete"] == ["pod_8k_scores_recall_auto"]
+    assert "pod_8k_scores_proximal" not in result["mean"]
+    rows["pod_8k_scores"] = {"2048": 40.0}
+    with pytest.raises(SystemExit, match="stopped early"):
+        choose([str(_devrows_archive(tmp_path, rows))])

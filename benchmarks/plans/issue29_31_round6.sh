@@ -51,7 +51,9 @@ case "$part" in
       bash benchmarks/plans/gpu_suite_background.sh
     fi ;;
   board31)
-    [ -d "$Q/issue31_test" ] || { echo "no $Q/issue31_test: run device_2026-12-06.sh stage first"; exit 1; }
+    for d in issue31_test issue31_dev; do
+      [ -d "$Q/$d" ] || { echo "no $Q/$d: run device_2026-12-06.sh stage first"; exit 1; }
+    done
     board_row tidal_calibrated_1_2 --variants-from "$PICK" --settings tidal_calibrated@1/2
     board_row prefill_token_sparse --question-phase prefill --variants-from "$TOKEN_SPARSE_PICK" \
       --settings dense token_sparse@0.005 token_sparse_calibrated
@@ -70,7 +72,7 @@ case "$part" in
   wait)
     OUT="$OUT/issue29" bash benchmarks/plans/issue29_serving_length.sh wait "${1:-60}"
     if [ -f /tmp/gpu_suite/summary.txt ]; then cat /tmp/gpu_suite/summary.txt; else echo "GPU suite: not finished"; fi
-    pgrep -fa "eval.leaderboard --out $Q/board_|eval.bench e2e" | cut -c1-120
+    pgrep -fa "eval.leaderboard --out $Q/board_|eval.bench e2e|eval.calibrate variants" | cut -c1-120
     cat "$Q/rc.txt" 2>/dev/null ;;
   choose)
     OUT="$OUT/issue29" ROWS_PARALLEL=3 bash benchmarks/plans/issue29_serving_length.sh devrows "${RUNS[@]}"
@@ -82,7 +84,8 @@ case "$part" in
       echo "POD + TidalDecode rows started on $export_dir"
     fi ;;
   finish)
-    pick=$(python3 -c "import json; print(json.load(open('$OUT/issue29/choice.json'))['pick'])")
+    pick=$(python3 -c "import json; print(json.load(open('$OUT/issue29/choice.json'))['pick'])" 2>/dev/null)
+    [ -n "$pick" ] || { echo "no pick in $OUT/issue29/choice.json: run the choose part first"; exit 1; }
     rows=(pod_8k_scores "$pick" "$pick:dense" "$pick:proximal")
     [ "$pick" = pod_8k_scores ] && rows=(pod_8k_scores pod_8k_scores:dense pod_8k_scores:proximal pod_8k_scores_recall)
     OUT="$OUT/issue29" ROWS_PARALLEL=3 bash benchmarks/plans/issue29_serving_length.sh rows "${rows[@]}"

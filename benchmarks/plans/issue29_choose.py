@@ -17,15 +17,20 @@ from pathlib import Path
 
 SHIPPED = "pod_8k_scores"
 MARGIN = 1.0
+LENGTHS = ("2048", "4096", "8192")   # the 8K recipe's long_context.lengths
+
+
+VARIANT_ROWS = ("_dense.json", "_proximal.json")   # the same export run another way: not a setting to ship
 
 
 def dev_scores(archive: Path) -> dict[str, dict[str, float]]:
-    """row -> {length: RULER average} for every export row (``*_dense`` rows left out) in the devrows archive."""
+    """row -> {length: RULER average} for every export row as served (``RUN:dense`` / ``RUN:proximal`` rows left
+    out) in the devrows archive."""
     scores = {}
     with tarfile.open(archive) as tar:
         for member in tar.getmembers():
             name = Path(member.name).name
-            if not name.endswith(".json") or name.endswith("_dense.json"):
+            if not name.endswith(".json") or name.endswith(VARIANT_ROWS):
                 continue
             data = json.loads(tar.extractfile(member).read())
             if "dev split" not in data.get("split", ""):
@@ -37,11 +42,20 @@ def dev_scores(archive: Path) -> dict[str, dict[str, float]]:
 def choose(scores: dict[str, dict[str, float]], shipped: str = SHIPPED, margin: float = MARGIN) -> dict:
     if shipped not in scores:
         raise SystemExit(f"the shipped setting {shipped!r} has no dev row (rows: {', '.join(sorted(scores))})")
+    if set(scores[shipped]) != set(LENGTHS):
+        raise SystemExit(f"the shipped setting's dev row has lengths {sorted(scores[shipped], key=int)}, not "
+                         f"{list(LENGTHS)}: it was stopped early; score it again before choosing")
+    # a row stopped before its last length would be averaged over the shorter (easier) lengths only
+    incomplete = sorted(row for row, cells in scores.items() if set(cells) != set(scores[shipped]))
+    for row in incomplete:
+        print(f"{row}: lengths {sorted(scores[row], key=int)}, not the shipped row's "
+              f"{sorted(scores[shipped], key=int)}: left out of the choice")
+    scores = {row: cells for row, cells in scores.items() if row not in incomplete}
     means = {row: round(sum(cells.values()) / len(cells), 2) for row, cells in scores.items()}
     better = [row for row in means if row != shipped and means[row] >= means[shipped] + margin]
     pick = max(better, key=lambda row: means[row]) if better else shipped
     return {"rule": f"highest mean over lengths; {shipped} stays unless beaten by >= {margin} points",
-            "dev": scores, "mean": means, "pick": pick}
+            "dev": scores, "mean": means, "pick": pick, "left_out_incomplete": incomplete}
 
 
 def main(argv: list[str]) -> dict:

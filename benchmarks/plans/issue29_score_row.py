@@ -24,6 +24,9 @@ from train.recipe import load_recipe
 row, path, out = sys.argv[1], sys.argv[2], Path(sys.argv[3])
 dense = "dense" in sys.argv[4:]
 use_dev = "split=dev" in sys.argv[4:]
+bad = [a for a in sys.argv[4:] if a.startswith("sparse:") and "=" not in a]
+if bad:
+    sys.exit(f"{bad[0]!r} is invalid: expected sparse:KEY=VALUE (a flat scheme override, e.g. sparse:pod_gate_tau=0.5)")
 schemes = dict(a[len("sparse:"):].split("=", 1) for a in sys.argv[4:] if a.startswith("sparse:"))
 overrides = [a for a in sys.argv[4:] if a not in ("dense", "split=dev") and not a.startswith("sparse:")]  # recipe's
 recipe = load_recipe("recipes/smollm2_135m_gpu.yaml", overrides, check_environment=False)

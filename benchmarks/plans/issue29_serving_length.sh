@@ -175,7 +175,10 @@ case "$part" in
     for row in "$@"; do
       run=${row%%:*}; model="$RUNS/$run/export"; name=$run; dense=()
       [ "$row" = original ] && model=original
-      case "$row" in *:dense) name=${run}_dense; dense=(dense) ;; esac
+      case "$row" in
+        *:dense) name=${run}_dense; dense=(dense) ;;
+        *:*) echo "$row: the retrieval rows take RUN or RUN:dense, skipped"; continue ;;
+      esac
       if [ "$model" != original ] && [ ! -f "$model/config.json" ]; then echo "$row: no export, skipped"; continue; fi
       PYTHONPATH="$PWD:$PYTHONPATH" timeout 300 python3 benchmarks/plans/issue29_retrieval_row.py "$name" "$model" \
         "$OUT/retrieval/$name.json" "${dense[@]}" > "$OUT/retrieval/$name.log" 2>&1

@@ -39,7 +39,7 @@ from eval.models import load_model, load_tokenizer
 from eval.runner import apply_overrides
 from eval.schemes import Setting, dense
 from sparse_models.config import SparseAttentionConfig
-from sparse_models.schemes.tidal import SELECTIONS, default_reselection_layer
+from sparse_models.schemes.tidal import default_reselection_layer
 from sparse_models.smollm2 import default_model_path
 from train.long_context_eval import ruler
 from train.long_context_eval.protocol import TEST_SEED
@@ -364,10 +364,9 @@ def sweep(args) -> dict:
     variants = [v for m in methods for v in grids[m]]
     validate(variants, args.lengths, args.fractions)   # before the model loads: a bad grid costs no device time
     staged = args.grid == "staged" and "tidal" in methods
-    if staged:   # every second stage the first one could lead to, checked now for the same reason
-        for selection in SELECTIONS:
-            validate(second_stage(tidal, Variant(selection, "tidal", {"tidal_selection": selection}), layers),
-                     args.lengths, args.fractions)
+    if staged:   # every second stage the first one could lead to (one per possible pick), checked now too
+        for candidate in tidal:
+            validate(second_stage(tidal, candidate, layers), args.lengths, args.fractions)
     model = load_model(args.model, device=args.device)
     tokenizer, out = load_tokenizer(args.model), Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

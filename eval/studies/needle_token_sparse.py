@@ -191,13 +191,17 @@ def answer_token_positions(tokenizer, context: str, answers: list[str]) -> list[
 
 
 def build_ruler_prompts(tokenizer, samples, *, chat: bool = True) -> list[dict]:
-    """The two prefills of each RULER sample as eval.leaderboard renders it (train/long_context_eval/ruler.py
-    ``render``) and the answer tokens' positions in its context; samples whose answers do not occur in the
-    context (aggregation, multi-hop tracing, question answering) are left out."""
+    """The two prefills of each RULER *retrieval* sample (the NIAH tasks, whose answers are needles written into
+    the context) as eval.leaderboard renders it (train/long_context_eval/ruler.py ``render``), and the answer
+    tokens' positions in its context. Other categories are left out: their answers (variable names, frequent
+    words, QA spans) are not needles, and a word can also match inside others; so is a sample whose answer does
+    not occur in its context."""
     from train.long_context_eval import ruler
 
     prompts = []
     for sample in samples:
+        if sample.category != "retrieval":
+            continue
         context, question = ruler.render(sample, tokenizer, chat)
         positions = answer_token_positions(tokenizer, context, sample.outputs)
         if not positions:
@@ -269,14 +273,17 @@ def main(argv: list[str] | None = None) -> dict:
             parser.error(f"--calibration {args.calibration}: no such file (use 'none' for the config default)")
         overrides["token_sparse_sparse_layers"] = json.loads(path.read_text())["token_sparse_layers"]
 
-    model = load_model(args.model, device=args.device, **overrides)
     tokenizer = load_tokenizer(args.model)
     if ruler_samples is not None:
         prompts = build_ruler_prompts(tokenizer, ruler_samples)
+        if not prompts:
+            parser.error(f"--ruler-samples {args.ruler_samples}: no retrieval sample with its answer in the context "
+                         f"among the tasks chosen ({' '.join(args.tasks or ['all'])})")
         lengths = sorted({p["length"] for p in prompts})
     else:
         prompts = build_prompts(tokenizer, passkey_grid(tokenizer, args.lengths, args.depths))
         lengths = args.lengths
+    model = load_model(args.model, device=args.device, **overrides)
     result = analyse_prompts(model, prompts)
     payload = {"format": NEEDLE_TOKEN_SPARSE_FORMAT, "model": args.model, "lengths": lengths,
                "prompts_from": args.ruler_samples or "passkey grid",

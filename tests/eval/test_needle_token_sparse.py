@@ -109,8 +109,11 @@ def test_ruler_prompts_mark_the_answer_tokens_in_the_context(tiny_token_sparse, 
                RulerSample(task="cwe", index=0, seed=1, max_length=160, input=context + "\nCount words.",
                            question_start=len(context), gen_prefix="Answer:", outputs=["absent"],
                            tokens_to_generate=8, category="aggregation")]
+    samples.append(RulerSample(task="cwe", index=1, seed=1, max_length=160, input=context + "\nCount words.",
+                               question_start=len(context), gen_prefix="Answer:", outputs=["filler"],
+                               tokens_to_generate=8, category="aggregation"))
     prompts = build_ruler_prompts(tiny_tokenizer, samples, chat=False)
-    assert [p["task"] for p in prompts] == ["niah_single_1"]   # no answer in its context: left out
+    assert [p["task"] for p in prompts] == ["niah_single_1"]   # no answer in its context, or not a needle: left out
     prompt = prompts[0]
     assert prompt["ids"]["prefill"][:len(prompt["ids"]["decode"])] == prompt["ids"]["decode"]
     assert len(prompt["ids"]["prefill"]) > len(prompt["ids"]["decode"])
@@ -131,3 +134,17 @@ def test_cli_rejects_bad_ruler_input_before_loading(capsys, tmp_path):
     with pytest.raises(SystemExit):
         main(["--ruler-samples", str(path), "--ruler-count", "0"])
     assert "--ruler-count 0 is invalid" in capsys.readouterr().err
+
+
+def test_cli_refuses_ruler_samples_without_a_needle_before_the_model(capsys, tmp_path, monkeypatch, tiny_tokenizer):
+    import eval.studies.needle_token_sparse as nts
+
+    monkeypatch.setattr(nts, "load_tokenizer", lambda model: tiny_tokenizer)
+    monkeypatch.setattr(nts, "load_model", lambda *a, **k: pytest.fail("the model loaded before the check"))
+    path = tmp_path / "samples_2048.json"
+    path.write_text('{"samples": [{"task": "vt", "index": 0, "seed": 1, "max_length": 2048, "input": "x y", '
+                    '"question_start": 1, "gen_prefix": "", "outputs": ["a"], "tokens_to_generate": 4, '
+                    '"category": "multi-hop tracing"}]}')
+    with pytest.raises(SystemExit):
+        main(["--ruler-samples", str(path), "--calibration", "none"])
+    assert "no retrieval sample with its answer in the context" in capsys.readouterr().err
