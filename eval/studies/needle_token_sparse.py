@@ -48,6 +48,7 @@ from eval.tasks.passkey import passkey_grid
 from sparse_models import capture_attention_inputs
 from sparse_models.calibration.outputs import save_figure, write_json
 from sparse_models.schemes.token_sparse import token_sparse_indices, token_sparse_layers
+from train.long_context_eval import ruler
 
 NEEDLE_TOKEN_SPARSE_FORMAT = "podkit.needle_token_sparse/1"
 PROTOCOLS = ("decode", "prefill")   # where the question goes, as in eval.harness.fidelity --question-phase
@@ -196,8 +197,6 @@ def build_ruler_prompts(tokenizer, samples, *, chat: bool = True) -> list[dict]:
     tokens' positions in its context. Other categories are left out: their answers (variable names, frequent
     words, QA spans) are not needles, and a word can also match inside others; so is a sample whose answer does
     not occur in its context."""
-    from train.long_context_eval import ruler
-
     prompts = []
     for sample in samples:
         if sample.category != "retrieval":
@@ -247,13 +246,11 @@ def main(argv: list[str] | None = None) -> dict:
         parser.error(f"--lengths {args.lengths} is invalid: every length must be >= 16")
     ruler_samples = None
     if args.ruler_samples:
-        from train.long_context_eval.ruler import RulerSample
-
         path = Path(args.ruler_samples)
         if not path.is_file():
             parser.error(f"--ruler-samples {args.ruler_samples}: no such file (eval.leaderboard --generate-only "
                          "writes samples_<length>.json)")
-        ruler_samples = [RulerSample.from_dict(d) for d in json.loads(path.read_text())["samples"]]
+        ruler_samples = [ruler.RulerSample.from_dict(d) for d in json.loads(path.read_text())["samples"]]
         known = sorted({sample.task for sample in ruler_samples})
         unknown = sorted(set(args.tasks or ()) - set(known))
         if unknown:
