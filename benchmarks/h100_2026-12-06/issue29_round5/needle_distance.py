@@ -4,7 +4,7 @@ per-sample test records already scored; nothing is re-run).
 For every retrieval sample of the 8K recipe's test split (seed 7919, 8 NIAH tasks x 20 samples per length), the
 prompt is rendered as the pipeline scores it (train/long_context_eval/scoring.py: chat template, the context
 prefilled, the question fed through decode) and the answer strings are located in the context
-(eval/studies/needle_token_sparse.py ``answer_token_positions``). The distance of a sample is the number of tokens
+(eval/studies/needle_token_sparse.py ``build_ruler_prompts``). The distance of a sample is the number of tokens
 between its farthest answer token and the first answer position. Under POD at 8K (16 sink tokens + a 1008-token
 recent window, recipes/smollm2_135m_gpu_8k.yaml) a needle within 1008 tokens is read with the layer's own keys; beyond
 it, through the shared distant path. Each row's mean retrieval score is reported per distance bucket.
@@ -25,7 +25,7 @@ HERE = Path(__file__).parent
 ROOT = HERE.parents[2]
 sys.path.insert(0, str(ROOT))
 from eval.models import load_tokenizer  # noqa: E402
-from eval.studies.needle_token_sparse import answer_token_positions  # noqa: E402
+from eval.studies.needle_token_sparse import build_ruler_prompts  # noqa: E402
 from train.long_context_eval import ruler  # noqa: E402
 
 RECENT = 1008      # the 8K recipe's pod.recent_window
@@ -40,20 +40,12 @@ ROWS = {  # label -> rows JSON (per-sample records of the test split)
 
 
 def distances(samples_dir: Path, tokenizer) -> dict[tuple, int]:
-    """(task, length, index) -> tokens from the farthest answer token to the first answer position."""
-    out = {}
-    for path in sorted(samples_dir.glob("test_seed7919_*.json")):
-        for data in json.loads(path.read_text())["samples"]:
-            sample = ruler.RulerSample.from_dict(data)
-            if sample.category != "retrieval":
-                continue
-            context, question = ruler.render(sample, tokenizer, True)
-            positions = answer_token_positions(tokenizer, context, sample.outputs)
-            if not positions:
-                continue
-            prompt = len(tokenizer(context).input_ids) + len(tokenizer(question, add_special_tokens=False).input_ids)
-            out[(sample.task, sample.max_length, sample.index)] = prompt - min(positions)
-    return out
+    """(task, length, index) -> tokens from the farthest answer token to the first answer position (the prompt
+    with its question, as eval.needle_token_sparse's RULER mode builds it)."""
+    samples = [ruler.RulerSample.from_dict(data) for path in sorted(samples_dir.glob("test_seed7919_*.json"))
+               for data in json.loads(path.read_text())["samples"]]
+    return {(p["task"], p["length"], p["index"]): len(p["ids"]["prefill"]) - min(p["key_positions"])
+            for p in build_ruler_prompts(tokenizer, samples)}
 
 
 def bucket_of(distance: int) -> str:
