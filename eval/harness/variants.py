@@ -124,8 +124,8 @@ def placement_grid(num_layers: int, selection: str = "all_union") -> list[Varian
     return v
 
 
-def configured(variant: Variant) -> dict:
-    """The full scheme config ``variant`` sets up (two variants with the same one score the same)."""
+def configured(variant: Variant | Setting) -> dict:
+    """The full scheme config a variant or setting sets up (two with the same one score the same)."""
     return SparseAttentionConfig().with_overrides(**variant.overrides).to_dict()
 
 
@@ -201,9 +201,7 @@ def validate(variants: list[Variant], lengths: list[int], fractions: list[str]) 
             continue
         for length in lengths:
             mine, theirs = settings(variant, length, fractions), settings(default, length, fractions)
-            same = [a.label for a, b in zip(mine, theirs)
-                    if SparseAttentionConfig().with_overrides(**a.overrides).to_dict()
-                    == SparseAttentionConfig().with_overrides(**b.overrides).to_dict()]
+            same = [a.label for a, b in zip(mine, theirs) if configured(a) == configured(b)]
             if same:
                 raise ValueError(f"variant {variant.label!r} ({variant.overrides}) configures the same scheme as "
                                  f"{variant.method}'s default ({', '.join(same)}): its options are the defaults; "
@@ -375,17 +373,19 @@ def sweep(args) -> dict:
     engine = args.device.startswith("cuda")
     batching = {"batch_size": args.batch_size} if engine else {}   # the CPU path answers one prompt at a time
     deadline = time.time() + args.time_limit if args.time_limit else float("inf")
-    finished = run_sweep(model, tokenizer, variants, samples, out, args.fractions, engine=engine, deadline=deadline,
+
+    def score(todo: list[Variant]) -> bool:
+        return run_sweep(model, tokenizer, todo, samples, out, args.fractions, engine=engine, deadline=deadline,
                          chat=True, max_new_tokens=args.max_new_tokens, device_name=lb.device_name(args.device),
                          model_name=args.model, **batching)
+
+    finished = score(variants)
     if staged and finished:   # stage 2: the re-selection layer moved, at the granularity stage 1 picked
         first_pick, _ = pick(summarise(lr.load_all(out), tidal), tidal)
         extra = second_stage(tidal, first_pick, layers)
         print(f"staged grid: stage 1 picked {first_pick and first_pick.label}; stage 2 scores "
               f"{', '.join(v.label for v in extra) or 'nothing new'}", flush=True)
-        finished = run_sweep(model, tokenizer, extra, samples, out, args.fractions, engine=engine, deadline=deadline,
-                             chat=True, max_new_tokens=args.max_new_tokens, device_name=lb.device_name(args.device),
-                             model_name=args.model, **batching)
+        finished = score(extra)
         grids["tidal"] = tidal + extra
     elif staged:
         print("staged grid: stage 1 is not finished (time limit): rerun the same command to continue", flush=True)
