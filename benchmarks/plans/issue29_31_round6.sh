@@ -12,9 +12,11 @@
 #            its re-selection layer at 14, benchmarks/h100_2026-12-06/issue31_placement) at 1/2; Token Sparse today's
 #            and calibrated, and dense, with the question prefilled (eval.leaderboard --question-phase prefill: what
 #            the Token Sparse paper's RULER setting prefills); then the e2e decode time of the new pick beside
-#            today's TidalDecode and the first pick (128K x 1 and x 4, Llama-3-8B shape); and Token Sparse's full grid
-#            again on the dev seed at the issue's 10 samples per task (the 2026-12-03 sweep had 5), one process per
-#            length
+#            today's TidalDecode and the first pick (128K x 1 and x 4, Llama-3-8B shape: on an H200 only, since
+#            128K x 4 does not fit an H100); with TS_SWEEP=1 Token Sparse's full grid again on the dev seed at the
+#            issue's 10 samples per task (the 2026-12-03 sweep had 5), one process per length; with ISSUE32=1 issue
+#            32's RULER rows (issue32_recent_keys.sh ruler: bf16, FP8 and FP8 + recent keys)
+#   e2e [S]  the pick's e2e decode time alone on the GPU (H200), when board31 ran with E2E31=0
 #   wait S   the trainings' progress after at most S seconds, the suite's summary, the board's processes
 #   choose   the wide dev split (13 tasks x 10, seed 104729) of the three exports, then the pre-registered rule of
 #            benchmarks/plans/issue29_choose.py (the shipped setting stays unless beaten by >= 1 point); prints the
@@ -26,8 +28,8 @@
 set -u
 part=${1:-}; shift || true
 case "$part" in
-  start|board31|wait|choose|finish) ;;
-  *) echo "unknown part '$part'; allowed: start, board31, wait, choose, finish" >&2; exit 2 ;;
+  start|board31|e2e|wait|choose|finish) ;;
+  *) echo "unknown part '$part'; allowed: start, board31, e2e, wait, choose, finish" >&2; exit 2 ;;
 esac
 OUT=${OUT:-outputs/round6}; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
 export PYTHONUNBUFFERED=1 PYTHONPATH="/tmp/p29/site:/tmp/site${PYTHONPATH:+:$PYTHONPATH}" PODKIT_CACHE=/tmp/p29/cache \
@@ -57,18 +59,39 @@ case "$part" in
     board_row tidal_calibrated_1_2 --variants-from "$PICK" --settings tidal_calibrated@1/2
     board_row prefill_token_sparse --question-phase prefill --variants-from "$TOKEN_SPARSE_PICK" \
       --settings dense token_sparse@0.005 token_sparse_calibrated
+    # 128K x 4 needs about 85 GB (16 GB of weights, 69 GB of bf16 KV): an H200 only
+    gpu_mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
+    # E2E31=0 leaves it for a later call, alone on the GPU (its ratios are timings)
+    if [ "${E2E31:-1}" = 0 ]; then
+      echo "e2e of the pick: not now (E2E31=0)"
+    elif [ "${gpu_mib:-0}" -ge 100000 ]; then
+      mkdir -p "$E2E"
+      setsid nohup bash -c "timeout 500 python3 -m eval.bench e2e --sections decode --rows 131072x1 131072x4 \
+        --schemes tidal --variants tidal:tidal_selection=all_union \
+        'tidal:tidal_selection=all_union:tidal_selection_layers=[2,14]' --time-budget-s 420 --out $E2E/e2e_pick.json \
+        > $E2E/e2e_pick.log 2>&1; echo \"e2e rc=\$?\" >> $Q/rc.txt" > /dev/null 2>&1 < /dev/null &
+    else
+      echo "e2e of the pick skipped: ${gpu_mib} MiB of GPU memory, 128K x 4 needs an H200"
+    fi
+    if [ "${TS_SWEEP:-0}" = 1 ]; then  # about 18 minutes of two processes: only when the session has the time
+      for length in 2048 4096; do
+        setsid nohup bash -c "timeout 1200 python3 -m eval.calibrate variants --method token_sparse --grid full \
+          --lengths $length --seed 104729 --samples 10 --samples-dir $Q/issue31_dev --out $Q/ts_sweep_$length \
+          --batch-size 16 --time-limit 1100 > $Q/ts_sweep_$length.log 2>&1; echo \"ts sweep $length rc=\$?\" >> $Q/rc.txt" \
+          > /dev/null 2>&1 < /dev/null &
+      done
+    fi
+    if [ "${ISSUE32:-0}" = 1 ]; then  # issue 32's RULER rows: bf16, FP8 and FP8 + recent keys, dense / tidal / quest
+      setsid nohup bash -c "OUT=$Q/issue32 BATCH=16 bash benchmarks/plans/issue32_recent_keys.sh ruler \
+        > $Q/issue32.log 2>&1; echo \"issue32 rc=\$?\" >> $Q/rc.txt" > /dev/null 2>&1 < /dev/null &
+    fi
+    echo "issue 31 board started (e2e on an H200, TS_SWEEP=1 the Token Sparse sweep, ISSUE32=1 issue 32's rows)" ;;
+  e2e)  # the pick's e2e decode time beside today's TidalDecode, in the foreground (nothing else on the GPU)
     mkdir -p "$E2E"
-    setsid nohup bash -c "timeout 500 python3 -m eval.bench e2e --sections decode --rows 131072x1 131072x4 \
-      --schemes tidal --variants tidal:tidal_selection=all_union \
-      'tidal:tidal_selection=all_union:tidal_selection_layers=[2,14]' --time-budget-s 420 --out $E2E/e2e_pick.json \
-      > $E2E/e2e_pick.log 2>&1; echo \"e2e rc=\$?\" >> $Q/rc.txt" > /dev/null 2>&1 < /dev/null &
-    for length in 2048 4096; do
-      setsid nohup bash -c "timeout 1200 python3 -m eval.calibrate variants --method token_sparse --grid full \
-        --lengths $length --seed 104729 --samples 10 --samples-dir $Q/issue31_dev --out $Q/ts_sweep_$length \
-        --batch-size 16 --time-limit 1100 > $Q/ts_sweep_$length.log 2>&1; echo \"ts sweep $length rc=\$?\" >> $Q/rc.txt" \
-        > /dev/null 2>&1 < /dev/null &
-    done
-    echo "issue 31 board, e2e and Token Sparse sweep started" ;;
+    timeout 500 python3 -m eval.bench e2e --sections decode --rows 131072x1 131072x4 --schemes tidal \
+      --variants tidal:tidal_selection=all_union 'tidal:tidal_selection=all_union:tidal_selection_layers=[2,14]' \
+      --time-budget-s "${1:-420}" --out "$E2E/e2e_pick.json" > "$E2E/e2e_pick.log" 2>&1
+    echo "e2e rc=$?"; tail -12 "$E2E/e2e_pick.log"; cp "$E2E"/e2e_pick.* "$OUT/" 2>/dev/null ;;
   wait)
     OUT="$OUT/issue29" bash benchmarks/plans/issue29_serving_length.sh wait "${1:-60}"
     if [ -f /tmp/gpu_suite/summary.txt ]; then cat /tmp/gpu_suite/summary.txt; else echo "GPU suite: not finished"; fi
@@ -94,7 +117,7 @@ case "$part" in
     OUT="$OUT/issue29" bash benchmarks/plans/issue29_serving_length.sh collect
     [ -d /tmp/gpu_suite ] && (cd /tmp && tar czf "$OUT/gpu_suite.tgz" gpu_suite)
     (cd "$Q" && tar czf "$OUT/issue31.tgz" --ignore-failed-read board_*/*.md board_*/leaderboard.json \
-      board_*/records*.jsonl board_*.log ts_sweep_*/records*.jsonl ts_sweep_*/variants.* ts_sweep_*.log rc.txt \
+      board_*/records*.jsonl board_*.log issue32 issue32.log ts_sweep_*/records*.jsonl ts_sweep_*/variants.* ts_sweep_*.log rc.txt \
       2>/dev/null)
     cp "$E2E"/e2e_pick.* "$OUT/" 2>/dev/null
     ls -la "$OUT" ;;

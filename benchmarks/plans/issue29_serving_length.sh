@@ -43,8 +43,10 @@ DEV_WIDE="long_context.dev_tasks=[$(python3 -c "from train.long_context_eval.rul
 # pod.sharing=keys: what these runs measured (the recipes' default until 2026-12-04; they ship scores since);
 # a run that measures score sharing says pod.sharing=scores, which comes later on its command line and wins
 
-# the 8K recipe's data.train (recipes/smollm2_135m_gpu_8k.yaml), for runs that add a source to it
-MIX_8K=$(python3 -c "from train.recipe import load_recipe; print(load_recipe('recipes/smollm2_135m_gpu_8k.yaml', check_environment=False).data.train)" 2>/dev/null)
+# the 8K recipe's data.train before 2026-12-06 (recipes/smollm2_135m_gpu_8k.yaml without podkit:recall-long, which
+# it ships since): every 8K run below trains on it unless its overrides name another data.train, so the run names
+# keep the meaning their BENCHMARKS.md rows give them
+MIX_8K=$(python3 -c "from train.recipe import load_recipe; print(load_recipe('recipes/smollm2_135m_gpu_8k.yaml', check_environment=False).data.train.replace(',podkit:recall-long=1', ''))" 2>/dev/null)
 
 settings() {  # name -> recipe, token cache and overrides (globals RECIPE, TOKENS, OVR)
   local r2=recipes/smollm2_135m_gpu.yaml r8=recipes/smollm2_135m_gpu_8k.yaml
@@ -104,6 +106,7 @@ case "$part" in
   launch)
     for name in "$@"; do
       settings "$name" || { echo "unknown run '$name'" >&2; exit 2; }
+      [ "$RECIPE" = recipes/smollm2_135m_gpu_8k.yaml ] && OVR=("data.train=$MIX_8K" "${OVR[@]}")  # a later data.train wins
       if [ -f "$RUNS/$name/export/config.json" ]; then echo "$name: exported"; continue; fi
       if running "$name"; then echo "$name: running"; continue; fi
       [ -d "$TOKENS" ] || { echo "$name: no token shards at $TOKENS, not started"; continue; }
