@@ -27,7 +27,6 @@ PLACEMENT = ROOT / "benchmarks" / "h100_2026-12-06" / "issue31_placement"
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(PLACEMENT))
 import summarise as placement  # noqa: E402  (earlier boards, per-task scores, paired intervals)
-from eval.harness import leaderboard_records as lr  # noqa: E402
 
 LENGTHS = [2048, 4096, 8192]
 
@@ -88,7 +87,7 @@ def main() -> dict:
     for setting, records in pod.items():
         summary["pod_tidal"][setting] = cells(records)
     summary["pod_tidal"]["tidal_calibrated@1/8 on the original (H100 board)"] = cells(
-        lr.load(PLACEMENT / "board" / "board_tidal_calibrated_1_8" / "records.jsonl"))
+        placement.lr.load(PLACEMENT / "board" / "board_tidal_calibrated_1_8" / "records.jsonl"))
     summary["pod_calibrated_minus_pod_today"] = paired(pod["pod_adapted+tidal_calibrated@1/8"],
                                                        pod["pod_adapted+tidal@1/8"])
     (HERE / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
