@@ -8,7 +8,7 @@
 #   probe_start / probe_check   whether a background process outlives its call (the answer decides nothing here:
 #                               `launch` restarts what is not running, resuming from checkpoints)
 #   launch NAME...              start the named runs that have no export and are not running (see `settings`;
-#                               next: control_8k_recall, pod_8k_scores_recall_auto, pod_8k_scores_kv20 / 25 / 35)
+#                               next: pod_8k_recall_kv20 / 25 / 35, the trade-off curve of the shipped setting)
 #   wait SECONDS                wait for the launched runs (at most SECONDS), then print their progress
 #   rows ROW...                 score rows on the test split: RUN (its export), RUN:dense (POD's weights run densely)
 #                               or RUN:proximal (POD decode, shared units without their distant part)
@@ -89,6 +89,12 @@ settings() {  # name -> recipe, token cache and overrides (globals RECIPE, TOKEN
     # 30% point; the paper's figure is 35%); pod.kv_saving sets the map's saving, min_kv_saving only lowers delta
     pod_8k_scores_kv20|pod_8k_scores_kv25|pod_8k_scores_kv35)
       RECIPE=$r8 TOKENS=$P/tokens_8k OVR=(pod.sharing=scores "pod.kv_saving=0.${1##*_kv}" pod.min_kv_saving=null
+                                          eval.every_steps=1000 train.save_steps=250) ;;
+    # the same curve for the setting shipped since 2026-12-06 (13% podkit:recall-long rows): what capacity buys back
+    # (BENCHMARKS.md "The recall rows ship": the gap to the control is the shared units' missing distant keys)
+    pod_8k_recall_kv20|pod_8k_recall_kv25|pod_8k_recall_kv35)
+      RECIPE=$r8 TOKENS=$P/tokens_8k OVR=(pod.sharing=scores "data.train=$MIX_8K,podkit:recall-long=1"
+                                          "pod.kv_saving=0.${1##*_kv}" pod.min_kv_saving=null
                                           eval.every_steps=1000 train.save_steps=250) ;;
     *) return 1 ;;
   esac

@@ -10,23 +10,31 @@
 #    side in one run (so the three differ only by the cache). Needs the test samples under /tmp/p31/issue31_test: carry
 #    outputs/issue31_test.tgz (`python -m eval.leaderboard --generate-only --lengths 2048 4096 8192 --samples 20
 #    --seed 7919 --out outputs/issue31_test`, then tar czf) and the staged model (issue29_control_vs_pod.sh stage).
+#    LENGTHS (default "2048 4096"), LIMIT (seconds per row, default 540: on 2026-12-06, beside three trainings, it
+#    stopped the 4K pass after 2-5 samples per task), BATCH, POD_EXPORT (adds POD and POD + TidalDecode @1/8) and
+#    BOARDS (the working folders' prefix under /tmp/p31, default board).
 OUT=${OUT:-outputs/issue32_recent}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 if [ "${1:-}" = ruler ]; then
   Q=/tmp/p31; mkdir -p "$Q"
   [ -f outputs/issue31_test.tgz ] && tar xzf outputs/issue31_test.tgz -C "$Q"
   [ -d "$Q/issue31_test" ] || { echo "no test samples at $Q/issue31_test: carry outputs/issue31_test.tgz" >&2; exit 2; }
+  B=$Q/${BOARDS:-board}   # BOARDS names the working folders, so that two runs of this part can overlap
   for row in bf16 fp8 fp8_recent64; do
     extra=(--kv-cache-dtype fp8_e4m3); [ "$row" = fp8_recent64 ] && extra+=(--kv-cache-recent-keys 64)
     [ "$row" = bf16 ] && extra=()
-    rm -rf "$Q/board_$row"; cp -r "$Q/issue31_test" "$Q/board_$row"
-    timeout 540 python3 -m eval.leaderboard --out "$Q/board_$row" --seed 7919 --samples 20 --no-calibrate \
-      --lengths 2048 4096 --batch-size "${BATCH:-64}" "${extra[@]}" --settings dense tidal@1/8 quest@1/8 \
-      > "$OUT/board_$row.log" 2>&1 &
+    rm -rf "${B}_$row"; cp -r "$Q/issue31_test" "${B}_$row"
+    # POD_EXPORT=<an adapted export> adds its rows (POD, and POD + TidalDecode @1/8) under the same cache
+    settings=(dense tidal@1/8 quest@1/8); export_args=()
+    if [ -n "${POD_EXPORT:-}" ]; then settings+=(pod_adapted pod_adapted+tidal@1/8); export_args=(--pod-adapted "$POD_EXPORT"); fi
+    read -r -a lengths <<< "${LENGTHS:-2048 4096}"
+    timeout "${LIMIT:-540}" python3 -m eval.leaderboard --out "${B}_$row" --seed 7919 --samples 20 --no-calibrate \
+      --lengths "${lengths[@]}" --batch-size "${BATCH:-64}" "${extra[@]}" "${export_args[@]}" \
+      --settings "${settings[@]}" > "$OUT/board_$row.log" 2>&1 &
   done
   wait
   for row in bf16 fp8 fp8_recent64; do
-    mkdir -p "$OUT/board/$row"; cp "$Q/board_$row"/*.{json,md} "$OUT/board/$row/" 2>/dev/null
+    mkdir -p "$OUT/board/$row"; cp "${B}_$row"/*.{json,md} "$OUT/board/$row/" 2>/dev/null
     rm -f "$OUT/board/$row"/samples_*.json; tail -2 "$OUT/board_$row.log"
   done
   exit 0

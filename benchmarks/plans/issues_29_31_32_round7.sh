@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# The next GPU session (written 2026-12-06 after the fourth session of that day), one part per device call, the
+# calls back to back (the machine is given back after 30 s idle). Inputs as for round 6: benchmarks/plans/
+# prep_8k_inputs.sh and the two `eval.leaderboard --generate-only` folders (outputs/issue31_{dev,test}.tgz) on the CPU
+# machine, then the three stage calls of benchmarks/plans/device_2026-12-06.sh (the tracked dated benchmark folders
+# moved out of the tree for them, the two variants.json files below kept). Set OUT=/tmp/r7 on every call (the
+# device's own $OUT is a new folder per call) and copy what `collect` writes into the call's $OUT.
+#
+#   start    issue 29: the setting shipped since 2026-12-06 (pod_8k_scores_recall: its pass-key / needle target,
+#            never measured) and its trade-off curve at 20% and 35% KV saved (pod_8k_recall_kv20 / kv35: what
+#            capacity buys back, BENCHMARKS.md "The recall rows ship"), trained side by side; beside them issue 32's
+#            RULER rows at 4K (bf16 / FP8 / FP8 + recent keys, LIMIT 1500 s; 2K is in BENCHMARKS.md) and, with
+#            TS_SWEEP=1, issue 31's Token Sparse grid at 10 samples per task (dev seed, one process per length)
+#   wait S   the trainings' progress after at most S seconds, and the background processes
+#   rows     once the trainings are done: the test split of the three exports (and the shipped one run densely),
+#            the pass-key / needle rows of the shipped export, and issue 32's POD rows under FP8 (the shipped export,
+#            2K, bf16 / FP8 / FP8 + recent keys) in the background
+#   e2e      alone on the GPU (an H200: 128K x 4 does not fit an H100): issue 31's e2e decode time of the layer-14 pick
+#            beside today's TidalDecode (issue29_31_round6.sh e2e)
+#   collect  tar every result under $OUT
+set -u
+part=${1:-}; shift || true
+case "$part" in
+  start|wait|rows|e2e|collect) ;;
+  *) echo "unknown part '$part'; allowed: start, wait, rows, e2e, collect" >&2; exit 2 ;;
+esac
+OUT=${OUT:-outputs/round7}; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
+export PYTHONUNBUFFERED=1 PYTHONPATH="/tmp/p29/site:/tmp/site${PYTHONPATH:+:$PYTHONPATH}" PODKIT_CACHE=/tmp/p29/cache \
+  TORCH_EXTENSIONS_DIR=/tmp/torch_ext DS_ACCELERATOR=cuda HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+SHIPPED=pod_8k_scores_recall
+RUNS=("$SHIPPED" pod_8k_recall_kv20 pod_8k_recall_kv35)
+S=benchmarks/plans/issue29_serving_length.sh
+Q=/tmp/p31
+background() {  # name, command: one background process whose exit code lands in $Q/rc.txt
+  mkdir -p "$Q"
+  setsid nohup bash -c "$2 > $Q/$1.log 2>&1; echo \"$1 rc=\$?\" >> $Q/rc.txt" > /dev/null 2>&1 < /dev/null &
+}
+case "$part" in
+  start)
+    OUT="$OUT/issue29" bash "$S" launch "${RUNS[@]}"
+    [ -d "$Q/issue31_test" ] || { echo "no $Q/issue31_test: run device_2026-12-06.sh stage first"; exit 1; }
+    background issue32_4k "OUT=$Q/issue32_4k BOARDS=b4k LENGTHS=4096 LIMIT=1500 BATCH=16 bash benchmarks/plans/issue32_recent_keys.sh ruler"
+    if [ "${TS_SWEEP:-0}" = 1 ]; then
+      for length in 2048 4096; do
+        background "ts_sweep_$length" "timeout 1500 python3 -m eval.calibrate variants --method token_sparse --grid full \
+          --lengths $length --seed 104729 --samples 10 --samples-dir $Q/issue31_dev --out $Q/ts_sweep_$length \
+          --batch-size 16 --time-limit 1400"
+      done
+    fi
+    echo "started: ${RUNS[*]}, issue 32 at 4K${TS_SWEEP:+, Token Sparse sweep}" ;;
+  wait)
+    OUT="$OUT/issue29" bash "$S" wait "${1:-60}"
+    pgrep -fa "eval.leaderboard|eval.calibrate variants" | cut -c1-120
+    cat "$Q/rc.txt" 2>/dev/null ;;
+  rows)
+    export_dir=/tmp/p29/runs/$SHIPPED/export
+    if [ -f "$export_dir/config.json" ]; then
+      background issue32_pod "OUT=$Q/issue32_pod BOARDS=bpod LENGTHS=2048 LIMIT=900 BATCH=16 POD_EXPORT=$export_dir \
+        bash benchmarks/plans/issue32_recent_keys.sh ruler"
+    fi
+    OUT="$OUT/issue29" ROWS_PARALLEL=4 bash "$S" rows "${RUNS[@]}" "$SHIPPED:dense"
+    OUT="$OUT/issue29" bash "$S" retrieval original "$SHIPPED" "$SHIPPED:dense" ;;
+  e2e)
+    OUT="$OUT" bash benchmarks/plans/issue29_31_round6.sh e2e "${1:-420}" ;;
+  collect)
+    OUT="$OUT/issue29" bash "$S" collect
+    (cd "$Q" && tar czf "$OUT/background.tgz" --ignore-failed-read --exclude='samples_*' issue32_4k issue32_pod \
+      ts_sweep_* ./*.log rc.txt b4k_*/records*.jsonl bpod_*/records*.jsonl 2>/dev/null)
+    ls -la "$OUT" ;;
+esac
