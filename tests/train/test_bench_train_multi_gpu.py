@@ -37,14 +37,24 @@ def test_two_rank_sequence_parallel_bench(tmp_path):
     assert "efficiency" in done.stdout and "-> " in done.stdout
 
 
-def test_bad_combinations_are_refused_before_launching(tmp_path):
-    done = _bench("--num-gpus", "3", "--sp", "2", "--seq", "97", "--out", str(tmp_path / "x.json"), *TINY)
-    assert done.returncode == 2
-    assert "--num-gpus 3: not a multiple of --sp 2" in done.stderr and "--seq 97: not divisible by --sp 2" in done.stderr
-    done = _bench("--num-gpus", "4", "--sp", "4", "--out", str(tmp_path / "x.json"), *TINY)
-    assert "Ulysses needs --heads 4 and --kv-heads 2 divisible by it" in done.stderr
-    done = _bench("--num-gpus", "2", "--tiled-mlp-shards", "2", "--out", str(tmp_path / "x.json"), *TINY)
-    assert "--tiled-mlp-shards 2: expected an integer >= 1, with --tiled-mlp" in done.stderr
+def _refused(capsys, *args) -> str:
+    """``main(args)`` in this process (the refusal comes from argument checks, before any launch): its exit code
+    must be 2; returns its stderr."""
+    from eval.bench.train_multi_gpu import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(list(args))
+    assert exited.value.code == 2
+    return capsys.readouterr().err
+
+
+def test_bad_combinations_are_refused_before_launching(tmp_path, capsys):
+    err = _refused(capsys, "--num-gpus", "3", "--sp", "2", "--seq", "97", "--out", str(tmp_path / "x.json"), *TINY)
+    assert "--num-gpus 3: not a multiple of --sp 2" in err and "--seq 97: not divisible by --sp 2" in err
+    err = _refused(capsys, "--num-gpus", "4", "--sp", "4", "--out", str(tmp_path / "x.json"), *TINY)
+    assert "Ulysses needs --heads 4 and --kv-heads 2 divisible by it" in err
+    err = _refused(capsys, "--num-gpus", "2", "--tiled-mlp-shards", "2", "--out", str(tmp_path / "x.json"), *TINY)
+    assert "--tiled-mlp-shards 2: expected an integer >= 1, with --tiled-mlp" in err
     assert not (tmp_path / "x.json").exists()
 
 
@@ -131,12 +141,11 @@ def test_one_rank_lora_with_chunked_loss_equals_whole_logits(tmp_path):
     assert math.isfinite(chunked["loss"]) and abs(chunked["loss"] - whole["loss"]) < 1e-2 * whole["loss"]
 
 
-def test_bad_loss_chunk_and_lora_rank_are_refused(tmp_path):
-    done = _bench("--num-gpus", "1", "--loss-chunk-tokens", "-1", "--lora-r", "0", "--out", str(tmp_path / "x.json"),
-                  *TINY)
-    assert done.returncode == 2
-    assert "--loss-chunk-tokens -1: expected 0 (whole logits) or a positive integer" in done.stderr
-    assert "--lora-r 0: expected an integer >= 1" in done.stderr
+def test_bad_loss_chunk_and_lora_rank_are_refused(tmp_path, capsys):
+    err = _refused(capsys, "--num-gpus", "1", "--loss-chunk-tokens", "-1", "--lora-r", "0", "--out",
+                   str(tmp_path / "x.json"), *TINY)
+    assert "--loss-chunk-tokens -1: expected 0 (whole logits) or a positive integer" in err
+    assert "--lora-r 0: expected an integer >= 1" in err
     assert not (tmp_path / "x.json").exists()
 
 
