@@ -16,7 +16,6 @@ densely) come from ../../h100_2026-12-06/issue29_round5/summary.json, the same t
 RULER_SAMPLES_DIR (optional; benchmarks/plans/ruler_samples.py's test samples) adds the split by needle distance
 (the fifth round's needle_distance.py). Writes summary.json and round6.png here."""
 import json
-import random
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -29,7 +28,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 HERE = Path(__file__).parent
 FIFTH = HERE.parents[1] / "h100_2026-12-06" / "issue29_round5"
 sys.path.insert(0, str(FIFTH))
+sys.path.insert(0, str(FIFTH.parent / "issue31_placement"))
 import needle_distance  # noqa: E402  (the fifth round's distance buckets and prompt rendering)
+import summarise as placement  # noqa: E402  (issue 31's paired bootstrap interval)
 
 CARRIED = ("original", "control_8k_recall", "pod_8k_scores_recall", "pod_8k_scores_recall_dense")
 TEST_ROWS = {"pod_8k_scores_recall_h200": ("rows/pod_8k_scores_recall.json",
@@ -43,23 +44,11 @@ LENGTHS = ("2048", "4096", "8192")
 
 
 def records_by_task(path: Path) -> dict[str, dict[str, dict[int, float]]]:
-    """length -> task -> index -> score, from a row JSON's per-sample records."""
+    """length -> task -> index -> score in [0, 1] (the rows store 0-100), from a row JSON's per-sample records."""
     out = defaultdict(lambda: defaultdict(dict))
     for r in json.loads(path.read_text())["records"]:
-        out[str(r["length"])][r["task"]][int(r["index"])] = float(r["score"])
+        out[str(r["length"])][r["task"]][int(r["index"])] = float(r["score"]) / 100
     return out
-
-
-def paired_interval(mine: dict, theirs: dict, draws: int = 2000) -> list[float]:
-    """RULER-average difference mine - theirs on common samples, with its 95% bootstrap interval (samples resampled
-    within each task, one draw for both rows): [point, low, high]."""
-    rng = random.Random(0)
-    diffs = {t: [mine[t][i] - theirs[t][i] for i in sorted(set(mine[t]) & set(theirs[t]))] for t in mine if t in theirs}
-    diffs = {t: d for t, d in diffs.items() if d}
-    point = sum(sum(d) / len(d) for d in diffs.values()) / len(diffs)
-    boots = sorted(sum(sum(rng.choices(d, k=len(d))) / len(d) for d in diffs.values()) / len(diffs)
-                   for _ in range(draws))
-    return [round(point, 2), round(boots[int(0.025 * draws)], 2), round(boots[int(0.975 * draws)], 2)]
 
 
 def loss_agreement() -> dict:
@@ -151,7 +140,7 @@ def main(argv: list[str]) -> dict:
                                                     "the ship choice, by issue29_choose.py's rule"},
         "device": "NVIDIA H200 (this round); carried rows as their labels say",
         "test": test,
-        "proximal_minus_served": {n: paired_interval(proximal[n], served[n]) for n in LENGTHS},
+        "proximal_minus_served": {n: list(placement.paired_interval(proximal[n], served[n])) for n in LENGTHS},
         "dev": dev, "dev_choice": choice_of_all_three(dev),
         "same_seed_rerun": loss_agreement(),
     }

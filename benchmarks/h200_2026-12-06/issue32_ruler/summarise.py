@@ -8,11 +8,14 @@ with a 95% bootstrap interval (samples resampled within each task, 2000 draws, f
     python3 benchmarks/h200_2026-12-06/issue32_ruler/summarise.py  ->  summary.json"""
 import gzip
 import json
-import random
+import sys
 from collections import defaultdict
 from pathlib import Path
 
 HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE.parents[1] / "h100_2026-12-06" / "issue31_placement"))
+import summarise as placement  # noqa: E402  (RULER average and the paired bootstrap interval of issue 31's boards)
+
 CACHES = ("bf16", "fp8", "fp8_recent64")
 SETTINGS = ("dense", "tidal@1/8", "quest@1/8")
 LENGTH = 2048
@@ -29,27 +32,15 @@ def scores(cache: str) -> dict[str, dict[str, dict[int, float]]]:
     return out
 
 
-def average(tasks: dict[str, dict[int, float]]) -> float:
-    return 100 * sum(sum(s.values()) / len(s) for s in tasks.values()) / len(tasks)
-
-
-def paired(mine: dict, theirs: dict, draws: int = 2000) -> list[float]:
-    rng = random.Random(0)
-    diffs = [[mine[t][i] - theirs[t][i] for i in sorted(set(mine[t]) & set(theirs[t]))] for t in mine]
-    boots = sorted(100 * sum(sum(rng.choices(d, k=len(d))) / len(d) for d in diffs) / len(diffs) for _ in range(draws))
-    point = 100 * sum(sum(d) / len(d) for d in diffs) / len(diffs)
-    return [round(point, 2), round(boots[int(0.025 * draws)], 2), round(boots[int(0.975 * draws)], 2)]
-
-
 def main() -> dict:
     by_cache = {cache: scores(cache) for cache in CACHES}
     summary = {"length": LENGTH, "samples_per_row": 260, "rows": {}}
     for setting in SETTINGS:
         base = by_cache["bf16"][setting]
-        row = {"bf16": round(average(base), 2)}
+        row = {"bf16": round(placement.ruler_average(base), 2)}
         for cache in CACHES[1:]:
-            row[cache] = round(average(by_cache[cache][setting]), 2)
-            row[f"{cache}_minus_bf16"] = paired(by_cache[cache][setting], base)
+            row[cache] = round(placement.ruler_average(by_cache[cache][setting]), 2)
+            row[f"{cache}_minus_bf16"] = list(placement.paired_interval(by_cache[cache][setting], base))
         summary["rows"][setting] = row
     (HERE / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     for setting, row in summary["rows"].items():
