@@ -6,6 +6,7 @@ BENCHMARKS.md "FP8 scale layouts against a bf16 cache").
 
     python benchmarks/cpu_2026-12-05/fp8_recent_keys.py [LENGTH] [ROW ...]
     POD_EXPORT=FOLDER python benchmarks/cpu_2026-12-05/fp8_recent_keys.py LENGTH pod/model_dtype pod/fp8 ...
+    WINDOWS=12 ROWS_OUT=FILE python benchmarks/cpu_2026-12-05/fp8_recent_keys.py LENGTH ROW ...
 
 ROW: ``scheme/cache`` with scheme in SCHEMES and cache in CACHES (default: every pair of the default model's
 schemes). ``pod`` is an adapted POD export (``POD_EXPORT``, e.g. `make demo`'s) under its own decode scheme. Rows
@@ -28,8 +29,9 @@ SCHEMES = {"dense": {}, "tidal@256": {"decode_scheme": "tidal", "tidal_budget": 
            "quest@256": {"decode_scheme": "quest", "quest_budget": 256}, "pod": {}}
 CACHES = {"model_dtype": {}, "fp8": {"kv_cache_dtype": "fp8_e4m3"},
           "fp8+recent64": {"kv_cache_dtype": "fp8_e4m3", "kv_cache_recent_keys": 64}}
-WINDOWS, DECODE = 3, 256
-OUT = HERE / "fp8_recent_keys.jsonl"
+# WINDOWS / ROWS_OUT: a larger sample of the same rows into another file (the 2026-12-07 repeat of Quest at 1K)
+WINDOWS, DECODE = int(os.environ.get("WINDOWS", 3)), 256
+OUT = Path(os.environ.get("ROWS_OUT", HERE / "fp8_recent_keys.jsonl"))
 
 length = int(sys.argv[1]) if len(sys.argv) > 1 else 1024
 wanted = sys.argv[2:] or [f"{s}/{c}" for s in SCHEMES if s != "pod" for c in CACHES]
