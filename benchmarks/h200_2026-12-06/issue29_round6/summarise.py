@@ -29,6 +29,8 @@ HERE = Path(__file__).parent
 FIFTH = HERE.parents[1] / "h100_2026-12-06" / "issue29_round5"
 sys.path.insert(0, str(FIFTH))
 sys.path.insert(0, str(FIFTH.parent / "issue31_placement"))
+sys.path.insert(0, str(HERE.parents[1] / "plans"))
+import issue29_choose  # noqa: E402  (the pre-registered ship rule)
 import needle_distance  # noqa: E402  (the fifth round's distance buckets and prompt rendering)
 import summarise as placement  # noqa: E402  (issue 31's paired bootstrap interval)
 
@@ -67,8 +69,6 @@ def loss_agreement() -> dict:
 def choice_of_all_three(dev: dict) -> dict:
     """issue29_choose.py's rule over the three dev rows (its own run read the first two; the third was scored in a
     separate folder of the same call)."""
-    sys.path.insert(0, str(HERE.parents[1] / "plans"))
-    import issue29_choose
     return issue29_choose.choose({row: {n: v for n, v in cells.items()} for row, cells in dev.items()})
 
 

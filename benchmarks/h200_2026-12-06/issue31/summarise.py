@@ -13,6 +13,7 @@ Paired differences come with a 95% bootstrap interval that resamples samples wit
 import gzip
 import json
 import sys
+import tarfile
 from collections import defaultdict
 from pathlib import Path
 
@@ -102,7 +103,6 @@ def main() -> dict:
 
 def placement_records(name: str) -> list[dict]:
     """The 2026-12-03 board's records of one file (its tar, as placement.earlier_records reads it)."""
-    import tarfile
     with tarfile.open(placement.FIRST_BOARD) as tar:
         text = tar.extractfile(f"./{name}").read().decode()
     return [json.loads(line) for line in text.splitlines() if line.strip()]
