@@ -17,6 +17,7 @@
 #            issue's 10 samples per task (the 2026-12-03 sweep had 5), one process per length; with ISSUE32=1 issue
 #            32's RULER rows (issue32_recent_keys.sh ruler: bf16, FP8 and FP8 + recent keys)
 #   e2e [S]  the pick's e2e decode time alone on the GPU (H200), when board31 ran with E2E31=0
+#   ts_sweep [S]  the Token Sparse grid alone (what board31 starts with TS_SWEEP=1), S seconds per length
 #   wait S   the trainings' progress after at most S seconds, the suite's summary, the board's processes
 #   choose   the wide dev split (13 tasks x 10, seed 104729) of the three exports, then the pre-registered rule of
 #            benchmarks/plans/issue29_choose.py (the shipped setting stays unless beaten by >= 1 point); prints the
@@ -28,8 +29,8 @@
 set -u
 part=${1:-}; shift || true
 case "$part" in
-  start|board31|e2e|wait|choose|finish) ;;
-  *) echo "unknown part '$part'; allowed: start, board31, e2e, wait, choose, finish" >&2; exit 2 ;;
+  start|board31|e2e|ts_sweep|wait|choose|finish) ;;
+  *) echo "unknown part '$part'; allowed: start, board31, e2e, ts_sweep, wait, choose, finish" >&2; exit 2 ;;
 esac
 OUT=${OUT:-outputs/round6}; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
 export PYTHONUNBUFFERED=1 PYTHONPATH="/tmp/p29/site:/tmp/site${PYTHONPATH:+:$PYTHONPATH}" PODKIT_CACHE=/tmp/p29/cache \
@@ -45,6 +46,20 @@ board_row() {  # name, leaderboard arguments...: one test-board row in the backg
   setsid nohup bash -c "timeout 900 python3 -m eval.leaderboard --out $Q/board_$name --seed 7919 --samples 20 \
     --no-calibrate --lengths 2048 4096 8192 --batch-size 32 $* > $Q/board_$name.log 2>&1; \
     echo \"board $name rc=\$?\" >> $Q/rc.txt" > /dev/null 2>&1 < /dev/null &
+}
+e2e_pick() {  # time budget (s) -> the command line of the pick's e2e decode time beside today's TidalDecode
+  mkdir -p "$E2E"
+  echo "timeout $(( $1 + 80 )) python3 -m eval.bench e2e --sections decode --rows 131072x1 131072x4 --schemes tidal \
+    --variants tidal:tidal_selection=all_union 'tidal:tidal_selection=all_union:tidal_selection_layers=[2,14]' \
+    --time-budget-s $1 --out $E2E/e2e_pick.json > $E2E/e2e_pick.log 2>&1"
+}
+ts_sweep() {  # time limit (s): Token Sparse's full grid at the issue's 10 samples per task, one process per length
+  for length in 2048 4096; do
+    setsid nohup bash -c "timeout $(( $1 + 100 )) python3 -m eval.calibrate variants --method token_sparse --grid full \
+      --lengths $length --seed 104729 --samples 10 --samples-dir $Q/issue31_dev --out $Q/ts_sweep_$length \
+      --batch-size 16 --time-limit $1 > $Q/ts_sweep_$length.log 2>&1; echo \"ts sweep $length rc=\$?\" >> $Q/rc.txt" \
+      > /dev/null 2>&1 < /dev/null &
+  done
 }
 case "$part" in
   start)
@@ -65,33 +80,21 @@ case "$part" in
     if [ "${E2E31:-1}" = 0 ]; then
       echo "e2e of the pick: not now (E2E31=0)"
     elif [ "${gpu_mib:-0}" -ge 100000 ]; then
-      mkdir -p "$E2E"
-      setsid nohup bash -c "timeout 500 python3 -m eval.bench e2e --sections decode --rows 131072x1 131072x4 \
-        --schemes tidal --variants tidal:tidal_selection=all_union \
-        'tidal:tidal_selection=all_union:tidal_selection_layers=[2,14]' --time-budget-s 420 --out $E2E/e2e_pick.json \
-        > $E2E/e2e_pick.log 2>&1; echo \"e2e rc=\$?\" >> $Q/rc.txt" > /dev/null 2>&1 < /dev/null &
+      setsid nohup bash -c "$(e2e_pick 420); echo \"e2e rc=\$?\" >> $Q/rc.txt" > /dev/null 2>&1 < /dev/null &
     else
       echo "e2e of the pick skipped: ${gpu_mib} MiB of GPU memory, 128K x 4 needs an H200"
     fi
-    if [ "${TS_SWEEP:-0}" = 1 ]; then  # about 18 minutes of two processes: only when the session has the time
-      for length in 2048 4096; do
-        setsid nohup bash -c "timeout 1200 python3 -m eval.calibrate variants --method token_sparse --grid full \
-          --lengths $length --seed 104729 --samples 10 --samples-dir $Q/issue31_dev --out $Q/ts_sweep_$length \
-          --batch-size 16 --time-limit 1100 > $Q/ts_sweep_$length.log 2>&1; echo \"ts sweep $length rc=\$?\" >> $Q/rc.txt" \
-          > /dev/null 2>&1 < /dev/null &
-      done
-    fi
+    [ "${TS_SWEEP:-0}" = 1 ] && ts_sweep 1100  # about 18 minutes of two processes: only when the session has the time
     if [ "${ISSUE32:-0}" = 1 ]; then  # issue 32's RULER rows: bf16, FP8 and FP8 + recent keys, dense / tidal / quest
       setsid nohup bash -c "OUT=$Q/issue32 BATCH=16 bash benchmarks/plans/issue32_recent_keys.sh ruler \
         > $Q/issue32.log 2>&1; echo \"issue32 rc=\$?\" >> $Q/rc.txt" > /dev/null 2>&1 < /dev/null &
     fi
     echo "issue 31 board started (e2e on an H200, TS_SWEEP=1 the Token Sparse sweep, ISSUE32=1 issue 32's rows)" ;;
   e2e)  # the pick's e2e decode time beside today's TidalDecode, in the foreground (nothing else on the GPU)
-    mkdir -p "$E2E"
-    timeout 500 python3 -m eval.bench e2e --sections decode --rows 131072x1 131072x4 --schemes tidal \
-      --variants tidal:tidal_selection=all_union 'tidal:tidal_selection=all_union:tidal_selection_layers=[2,14]' \
-      --time-budget-s "${1:-420}" --out "$E2E/e2e_pick.json" > "$E2E/e2e_pick.log" 2>&1
+    bash -c "$(e2e_pick "${1:-420}")"
     echo "e2e rc=$?"; tail -12 "$E2E/e2e_pick.log"; cp "$E2E"/e2e_pick.* "$OUT/" 2>/dev/null ;;
+  ts_sweep)  # Token Sparse's full grid on the dev seed in the background, one process per length: [time limit]
+    ts_sweep "${1:-1100}" ;;
   wait)
     OUT="$OUT/issue29" bash benchmarks/plans/issue29_serving_length.sh wait "${1:-60}"
     if [ -f /tmp/gpu_suite/summary.txt ]; then cat /tmp/gpu_suite/summary.txt; else echo "GPU suite: not finished"; fi

@@ -40,13 +40,7 @@ case "$part" in
     OUT="$OUT/issue29" bash "$S" launch "${RUNS[@]}"
     [ -d "$Q/issue31_test" ] || { echo "no $Q/issue31_test: run device_2026-12-06.sh stage first"; exit 1; }
     background issue32_4k "OUT=$Q/issue32_4k BOARDS=b4k LENGTHS=4096 LIMIT=1500 BATCH=16 bash benchmarks/plans/issue32_recent_keys.sh ruler"
-    if [ "${TS_SWEEP:-0}" = 1 ]; then
-      for length in 2048 4096; do
-        background "ts_sweep_$length" "timeout 1500 python3 -m eval.calibrate variants --method token_sparse --grid full \
-          --lengths $length --seed 104729 --samples 10 --samples-dir $Q/issue31_dev --out $Q/ts_sweep_$length \
-          --batch-size 16 --time-limit 1400"
-      done
-    fi
+    [ "${TS_SWEEP:-0}" = 1 ] && bash benchmarks/plans/issue29_31_round6.sh ts_sweep 1400
     echo "started: ${RUNS[*]}, issue 32 at 4K${TS_SWEEP:+, Token Sparse sweep}" ;;
   wait)
     OUT="$OUT/issue29" bash "$S" wait "${1:-60}"
