@@ -49,7 +49,7 @@ board_row() {  # name, leaderboard arguments...: one test-board row in the backg
 }
 e2e_pick() {  # time budget (s) -> the command line of the pick's e2e decode time beside today's TidalDecode
   mkdir -p "$E2E"
-  echo "timeout $(( $1 + 80 )) python3 -m eval.bench e2e --sections decode --rows 131072x1 131072x4 --schemes tidal \
+  echo "timeout $(( $1 + 80 )) python3 -m eval.bench e2e --sections decode --rows ${E2E_ROWS:-131072x1 131072x4} --schemes tidal \
     --variants tidal:tidal_selection=all_union 'tidal:tidal_selection=all_union:tidal_selection_layers=[2,14]' \
     --time-budget-s $1 --out $E2E/e2e_pick.json > $E2E/e2e_pick.log 2>&1"
 }

@@ -15,7 +15,7 @@
 #   rows     once the trainings are done: the test split of the three exports (and the shipped one run densely),
 #            the pass-key / needle rows of the shipped export, and issue 32's POD rows under FP8 (the shipped export,
 #            2K, bf16 / FP8 / FP8 + recent keys) in the background
-#   e2e      alone on the GPU (an H200: 128K x 4 does not fit an H100): issue 31's e2e decode time of the layer-14 pick
+#   e2e      (E2E_ROWS=131072x1 on an H100) alone on the GPU (an H200: 128K x 4 does not fit an H100): issue 31's e2e decode time of the layer-14 pick
 #            beside today's TidalDecode (issue29_31_round6.sh e2e)
 #   collect  tar every result under $OUT
 set -u
@@ -28,7 +28,7 @@ OUT=${OUT:-outputs/round7}; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
 export PYTHONUNBUFFERED=1 PYTHONPATH="/tmp/p29/site:/tmp/site${PYTHONPATH:+:$PYTHONPATH}" PODKIT_CACHE=/tmp/p29/cache \
   TORCH_EXTENSIONS_DIR=/tmp/torch_ext DS_ACCELERATOR=cuda HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 SHIPPED=pod_8k_scores_recall
-RUNS=("$SHIPPED" pod_8k_recall_kv20 pod_8k_recall_kv35)
+read -r -a RUNS <<< "${RUNS:-$SHIPPED pod_8k_recall_kv20 pod_8k_recall_kv35}"  # RUNS="...": fewer when device time is short
 S=benchmarks/plans/issue29_serving_length.sh
 Q=/tmp/p31
 background() {  # name, command: one background process whose exit code lands in $Q/rc.txt
@@ -37,10 +37,14 @@ background() {  # name, command: one background process whose exit code lands in
 }
 case "$part" in
   start)
-    OUT="$OUT/issue29" bash "$S" launch "${RUNS[@]}"
+    for _ in $(seq 60); do pgrep -f "eval.bench e2e" > /dev/null || break; sleep 5; done  # the e2e timing alone first
+    pgrep -fa "eval.bench e2e" | cut -c1-120
+    [ "${RUNS[*]}" = none ] && RUNS=()  # RUNS=none: the background rows only
+    [ ${#RUNS[@]} -gt 0 ] && OUT="$OUT/issue29" bash "$S" launch "${RUNS[@]}"
     [ -d "$Q/issue31_test" ] || { echo "no $Q/issue31_test: run device_2026-12-06.sh stage first"; exit 1; }
-    background issue32_4k "OUT=$Q/issue32_4k BOARDS=b4k LENGTHS=4096 LIMIT=1500 BATCH=16 bash benchmarks/plans/issue32_recent_keys.sh ruler"
-    [ "${TS_SWEEP:-0}" = 1 ] && bash benchmarks/plans/issue29_31_round6.sh ts_sweep 1400
+    background issue32_4k "OUT=$Q/issue32_4k BOARDS=b4k LENGTHS=4096 LIMIT=${LIMIT32:-1500} BATCH=16 \
+      bash benchmarks/plans/issue32_recent_keys.sh ruler"
+    [ "${TS_SWEEP:-0}" = 1 ] && bash benchmarks/plans/issue29_31_round6.sh ts_sweep "${TS_LIMIT:-1400}"
     echo "started: ${RUNS[*]}, issue 32 at 4K${TS_SWEEP:+, Token Sparse sweep}" ;;
   wait)
     OUT="$OUT/issue29" bash "$S" wait "${1:-60}"
@@ -52,13 +56,20 @@ case "$part" in
       background issue32_pod "OUT=$Q/issue32_pod BOARDS=bpod LENGTHS=2048 LIMIT=900 BATCH=16 POD_EXPORT=$export_dir \
         bash benchmarks/plans/issue32_recent_keys.sh ruler"
     fi
-    OUT="$OUT/issue29" ROWS_PARALLEL=4 bash "$S" rows "${RUNS[@]}" "$SHIPPED:dense"
+    if [ "${TEST_ROWS:-1}" = 1 ]; then  # TEST_ROWS=0: the retrieval rows only (the shipped test rows exist already)
+      OUT="$OUT/issue29" ROWS_PARALLEL=4 bash "$S" rows "${RUNS[@]}" "$SHIPPED:dense"
+    fi
     OUT="$OUT/issue29" bash "$S" retrieval original "$SHIPPED" "$SHIPPED:dense" ;;
-  e2e)
-    OUT="$OUT" bash benchmarks/plans/issue29_31_round6.sh e2e "${1:-420}" ;;
+  e2e)  # BG=1: in the background (the stage calls use the CPUs and disk only; start waits for it to end)
+    if [ "${BG:-0}" = 1 ]; then
+      background e2e "OUT=$Q/e2e bash benchmarks/plans/issue29_31_round6.sh e2e ${1:-420}"
+      echo "e2e started in the background"
+    else
+      OUT="$OUT" bash benchmarks/plans/issue29_31_round6.sh e2e "${1:-420}"
+    fi ;;
   collect)
     OUT="$OUT/issue29" bash "$S" collect
-    (cd "$Q" && tar czf "$OUT/background.tgz" --ignore-failed-read --exclude='samples_*' issue32_4k issue32_pod \
+    (cd "$Q" && tar czf "$OUT/background.tgz" --ignore-failed-read --exclude='samples_*' issue32_4k issue32_pod e2e \
       ts_sweep_* ./*.log rc.txt b4k_*/records*.jsonl bpod_*/records*.jsonl 2>/dev/null)
     ls -la "$OUT" ;;
 esac
