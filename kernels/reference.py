@@ -210,6 +210,8 @@ def _union_order(scores, seq_lens, older, heads_per_list):
     probability (highest first), then by the lowest slot. A slot is in some head's top-r list exactly when its
     best rank is < r, so the first k entries are the union of the heads' top-r lists for the largest r whose
     union fits in k, completed by the most probable slots of best rank r. Non-older slots come last.
+    Sorts every head's N logits: the plain statement of the rule, which :func:`_union_lists` computes from
+    each head's top-k alone (tests/sparse_models/test_tidal_variants.py holds the two equal).
     """
     batch, num_heads, n = scores.shape
     logits = scores.float().masked_fill(~older[:, None, :], float("-inf"))
@@ -224,15 +226,47 @@ def _union_order(scores, seq_lens, older, heads_per_list):
     return by_prob.gather(-1, by_rank)
 
 
+def _head_order_keys(logits):
+    """[B, H, N] fp32 logits -> int64 keys, distinct within a head, that order its slots as a stable descending
+    sort of the logits does (higher logit first; equal logits: the lower slot first): the logit's bits mapped
+    to an order-preserving int32 in the high half, the reversed slot in the low half."""
+    n = logits.shape[-1]
+    bits = (logits + 0.0).contiguous().view(torch.int32)  # + 0.0: -0.0 becomes +0.0, which it equals
+    ordered = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # negative floats: flip the magnitude bits, so ints order alike
+    reversed_slot = n - 1 - torch.arange(n, device=logits.device)
+    return (ordered.to(torch.int64) << 32) | reversed_slot
+
+
 def _union_lists(scores, seq_lens, older, k, heads_per_list):
     """The first ``k`` slots of :func:`_union_order`: [B, H, N] -> [B, H // heads_per_list, k], -1 where fewer
-    than k slots are older."""
+    than k slots are older.
+
+    Only slots of best rank < k can be among the first k (one head's own top-k already holds k older slots, and
+    every head sees the same older slots), and those are the union of the heads' top-k lists. So each head's
+    top-k is taken (``torch.topk`` on keys without ties, so ranks equal the stable sort's), and only those
+    heads_per_list * k candidates per list are ordered, instead of sorting all N slots of every head (what the
+    union modes add to the selection layer at long contexts: BENCHMARKS.md, "e2e speed of the picks")."""
+    batch, num_heads, n = scores.shape
+    lists = num_heads // heads_per_list
     if k <= 0:
-        return torch.empty(scores.shape[0], scores.shape[1] // heads_per_list, 0, dtype=torch.int64,
-                           device=scores.device)
-    top = _union_order(scores, seq_lens, older, heads_per_list)[..., :k]
-    is_older = torch.gather(older[:, None, :].expand(-1, top.shape[1], -1), -1, top)
-    return torch.where(is_older, top, torch.full_like(top, -1))
+        return torch.empty(batch, lists, 0, dtype=torch.int64, device=scores.device)
+    logits = scores.float().masked_fill(~older[:, None, :], float("-inf"))
+    top = torch.topk(_head_order_keys(logits), k, dim=-1).indices  # [B, H, k], each head's best first
+    candidates = top.view(batch, lists, heads_per_list * k)
+    ranks = torch.arange(k, device=scores.device).repeat(heads_per_list).expand_as(candidates)
+    best = torch.full((batch, lists, n), n, dtype=torch.int64, device=scores.device)
+    best = best.scatter_reduce(-1, candidates, ranks, "amin").masked_fill(~older[:, None, :], n)
+    probs = _group_probs(scores, seq_lens, older, heads_per_list).gather(-1, candidates)
+    # (best rank, probability descending, slot): three stable sorts, last key first
+    order = torch.argsort(candidates, dim=-1, stable=True)
+    order = order.gather(-1, torch.argsort(probs.gather(-1, order), dim=-1, descending=True, stable=True))
+    order = order.gather(-1, torch.argsort(best.gather(-1, candidates.gather(-1, order)), dim=-1, stable=True))
+    ranked = candidates.gather(-1, order)  # a slot listed by several heads sits in adjacent copies
+    repeat = torch.zeros_like(ranked, dtype=torch.bool)
+    repeat[..., 1:] = ranked[..., 1:] == ranked[..., :-1]
+    ranked = ranked.gather(-1, torch.argsort(repeat.to(torch.int8), dim=-1, stable=True))[..., :k]
+    is_older = torch.gather(older[:, None, :].expand(-1, lists, -1), -1, ranked)
+    return torch.where(is_older, ranked, torch.full_like(ranked, -1))
 
 
 def selection_decode_attention(q, k_cache, v_cache, seq_lens, budget, *, scale=None, per_kv_group=False,

@@ -120,6 +120,36 @@ def test_selection_matches_brute_force(mode, share, group):
         assert torch.equal(got, want), (mode, share, group, seed)
 
 
+@pytest.mark.parametrize("group", [1, 3, 4, 8])
+@pytest.mark.parametrize("kind", ["bf16_ties", "integer_ties", "signed_zeros", "distinct"])
+def test_union_from_each_heads_top_k_equals_sorting_every_slot(kind, group):
+    """``_union_lists`` (each head's top-k, then only those candidates ordered) against the rule stated by sorting
+    all N slots of every head (``_union_order``), over budgets from 1 to every older slot, on logits with many
+    ties (bf16-rounded: as a bf16 model's are; small integers), with -0.0 beside +0.0, and without ties. Ragged:
+    one sequence shorter than some budgets (-1 padding), one filling the cache."""
+    num_kv, n = 2, 300
+    num_heads = group * num_kv
+    seq_lens = torch.tensor([5, 97, 256, n])
+    g = torch.Generator().manual_seed(group)
+    scores = torch.randn(4, num_heads, n, generator=g) * 4
+    if kind == "bf16_ties":
+        scores = scores.to(torch.bfloat16).float()
+    elif kind == "integer_ties":
+        scores = torch.randint(-2, 3, (4, num_heads, n), generator=g).float()
+    elif kind == "signed_zeros":
+        scores = torch.where(torch.rand(4, num_heads, n, generator=g) < 0.5, torch.zeros(()), scores)
+        scores = torch.where(torch.rand(4, num_heads, n, generator=g) < 0.5, -scores, scores)
+    scores = scores.masked_fill(torch.arange(n)[None, None, :] >= seq_lens[:, None, None], float("-inf"))
+    older = torch.arange(n)[None, :] < (seq_lens[:, None] - 1)
+    for heads_per_list in sorted({group, num_heads}):
+        order = reference._union_order(scores, seq_lens, older, heads_per_list)
+        for k in (1, 2, 7, 64, 200, n - 1):
+            want = order[..., :k]
+            want = torch.where(torch.gather(older[:, None, :].expand_as(order), -1, order)[..., :k], want, -1)
+            got = reference._union_lists(scores, seq_lens, older, k, heads_per_list)
+            assert torch.equal(got, want), (kind, group, heads_per_list, k)
+
+
 def test_union_is_within_budget_and_keeps_every_heads_best_slot():
     """The rank-wise definition: every head's own best older slot is in its group's list (r = 1 always fits
     when the budget leaves at least G slots), and the list never exceeds the budget."""

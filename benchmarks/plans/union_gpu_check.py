@@ -1,0 +1,56 @@
+"""On a GPU: TidalDecode's union lists built from each head's top-k (kernels/reference.py ``_union_lists``) against
+the same lists from sorting all N slots of every head (``_union_order``), at the Llama-3-8B shape (32 query heads,
+8 KV heads), 128K slots x batch 1 and 4, budget 2048: equal lists, and each one's time (CUDA events, median of 20
+after 3 warm-ups). Writes JSON to the path given (default: union_gpu_check.json).
+
+    python3 benchmarks/plans/union_gpu_check.py $OUT/union_gpu_check.json
+"""
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from kernels import reference  # noqa: E402
+
+HEADS, KV_HEADS, BUDGET, N = 32, 8, 2048, 131072
+
+
+def median_ms(fn, repeats=20) -> float:
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+rows = []
+for batch in (1, 4):
+    scores = (torch.randn(batch, HEADS, N, device="cuda") * 3).to(torch.bfloat16).float()
+    seq_lens = torch.full((batch,), N, device="cuda")
+    older = torch.arange(N, device="cuda")[None, :] < (seq_lens[:, None] - 1)
+    k = BUDGET - 1
+    for mode, per_list in (("all_union", HEADS), ("group_union", HEADS // KV_HEADS)):
+        def before():
+            order = reference._union_order(scores, seq_lens, older, per_list)[..., :k]
+            return torch.where(torch.gather(older[:, None, :].expand(-1, order.shape[1], -1), -1, order), order, -1)
+
+        def after():
+            return reference._union_lists(scores, seq_lens, older, k, per_list)
+
+        equal = bool(torch.equal(before(), after()))
+        t_before, t_after = median_ms(before), median_ms(after)
+        rows.append({"mode": mode, "batch": batch, "slots": N, "equal": equal, "sort_every_slot_ms": round(t_before, 3),
+                     "top_k_candidates_ms": round(t_after, 3), "ratio": round(t_after / t_before, 3)})
+        print(rows[-1], flush=True)
+out = Path(sys.argv[1] if len(sys.argv) > 1 else "union_gpu_check.json")
+out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows},
+                          indent=1) + "\n")
