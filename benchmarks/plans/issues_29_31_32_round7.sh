@@ -15,8 +15,9 @@
 #   rows     once the trainings are done: the test split of the three exports (and the shipped one run densely),
 #            the pass-key / needle rows of the shipped export, and issue 32's POD rows under FP8 (the shipped export,
 #            2K, bf16 / FP8 / FP8 + recent keys) in the background
-#   e2e      (E2E_ROWS=131072x1 on an H100) alone on the GPU (an H200: 128K x 4 does not fit an H100): issue 31's e2e decode time of the layer-14 pick
-#            beside today's TidalDecode (issue29_31_round6.sh e2e)
+#   e2e      alone on the GPU: benchmarks/plans/union_gpu_check.py (the top-k union against the full sort: equal
+#            lists, CUDA-event times), then issue 31's e2e decode time of the layer-14 pick beside today's TidalDecode
+#            (issue29_31_round6.sh e2e; 128K x 4 needs an H200, E2E_ROWS=131072x1 on an H100)
 #   collect  tar every result under $OUT
 set -u
 part=${1:-}; shift || true
@@ -64,7 +65,8 @@ case "$part" in
     if [ "${BG:-0}" = 1 ]; then
       background e2e "OUT=$Q/e2e bash benchmarks/plans/issue29_31_round6.sh e2e ${1:-420}"
       echo "e2e started in the background"
-    else
+    else  # first the union lists' equality and time on the GPU (kernels/reference.py _union_lists, < 1 min)
+      timeout 120 python3 benchmarks/plans/union_gpu_check.py "$OUT/union_gpu_check.json"
       OUT="$OUT" bash benchmarks/plans/issue29_31_round6.sh e2e "${1:-420}"
     fi ;;
   collect)
