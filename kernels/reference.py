@@ -210,8 +210,8 @@ def _union_order(scores, seq_lens, older, heads_per_list):
     probability (highest first), then by the lowest slot. A slot is in some head's top-r list exactly when its
     best rank is < r, so the first k entries are the union of the heads' top-r lists for the largest r whose
     union fits in k, completed by the most probable slots of best rank r. Non-older slots come last.
-    Sorts every head's N logits: the plain statement of the rule, which :func:`_union_lists` computes from
-    each head's top-k alone (tests/sparse_models/test_tidal_variants.py holds the two equal).
+    Sorts every head's N logits: the plain statement of the rule, which :func:`_union_from_top_k` computes
+    from each head's top-k alone (tests/sparse_models/test_tidal_variants.py holds the two equal).
     """
     batch, num_heads, n = scores.shape
     logits = scores.float().masked_fill(~older[:, None, :], float("-inf"))
@@ -239,13 +239,31 @@ def _head_order_keys(logits):
 
 def _union_lists(scores, seq_lens, older, k, heads_per_list):
     """The first ``k`` slots of :func:`_union_order`: [B, H, N] -> [B, H // heads_per_list, k], -1 where fewer
-    than k slots are older.
+    than k slots are older. Two exact routes to the same lists; the faster one was measured per batch size
+    (BENCHMARKS.md, "TidalDecode's union lists from each head's top-k"): at batch 1 the sort of every slot
+    (:func:`_union_from_sort`), above it each head's top-k (:func:`_union_from_top_k`). Shapes are static, so
+    the choice is fixed per captured graph."""
+    route = _union_from_sort if scores.shape[0] == 1 else _union_from_top_k
+    return route(scores, seq_lens, older, k, heads_per_list)
+
+
+def _union_from_sort(scores, seq_lens, older, k, heads_per_list):
+    """:func:`_union_lists` by sorting all N slots of every head (:func:`_union_order`)."""
+    if k <= 0:
+        return torch.empty(scores.shape[0], scores.shape[1] // heads_per_list, 0, dtype=torch.int64,
+                           device=scores.device)
+    top = _union_order(scores, seq_lens, older, heads_per_list)[..., :k]
+    is_older = torch.gather(older[:, None, :].expand(-1, top.shape[1], -1), -1, top)
+    return torch.where(is_older, top, torch.full_like(top, -1))
+
+
+def _union_from_top_k(scores, seq_lens, older, k, heads_per_list):
+    """:func:`_union_lists` from each head's top-k alone.
 
     Only slots of best rank < k can be among the first k (one head's own top-k already holds k older slots, and
     every head sees the same older slots), and those are the union of the heads' top-k lists. So each head's
     top-k is taken (``torch.topk`` on keys without ties, so ranks equal the stable sort's), and only those
-    heads_per_list * k candidates per list are ordered, instead of sorting all N slots of every head (what the
-    union modes add to the selection layer at long contexts: BENCHMARKS.md, "e2e speed of the picks")."""
+    heads_per_list * k candidates per list are ordered, instead of sorting all N slots of every head."""
     batch, num_heads, n = scores.shape
     lists = num_heads // heads_per_list
     if k <= 0:

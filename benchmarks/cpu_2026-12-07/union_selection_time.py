@@ -1,5 +1,5 @@
 """TidalDecode's union selection (``all_union`` / ``group_union``) on CPU: the list built from each head's top-k
-(kernels/reference.py ``_union_lists``, since 2026-12-07) against the same list from sorting all N slots of every
+(kernels/reference.py ``_union_from_top_k``, 2026-12-07) against the same list from sorting all N slots of every
 head (``_union_order``, how it was built before), on one selection layer's logits of the Llama-3-8B shape
 (32 query heads, 8 KV heads) at 32K and 128K, budget 2048 (one recent slot). Checks the two lists are equal, then
 times each (median of REPEATS, after one warm-up). CPU only: GPU times come from ``eval.bench e2e``.
@@ -47,7 +47,7 @@ def main() -> dict:
                                    order, -1)
 
             def after():
-                return reference._union_lists(scores, seq_lens, older, k, per_list)
+                return reference._union_from_top_k(scores, seq_lens, older, k, per_list)
 
             assert torch.equal(before(), after()), (mode, n)
             t_before, t_after = median_seconds(before), median_seconds(after)

@@ -1,4 +1,4 @@
-"""On a GPU: TidalDecode's union lists built from each head's top-k (kernels/reference.py ``_union_lists``) against
+"""On a GPU: TidalDecode's union lists built from each head's top-k (kernels/reference.py ``_union_from_top_k``) against
 the same lists from sorting all N slots of every head (``_union_order``), at the Llama-3-8B shape (32 query heads,
 8 KV heads), 128K slots x batch 1 and 4, budget 2048: equal lists, and each one's time (CUDA events, median of 20
 after 3 warm-ups). Writes JSON to the path given (default: union_gpu_check.json).
@@ -44,7 +44,7 @@ for batch in (1, 4):
             return torch.where(torch.gather(older[:, None, :].expand(-1, order.shape[1], -1), -1, order), order, -1)
 
         def after():
-            return reference._union_lists(scores, seq_lens, older, k, per_list)
+            return reference._union_from_top_k(scores, seq_lens, older, k, per_list)
 
         equal = bool(torch.equal(before(), after()))
         t_before, t_after = median_ms(before), median_ms(after)

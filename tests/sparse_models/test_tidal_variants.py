@@ -123,10 +123,11 @@ def test_selection_matches_brute_force(mode, share, group):
 @pytest.mark.parametrize("group", [1, 3, 4, 8])
 @pytest.mark.parametrize("kind", ["bf16_ties", "integer_ties", "signed_zeros", "distinct"])
 def test_union_from_each_heads_top_k_equals_sorting_every_slot(kind, group):
-    """``_union_lists`` (each head's top-k, then only those candidates ordered) against the rule stated by sorting
-    all N slots of every head (``_union_order``), over budgets from 1 to every older slot, on logits with many
-    ties (bf16-rounded: as a bf16 model's are; small integers), with -0.0 beside +0.0, and without ties. Ragged:
-    one sequence shorter than some budgets (-1 padding), one filling the cache."""
+    """``_union_from_top_k`` (each head's top-k, then only those candidates ordered) against the rule stated by
+    sorting all N slots of every head (``_union_order``), over budgets from 1 to every older slot, on logits with
+    many ties (bf16-rounded: as a bf16 model's are; small integers), with -0.0 beside +0.0, and without ties.
+    Ragged: one sequence shorter than some budgets (-1 padding), one filling the cache. ``_union_lists`` (which
+    picks a route by batch size) equals both, for the batch and for each sequence alone."""
     num_kv, n = 2, 300
     num_heads = group * num_kv
     seq_lens = torch.tensor([5, 97, 256, n])
@@ -146,8 +147,13 @@ def test_union_from_each_heads_top_k_equals_sorting_every_slot(kind, group):
         for k in (1, 2, 7, 64, 200, n - 1):
             want = order[..., :k]
             want = torch.where(torch.gather(older[:, None, :].expand_as(order), -1, order)[..., :k], want, -1)
-            got = reference._union_lists(scores, seq_lens, older, k, heads_per_list)
+            got = reference._union_from_top_k(scores, seq_lens, older, k, heads_per_list)
             assert torch.equal(got, want), (kind, group, heads_per_list, k)
+            assert torch.equal(reference._union_from_sort(scores, seq_lens, older, k, heads_per_list), want)
+            assert torch.equal(reference._union_lists(scores, seq_lens, older, k, heads_per_list), want)
+            for b in range(4):
+                alone = reference._union_lists(scores[b:b + 1], seq_lens[b:b + 1], older[b:b + 1], k, heads_per_list)
+                assert torch.equal(alone, want[b:b + 1]), (kind, group, heads_per_list, k, b)
 
 
 def test_union_is_within_budget_and_keeps_every_heads_best_slot():
