@@ -19,6 +19,19 @@
 #            lists, CUDA-event times), then issue 31's e2e decode time of the layer-14 pick beside today's TidalDecode
 #            (issue29_31_round6.sh e2e; 128K x 4 needs an H200, E2E_ROWS=131072x1 on an H100)
 #   collect  tar every result under $OUT
+#
+# The calls as planned on 2026-12-07 (that session got no machine in time; carry lists for `run`):
+#   1  carry .whl outputs/texts outputs/gguf_parts/part_0 outputs/gguf_parts/count outputs/ruler_samples.tgz:
+#      `OUT=$OUT BG=1 bash THIS e2e 240; sleep 20; OUT=$OUT bash benchmarks/plans/device_2026-12-06.sh stage`
+#      (BG=1 runs the e2e beside the stage calls, which use the CPUs and the disk only; on an H100 add
+#      E2E_ROWS=131072x1)
+#   2  carry part_1, count, outputs/tokens_smollm2_135m_gpu_8k.tgz: the stage part
+#   3  carry part_2, count, outputs/tokens_recall_long_8k.tgz outputs/issue31_dev.tgz outputs/issue31_test.tgz:
+#      the stage part, then `TS_SWEEP=1 TS_LIMIT=S LIMIT32=S RUNS=... OUT=/tmp/r7 bash THIS start` (start first
+#      waits for the e2e to end)
+#   4+ wait, then `TEST_ROWS=0` rows when the shipped test rows suffice, then collect into the call's $OUT.
+# Device time measured for these parts: start-up and the three stage calls about 250 s; three 8K trainings side by
+# side about 1000-1200 s (one alone: about 500 s); the e2e about budget + 80 s.
 set -u
 part=${1:-}; shift || true
 case "$part" in
