@@ -252,9 +252,13 @@ def _union_from_sort(scores, seq_lens, older, k, heads_per_list):
     if k <= 0:
         return torch.empty(scores.shape[0], scores.shape[1] // heads_per_list, 0, dtype=torch.int64,
                            device=scores.device)
-    top = _union_order(scores, seq_lens, older, heads_per_list)[..., :k]
-    is_older = torch.gather(older[:, None, :].expand(-1, top.shape[1], -1), -1, top)
-    return torch.where(is_older, top, torch.full_like(top, -1))
+    return _older_or_padding(_union_order(scores, seq_lens, older, heads_per_list)[..., :k], older)
+
+
+def _older_or_padding(slots, older):
+    """slots [B, Hs, k] with older [B, N] -> the slots, -1 where a slot is not older (fewer than k were)."""
+    is_older = torch.gather(older[:, None, :].expand(-1, slots.shape[1], -1), -1, slots)
+    return torch.where(is_older, slots, torch.full_like(slots, -1))
 
 
 def _union_from_top_k(scores, seq_lens, older, k, heads_per_list):
@@ -283,8 +287,7 @@ def _union_from_top_k(scores, seq_lens, older, k, heads_per_list):
     repeat = torch.zeros_like(ranked, dtype=torch.bool)
     repeat[..., 1:] = ranked[..., 1:] == ranked[..., :-1]
     ranked = ranked.gather(-1, torch.argsort(repeat.to(torch.int8), dim=-1, stable=True))[..., :k]
-    is_older = torch.gather(older[:, None, :].expand(-1, lists, -1), -1, ranked)
-    return torch.where(is_older, ranked, torch.full_like(ranked, -1))
+    return _older_or_padding(ranked, older)
 
 
 def selection_decode_attention(q, k_cache, v_cache, seq_lens, budget, *, scale=None, per_kv_group=False,

@@ -40,8 +40,7 @@ for batch in (1, 4):
     k = BUDGET - 1
     for mode, per_list in (("all_union", HEADS), ("group_union", HEADS // KV_HEADS)):
         def before():
-            order = reference._union_order(scores, seq_lens, older, per_list)[..., :k]
-            return torch.where(torch.gather(older[:, None, :].expand(-1, order.shape[1], -1), -1, order), order, -1)
+            return reference._union_from_sort(scores, seq_lens, older, k, per_list)
 
         def after():
             return reference._union_from_top_k(scores, seq_lens, older, k, per_list)
