@@ -11,7 +11,8 @@
 #            capacity buys back, BENCHMARKS.md "The recall rows ship"), trained side by side; beside them issue 32's
 #            RULER rows at 4K (bf16 / FP8 / FP8 + recent keys, LIMIT 1500 s; 2K is in BENCHMARKS.md) and, with
 #            TS_SWEEP=1, issue 31's Token Sparse grid at 10 samples per task (dev seed, one process per length)
-#   wait S   the trainings' progress after at most S seconds, and the background processes
+#            SUITE=1 also starts the GPU suite beside them (gpu_suite_background.sh, logs in /tmp/gpu_suite)
+#   wait S   the trainings' progress after at most S seconds, the background processes and the suite's summary
 #   rows     once the trainings are done: the test split of the three exports (and the shipped one run densely),
 #            the pass-key / needle rows of the shipped export, and issue 32's POD rows under FP8 (the shipped export,
 #            2K, bf16 / FP8 / FP8 + recent keys) in the background
@@ -59,11 +60,13 @@ case "$part" in
     background issue32_4k "OUT=$Q/issue32_4k BOARDS=b4k LENGTHS=4096 LIMIT=${LIMIT32:-1500} BATCH=16 \
       bash benchmarks/plans/issue32_recent_keys.sh ruler"
     [ "${TS_SWEEP:-0}" = 1 ] && bash benchmarks/plans/issue29_31_round6.sh ts_sweep "${TS_LIMIT:-1400}"
+    [ "${SUITE:-0}" = 1 ] && bash benchmarks/plans/gpu_suite_background.sh  # SUITE=1: the GPU suite beside them
     echo "started: ${RUNS[*]}, issue 32 at 4K${TS_SWEEP:+, Token Sparse sweep}" ;;
   wait)
     OUT="$OUT/issue29" bash "$S" wait "${1:-60}"
     pgrep -fa "eval.leaderboard|eval.calibrate variants" | cut -c1-120
-    cat "$Q/rc.txt" 2>/dev/null ;;
+    cat "$Q/rc.txt" 2>/dev/null
+    [ -d /tmp/gpu_suite ] && { cat /tmp/gpu_suite/summary.txt 2>/dev/null || echo "GPU suite: still running"; } ;;
   rows)
     export_dir=/tmp/p29/runs/$SHIPPED/export
     if [ -f "$export_dir/config.json" ]; then
@@ -86,5 +89,6 @@ case "$part" in
     OUT="$OUT/issue29" bash "$S" collect
     (cd "$Q" && tar czf "$OUT/background.tgz" --ignore-failed-read --exclude='samples_*' issue32_4k issue32_pod e2e \
       ts_sweep_* ./*.log rc.txt b4k_*/records*.jsonl bpod_*/records*.jsonl 2>/dev/null)
+    [ -d /tmp/gpu_suite ] && (cd /tmp && tar czf "$OUT/gpu_suite.tgz" gpu_suite)
     ls -la "$OUT" ;;
 esac
