@@ -189,10 +189,11 @@ case "$part" in
         *:*) echo "$row: the retrieval rows take RUN or RUN:dense, skipped"; continue ;;
       esac
       if [ "$model" != original ] && [ ! -f "$model/config.json" ]; then echo "$row: no export, skipped"; continue; fi
-      PYTHONPATH="$PWD:$PYTHONPATH" timeout 300 python3 benchmarks/plans/issue29_retrieval_row.py "$name" "$model" \
+      (PYTHONPATH="$PWD:$PYTHONPATH" timeout 300 python3 benchmarks/plans/issue29_retrieval_row.py "$name" "$model" \
         "$OUT/retrieval/$name.json" "${dense[@]}" > "$OUT/retrieval/$name.log" 2>&1
-      echo "$name rc=$?"; grep podkit_ "$OUT/retrieval/$name.log"
+       echo "$name rc=$?"; grep podkit_ "$OUT/retrieval/$name.log") &  # the rows side by side: one GPU, small model
     done
+    wait
     (cd "$OUT" && tar czf retrieval.tgz retrieval && rm -rf retrieval) ;;
   collect)
     (cd "$RUNS" && tar czf "$OUT/runs.tgz" --ignore-failed-read ./*.train.log rc.txt \

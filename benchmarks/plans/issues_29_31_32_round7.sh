@@ -70,7 +70,7 @@ case "$part" in
   rows)
     export_dir=/tmp/p29/runs/$SHIPPED/export
     if [ -f "$export_dir/config.json" ]; then
-      background issue32_pod "OUT=$Q/issue32_pod BOARDS=bpod LENGTHS=2048 LIMIT=900 BATCH=16 POD_EXPORT=$export_dir \
+      background issue32_pod "OUT=$Q/issue32_pod BOARDS=bpod LENGTHS=2048 LIMIT=${LIMIT32POD:-900} BATCH=16 POD_EXPORT=$export_dir \
         bash benchmarks/plans/issue32_recent_keys.sh ruler"
     fi
     if [ "${TEST_ROWS:-1}" = 1 ]; then  # TEST_ROWS=0: the retrieval rows only (the shipped test rows exist already)
