@@ -31,6 +31,11 @@
 #      the stage part, then `TS_SWEEP=1 TS_LIMIT=S LIMIT32=S RUNS=... OUT=/tmp/r7 bash THIS start` (start first
 #      waits for the e2e to end)
 #   4+ wait, then `TEST_ROWS=0` rows when the shipped test rows suffice, then collect into the call's $OUT.
+# The second try (2026-12-07, 04:30-05:40 UTC) got no machine for 14 start requests (about 1,550 s of the 1,800 s
+# lost to refusals and failed starts); one H100 call ran the GPU suite (benchmarks/h100_2026-12-07/gpu_suite/).
+# Nothing of this plan has run. Split it when starts keep failing: the `e2e` part alone needs one call on an H200 and
+# no staging (carry nothing; about 330 s with `e2e 200`); the rest needs the three stage calls and one stretch of
+# about 1,000 s for the shipped run alone (RUNS=pod_8k_scores_recall).
 # Device time measured for these parts: start-up and the three stage calls about 250 s; three 8K trainings side by
 # side about 1000-1200 s (one alone: about 500 s); the e2e about budget + 80 s.
 set -u
