@@ -6,8 +6,13 @@ the newest 64 keys in the model's dtype (kv_cache_recent_keys). Rows append to f
 (a row already there is skipped, so an interrupted run resumes); summary in fp8_passkey_summary.json.
 
     python benchmarks/cpu_2026-12-07/fp8_passkey.py [ROW ...]     # ROW: scheme/cache, default every pair
+    POD_EXPORT=FOLDER python benchmarks/cpu_2026-12-07/fp8_passkey.py pod/model_dtype pod/fp8 pod/fp8+recent64
+
+``pod`` is an adapted POD export (``POD_EXPORT``, e.g. `make demo`'s) under its own decode scheme; the default rows
+leave it out.
 """
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -20,7 +25,7 @@ from eval.runner import retrieval_generate  # noqa: E402
 from eval.tasks.passkey import passkey_correct, passkey_grid  # noqa: E402
 
 SCHEMES = {"dense": {}, "tidal@256": {"decode_scheme": "tidal", "tidal_budget": 256},
-           "quest@256": {"decode_scheme": "quest", "quest_budget": 256}}
+           "quest@256": {"decode_scheme": "quest", "quest_budget": 256}, "pod": {}}
 CACHES = {"model_dtype": {}, "fp8": {"kv_cache_dtype": "fp8_e4m3"},
           "fp8+recent64": {"kv_cache_dtype": "fp8_e4m3", "kv_cache_recent_keys": 64}}
 LENGTH, DEPTHS, PER_DEPTH = 1024, 10, 2
@@ -47,7 +52,13 @@ def summarise() -> dict:
 
 
 def main() -> None:
-    wanted = sys.argv[1:] or [f"{s}/{c}" for s in SCHEMES for c in CACHES]
+    wanted = sys.argv[1:] or [f"{s}/{c}" for s in SCHEMES if s != "pod" for c in CACHES]
+    for row in wanted:  # before any heavy work
+        scheme, _, cache = row.partition("/")
+        if scheme not in SCHEMES or cache not in CACHES:
+            sys.exit(f"row {row!r}: expected scheme/cache with scheme in {list(SCHEMES)} and cache in {list(CACHES)}")
+        if scheme == "pod" and not os.environ.get("POD_EXPORT"):
+            sys.exit(f"row {row!r}: set POD_EXPORT to an adapted POD export folder")
     done = {json.loads(line)["row"] for line in OUT.read_text().splitlines()} if OUT.exists() else set()
     tokenizer = load_tokenizer("default")
     # 16 tokens of answer room, as eval.quality; seeds 0 and 1 give each depth two pass keys and haystack offsets
@@ -58,10 +69,11 @@ def main() -> None:
             continue
         scheme, cache = row.split("/")
         started = time.perf_counter()
-        model = load_model("default", device="cpu", dtype="float32", **SCHEMES[scheme], **CACHES[cache])
+        source = os.environ["POD_EXPORT"] if scheme == "pod" else "default"
+        model = load_model(source, device="cpu", dtype="float32", **SCHEMES[scheme], **CACHES[cache])
         hits = [passkey_correct(retrieval_generate(model, tokenizer, s.context, s.question).text, s.passkey)
                 for s in samples]
-        record = {"row": row, "scheme": scheme, "cache": cache, "passkey": sum(hits) / len(hits),
+        record = {"row": row, "scheme": scheme, "cache": cache, "model": source, "passkey": sum(hits) / len(hits),
                   "hits": [int(h) for h in hits], "depths": [s.depth for s in samples],
                   "seconds": round(time.perf_counter() - started, 1)}
         with OUT.open("a") as f:
