@@ -28,12 +28,14 @@ listed=" $(for g in "${TEST_GROUPS[@]}"; do echo "${g#*|}"; done | tr '\n' ' ') 
 for f in $("$PY" -m pytest -q -m gpu --collect-only -p no:cacheprovider tests 2>/dev/null | grep '::' | cut -d: -f1 | sort -u); do
   case "$listed" in *" $f "*) ;; *) echo "error: $f has GPU tests but no group in $0" >&2; exit 2 ;; esac
 done
-# the training tests read two public-domain texts (make_texts in the tests/train tiny setup): fetch them now, or stop
-# before any test with one clear error (a GPU machine without network needs them carried: outputs/texts ->
-# $PODKIT_CACHE/texts)
-if ! texts_error=$("$PY" -c "from train.corpus.texts import load_text
-for name in ('northanger_abbey', 'emma'): load_text(name)" 2>&1); then
-  echo "error: the GPU training tests need the texts 'northanger_abbey' and 'emma' under \$PODKIT_CACHE/texts" \
+# the training tests read two public-domain texts (tests/train's tiny setup: TRAIN_TEXT and HELD_OUT_TEXT): fetch
+# them now, or stop before any test with one clear error (a GPU machine without network needs them carried:
+# outputs/texts -> $PODKIT_CACHE/texts)
+if ! texts_error=$("$PY" -c "import sys; sys.path.insert(0, 'tests/train')
+from tiny_setup import TRAIN_TEXT
+from train.corpus.texts import HELD_OUT_TEXT, load_text
+for name in (TRAIN_TEXT, HELD_OUT_TEXT): load_text(name)" 2>&1); then
+  echo "error: the GPU training tests need their two texts under \$PODKIT_CACHE/texts" \
     "(PODKIT_CACHE=${PODKIT_CACHE:-unset}) and could not fetch them: ${texts_error##*$'\n'}" >&2
   echo "  copy a cached texts folder there (benchmarks/plans/prep_8k_inputs.sh writes outputs/texts), then rerun" >&2
   exit 2

@@ -88,15 +88,16 @@ case "$part" in
       [ "$gib" -lt 100 ] && export E2E_ROWS=131072x1
       echo "GPU memory ${gib} GiB: rows ${E2E_ROWS:-131072x1 131072x4}"
     fi
+    # first the union lists' equality and time on the GPU (kernels/reference.py _union_lists, < 1 min), then the pick
+    e2e_in() { echo "timeout 120 python3 benchmarks/plans/union_gpu_check.py $1/union_gpu_check.json; \
+      OUT=$1 bash benchmarks/plans/issue29_31_round6.sh e2e ${2:-420}"; }
     if [ "${BG:-0}" = 1 ]; then
       mkdir -p "$Q/e2e" /tmp/r7_code  # from a copy: the next call replaces the working tree under it
       cp -r benchmarks eval kernels sparse_models train recipes pyproject.toml setup.cfg /tmp/r7_code/
-      background e2e "cd /tmp/r7_code && timeout 120 python3 benchmarks/plans/union_gpu_check.py $Q/e2e/union_gpu_check.json; \
-        OUT=$Q/e2e bash benchmarks/plans/issue29_31_round6.sh e2e ${1:-420}"
+      background e2e "cd /tmp/r7_code && $(e2e_in "$Q/e2e" "${1:-}")"
       echo "e2e started in the background"
-    else  # first the union lists' equality and time on the GPU (kernels/reference.py _union_lists, < 1 min)
-      timeout 120 python3 benchmarks/plans/union_gpu_check.py "$OUT/union_gpu_check.json"
-      OUT="$OUT" bash benchmarks/plans/issue29_31_round6.sh e2e "${1:-420}"
+    else
+      bash -c "$(e2e_in "$OUT" "${1:-}")"
     fi ;;
   collect)
     OUT="$OUT/issue29" bash "$S" collect

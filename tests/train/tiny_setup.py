@@ -33,16 +33,19 @@ def make_tiny_model(folder: Path, *, layers: int = 4, heads: int = 4, kv_heads: 
     return folder
 
 
+TRAIN_TEXT = "northanger_abbey"  # the tiny runs' training text; HELD_OUT_TEXT (train/corpus/texts.py) is held out
+
+
 def make_texts(folder: Path) -> tuple[Path, Path]:
-    from train.corpus.texts import load_text
+    from train.corpus.texts import HELD_OUT_TEXT, load_text
 
     folder.mkdir(parents=True, exist_ok=True)
     train = folder / "train.txt"
-    train.write_text(load_text("northanger_abbey")[:60_000])
+    train.write_text(load_text(TRAIN_TEXT)[:60_000])
     held = folder / "heldout.jsonl"
     import json
 
-    held.write_text("\n".join(json.dumps({"text": load_text("emma")[i:i + 6000]}) for i in range(0, 24_000, 6000)))
+    held.write_text("\n".join(json.dumps({"text": load_text(HELD_OUT_TEXT)[i:i + 6000]}) for i in range(0, 24_000, 6000)))
     return train, held
 
 
