@@ -33,6 +33,10 @@
 #   4+ wait, then `TEST_ROWS=0` rows when the shipped test rows suffice, then collect into the call's $OUT.
 # The second try (2026-12-07, 04:30-05:40 UTC) got no machine for 14 start requests (about 1,550 s of the 1,800 s
 # lost to refusals and failed starts); one H100 call ran the GPU suite (benchmarks/h100_2026-12-07/gpu_suite/).
+# The third try (2026-12-07, 12:03-13:40 UTC) got no machine at all: 7 starts failed (about 180 s each, on
+# nvidia-h200 with and without needs_h200 and on nvidia-h100-x1), the eighth was taken back before its first output
+# (1,607 s of the 1,800 s spent). Its inputs were rebuilt first (prep_8k_inputs.sh and the two --generate-only
+# folders: about 13 minutes on 2 cores), since outputs/ and .whl did not survive into that session's checkout.
 # Nothing of this plan has run. Split it when starts keep failing: the `e2e` part alone needs one call on an H200 and
 # no staging (carry nothing; about 330 s with `e2e 200`); the rest needs the three stage calls and one stretch of
 # about 1,000 s for the shipped run alone (RUNS=pod_8k_scores_recall).
