@@ -5,6 +5,7 @@ CPU: interpreter, fp32 and fp16 q (the interpreter gets bf16 tl.dot wrong), plus
 both run in fp16 (cvt=3); ragged batches with a length-1 sequence and lengths that are not a multiple of any tile,
 GQA groups 1 / 3 / 4 / 8, lengths across block boundaries; scales past seq_lens are NaN (must stay unread)."""
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -71,10 +72,30 @@ def test_default_is_base(monkeypatch):
     assert resolve_fp8_variant() == dict(cvt=0, remask=0, block_n=64, num_warps=4, num_stages=2, waves=4)
 
 
+def _load_script():
+    """The A/B script as a module (its ``parse_args`` runs here, without a process per case)."""
+    spec = importlib.util.spec_from_file_location("issue32_fp8_variants", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 @pytest.mark.parametrize("args", [["--out", "x.json", "--contexts", "0"], ["--out", "x.json", "--batches", "-1"],
                                   ["--out", "x.json", "--variants", "nope"], ["--contexts", "1024"],
                                   ["--out", "/no/such/folder/x.json"], ["--out", "x.json", "--iters", "0"]])
-def test_script_refuses_bad_arguments(args, tmp_path):
-    proc = subprocess.run([sys.executable, SCRIPT, *args], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+def test_script_refuses_bad_arguments(args, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exited:
+        _load_script().parse_args(args, tuple(FP8_DECODE_VARIANTS))
+    err = capsys.readouterr().err
+    assert exited.value.code == 2, err
+    assert err.strip().splitlines()[-1].startswith("issue32_fp8_variants.py: error:"), err
+    assert not (tmp_path / "x.json").exists()
+
+
+def test_script_command_line_exits_2_with_one_line(tmp_path):
+    """The same refusal through the command line (the checks above run in this process)."""
+    proc = subprocess.run([sys.executable, SCRIPT, "--out", "x.json", "--iters", "0"], capture_output=True, text=True,
+                          cwd=tmp_path, timeout=120)
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip().splitlines()[-1].startswith("issue32_fp8_variants.py: error:"), proc.stderr
