@@ -12,8 +12,12 @@ install:
 	@scripts/setup_env.sh $(VENV) >/dev/null
 
 # The CI test command (CPU: Triton kernels run under TRITON_INTERPRET=1, set by tests/conftest.py).
+# Two pytest-xdist workers, one test file each at a time (module fixtures are built once): the suite is mostly
+# single-threaded work (the interpreter, subprocess imports), so two workers use a 2-core CI machine's second core.
+# TEST_WORKERS=0 runs it in this process.
+TEST_WORKERS ?= 2
 test: install
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests
 
 # On a CUDA machine: the same kernel tests in bf16 plus the GPU-only tests.
 test-gpu:

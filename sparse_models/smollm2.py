@@ -62,9 +62,7 @@ def _drop_stale_quantization_config(config_path: Path) -> None:
     """Folders converted by podkit <= 0.1.0 kept the GGUF quantization_config; remove it in place."""
     data = json.loads(config_path.read_text())
     if data.pop("quantization_config", None) is not None:
-        tmp = config_path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(data, indent=2) + "\n")
-        os.replace(tmp, config_path)
+        _write_json_in_place(config_path, data)
 
 
 def _pad_on_the_left(tokenizer_config: Path) -> None:
@@ -75,9 +73,15 @@ def _pad_on_the_left(tokenizer_config: Path) -> None:
     data = json.loads(tokenizer_config.read_text())
     if data.get("padding_side") != "left":
         data["padding_side"] = "left"
-        tmp = tokenizer_config.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(data, indent=2) + "\n")
-        os.replace(tmp, tokenizer_config)
+        _write_json_in_place(tokenizer_config, data)
+
+
+def _write_json_in_place(path: Path, data: dict) -> None:
+    """Rewrite ``path`` through a temporary file of this process + os.replace: concurrent processes (two pytest
+    workers, two ranks) repairing the same cached folder each replace it whole, never a half-written file."""
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
+    os.replace(tmp, path)
 
 
 SPECIAL_TOKENS = ("bos", "eos", "pad", "unk")
@@ -117,9 +121,7 @@ def _repair_special_tokens(folder: Path) -> None:
             settings[f"{name}_token_id"] = token_id
             changed = True
     if changed:
-        tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(settings, indent=2, ensure_ascii=False) + "\n")
-        os.replace(tmp, path)
+        _write_json_in_place(path, settings)
 
 
 def _convert(target: Path) -> None:
