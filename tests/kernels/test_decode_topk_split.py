@@ -207,3 +207,43 @@ def test_split_selection_gpu_long_rows(per_kv_group):
         _, scores = decode_attention_triton(q, k, v, seq_lens, return_scores=True)
         scores[torch.arange(2, device=DEVICE), :, seq_lens - 1] = float("-inf")
         assert torch.equal(idx.cpu(), reference.select_topk_positions(scores.cpu(), seq_lens.cpu(), 2048))
+
+
+
+@pytest.mark.parametrize("group, kind", [(1, "distinct"), (3, "bf16_ties"), (4, "integer_ties"), (8, "signed_zeros")])
+def test_union_selection_through_split_top_k_equals_the_reference(group, kind, many_chunks):
+    """``kernels.triton_select_positions`` (each head's top-k by the split radix select, then the reference's
+    candidate ordering) against the reference's selection, for group_union and all_union, on tied logits
+    (bf16-rounded, small integers), -0.0 beside +0.0, and distinct ones (one kind per GQA group size: each
+    interpreted call takes seconds). Ragged lengths: one below the budget (padding), one filling the cache;
+    a budget past every older slot keeps every slot, as dense attention does. Small shapes: the interpreter runs
+    every (chunk, row) program of the radix passes one by one."""
+    from kernels.triton_select_positions import select_topk_positions_triton, split_head_top_k
+
+    num_kv, n = (2 if group < 8 else 1), 200
+    num_heads = group * num_kv
+    seq_lens = torch.tensor([5, 97, n])
+    g = torch.Generator().manual_seed(group)
+    scores = torch.randn(3, num_heads, n, generator=g) * 4
+    if kind == "bf16_ties":
+        scores = scores.to(torch.bfloat16).float()
+    elif kind == "integer_ties":
+        scores = torch.randint(-2, 3, (3, num_heads, n), generator=g).float()
+    elif kind == "signed_zeros":
+        scores = torch.where(torch.rand(3, num_heads, n, generator=g) < 0.5, torch.zeros(()), scores)
+        scores = torch.where(torch.rand(3, num_heads, n, generator=g) < 0.5, -scores, scores)
+    scores = scores.masked_fill(torch.arange(n)[None, None, :] >= seq_lens[:, None, None], float("-inf"))
+    for mode, budget, recent in (("group_union", 65, 3), ("all_union", 8, 1), ("all_union", n + 4, 3)):
+        want = reference.select_topk_positions(scores, seq_lens, budget, group_size=group, mode=mode, recent=recent)
+        got = select_topk_positions_triton(scores.to(DEVICE), seq_lens.to(DEVICE), budget, group_size=group,
+                                           mode=mode, recent=recent).cpu()
+        assert torch.equal(got, want), (mode, budget, recent)
+        if budget >= n:  # every slot of each sequence, ascending, then -1
+            for b, length in enumerate(seq_lens.tolist()):
+                assert got[b, :, :length].tolist() == [list(range(length))] * got.shape[1]
+                assert (got[b, :, length:] == -1).all()
+    older = torch.arange(n)[None, None, :] < (seq_lens[:, None, None] - 1)
+    logits = scores.masked_fill(~older, float("-inf"))
+    top = split_head_top_k(logits.to(DEVICE), 40).cpu()
+    assert torch.equal(top[1:], reference._torch_head_top_k(logits, 40)[1:])  # the rows with >= 40 older slots
+    assert (top[0, :, 4:] == n - 1).all()  # 4 older slots, then the padding slot N - 1
