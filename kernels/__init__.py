@@ -61,7 +61,6 @@ _TRITON_IMPLEMENTATIONS = {
     "append_kv": ("triton_cache_append", "append_kv_triton"),
     "decode_linear": ("triton_decode_linear", "decode_linear_triton"),
     "quantize_kv": ("triton_fp8_quantize", "quantize_kv_triton"),
-    "select_topk_positions": ("triton_select_positions", "select_topk_positions_triton"),
 }
 
 
@@ -118,17 +117,7 @@ append_kv = _dispatch("append_kv")
 decode_linear = _dispatch("decode_linear")
 quantize_kv = _dispatch("quantize_kv")  # FP8 KV cache format: kernels/fp8_kv.py
 
-
-
-def select_topk_positions(scores, seq_lens, budget, **options):
-    """Dispatching wrapper (no grad check: indices carry no gradient); see kernels.reference.select_topk_positions.
-    On CUDA the union modes take each head's top-k from the split radix top-k (kernels/triton_select_positions.py).
-    """
-    if use_triton(scores):
-        return triton_implementation("select_topk_positions")(scores, seq_lens, budget, **options)
-    return reference.select_topk_positions(scores, seq_lens, budget, **options)
-
-
-# Page min/max and dequantisation are cheap torch ops on every device.
+# Selection and page min/max are cheap torch ops on every device.
+select_topk_positions = reference.select_topk_positions
 quest_page_minmax = reference.quest_page_minmax
 dequantize_kv = reference.dequantize_kv

@@ -129,8 +129,7 @@ def decode_attention(q, k_cache, v_cache, seq_lens, *, scale=None, return_scores
 SELECTION_MODES = ("query_head", "kv_group", "group_union", "all_union")
 
 
-def select_topk_positions(scores, seq_lens, budget, *, group_size=1, per_kv_group=False, mode=None, recent=1,
-                          head_top_k=None):
+def select_topk_positions(scores, seq_lens, budget, *, group_size=1, per_kv_group=False, mode=None, recent=1):
     """TidalDecode token selection (METHODS.md B.2): top-(budget-recent) older slots + the last ``recent`` slots.
 
     Args:
@@ -148,10 +147,6 @@ def select_topk_positions(scores, seq_lens, budget, *, group_size=1, per_kv_grou
             ``"all_union"``: the same over all Hq heads, one list shared by every KV head.
         recent: slots always kept at the end of each sequence, the current one included (1 = only the
             current token, the paper's rule); the selection ranks only slots < seq_lens - recent.
-        head_top_k: for the union modes, a function (logits [B, Hq, N] fp32, -inf where not older; k) ->
-            [B, Hq, k] each head's k best slots, best first, equal logits lower slot first (slots past the
-            older ones in any order after them); None: :func:`_union_lists`' torch routes. The Triton path
-            passes its split radix top-k (kernels/triton_select_positions.py).
     Returns:
         indices [B, Hs, budget] int64, ascending, -1 padded where seq_lens < budget
         (Hs = Hq for ``query_head``, else Hq // group_size).
@@ -169,11 +164,7 @@ def select_topk_positions(scores, seq_lens, budget, *, group_size=1, per_kv_grou
     if mode in ("query_head", "kv_group"):
         chosen = _topk_lists(scores, seq_lens, older, k, group_size if mode == "kv_group" else 1)
     else:
-        heads_per_list = group_size if mode == "group_union" else num_heads
-        if head_top_k is None:
-            chosen = _union_lists(scores, seq_lens, older, k, heads_per_list)
-        else:
-            chosen = _union_from_head_top_k(head_top_k, scores, seq_lens, older, k, heads_per_list)
+        chosen = _union_lists(scores, seq_lens, older, k, group_size if mode == "group_union" else num_heads)
     out = torch.full((batch, chosen.shape[1], budget), -1, dtype=torch.int64, device=scores.device)
     out[..., :k] = chosen
     window = seq_lens[:, None] - recent + torch.arange(recent, device=scores.device)[None, :]  # [B, recent]
@@ -235,17 +226,15 @@ def _union_order(scores, seq_lens, older, heads_per_list):
     return by_prob.gather(-1, by_rank)
 
 
-def _head_order_keys(logits, slots=None, n=None):
+def _head_order_keys(logits):
     """[B, H, N] fp32 logits -> int64 keys, distinct within a head, that order its slots as a stable descending
     sort of the logits does (higher logit first; equal logits: the lower slot first): the logit's bits mapped
-    to an order-preserving int32 in the high half, the reversed slot in the low half. ``slots`` [B, H, M] with
-    ``n``: ``logits`` [B, H, M] are those slots' logits out of n (a head's candidates), keyed alike."""
-    if slots is None:
-        n = logits.shape[-1]
-        slots = torch.arange(n, device=logits.device)
+    to an order-preserving int32 in the high half, the reversed slot in the low half."""
+    n = logits.shape[-1]
     bits = (logits + 0.0).contiguous().view(torch.int32)  # + 0.0: -0.0 becomes +0.0, which it equals
     ordered = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # negative floats: flip the magnitude bits, so ints order alike
-    return (ordered.to(torch.int64) << 32) | (n - 1 - slots)
+    reversed_slot = n - 1 - torch.arange(n, device=logits.device)
+    return (ordered.to(torch.int64) << 32) | reversed_slot
 
 
 def _union_lists(scores, seq_lens, older, k, heads_per_list):
@@ -279,24 +268,12 @@ def _union_from_top_k(scores, seq_lens, older, k, heads_per_list):
     every head sees the same older slots), and those are the union of the heads' top-k lists. So each head's
     top-k is taken (``torch.topk`` on keys without ties, so ranks equal the stable sort's), and only those
     heads_per_list * k candidates per list are ordered, instead of sorting all N slots of every head."""
-    return _union_from_head_top_k(_torch_head_top_k, scores, seq_lens, older, k, heads_per_list)
-
-
-def _torch_head_top_k(logits, k):
-    """Each head's k best slots, best first: ``torch.topk`` on keys without ties (:func:`_head_order_keys`), so
-    the order is the stable descending sort's. logits [B, H, N] fp32 -> [B, H, k] int64."""
-    return torch.topk(_head_order_keys(logits), k, dim=-1).indices
-
-
-def _union_from_head_top_k(head_top_k, scores, seq_lens, older, k, heads_per_list):
-    """:func:`_union_from_top_k` with each head's top-k taken by ``head_top_k`` (as in
-    :func:`select_topk_positions`), then only those heads_per_list * k candidates per list ordered."""
     batch, num_heads, n = scores.shape
     lists = num_heads // heads_per_list
     if k <= 0:
         return torch.empty(batch, lists, 0, dtype=torch.int64, device=scores.device)
     logits = scores.float().masked_fill(~older[:, None, :], float("-inf"))
-    top = head_top_k(logits, k)  # [B, H, k], each head's best first
+    top = torch.topk(_head_order_keys(logits), k, dim=-1).indices  # [B, H, k], each head's best first
     candidates = top.view(batch, lists, heads_per_list * k)
     ranks = torch.arange(k, device=scores.device).repeat(heads_per_list).expand_as(candidates)
     best = torch.full((batch, lists, n), n, dtype=torch.int64, device=scores.device)
@@ -309,11 +286,8 @@ def _union_from_head_top_k(head_top_k, scores, seq_lens, older, k, heads_per_lis
     ranked = candidates.gather(-1, order)  # a slot listed by several heads sits in adjacent copies
     repeat = torch.zeros_like(ranked, dtype=torch.bool)
     repeat[..., 1:] = ranked[..., 1:] == ranked[..., :-1]
-    first_copies = torch.argsort(repeat.to(torch.int8), dim=-1, stable=True)[..., :k]
-    # a head with fewer than k older slots may pad its list with one slot repeated (split_head_top_k): copies
-    # that still reach the first k are padding, like the slots that are not older
-    ranked = torch.where(repeat.gather(-1, first_copies), -1, _older_or_padding(ranked.gather(-1, first_copies), older))
-    return ranked
+    ranked = ranked.gather(-1, torch.argsort(repeat.to(torch.int8), dim=-1, stable=True))[..., :k]
+    return _older_or_padding(ranked, older)
 
 
 def selection_decode_attention(q, k_cache, v_cache, seq_lens, budget, *, scale=None, per_kv_group=False,

@@ -1,8 +1,7 @@
-"""On a GPU: TidalDecode's union lists built from each head's top-k (kernels/reference.py ``_union_from_top_k``, torch.topk)
-and from each head's split radix top-k (kernels/triton_select_positions.py ``split_head_top_k``) against the same
-lists from sorting all N slots of every head (``_union_order``), at the Llama-3-8B shape (32 query heads, 8 KV
-heads), 128K slots x batch 1 and 4, budget 2048: equal lists, and each one's time (CUDA events, median of 20 after
-3 warm-ups). Writes JSON to the path given (default: union_gpu_check.json).
+"""On a GPU: TidalDecode's union lists built from each head's top-k (kernels/reference.py ``_union_from_top_k``) against
+the same lists from sorting all N slots of every head (``_union_order``), at the Llama-3-8B shape (32 query heads,
+8 KV heads), 128K slots x batch 1 and 4, budget 2048: equal lists, and each one's time (CUDA events, median of 20
+after 3 warm-ups). Writes JSON to the path given (default: union_gpu_check.json).
 
     python3 benchmarks/plans/union_gpu_check.py $OUT/union_gpu_check.json
 """
@@ -15,7 +14,6 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from kernels import reference  # noqa: E402
-from kernels.triton_select_positions import split_head_top_k  # noqa: E402
 
 HEADS, KV_HEADS, BUDGET, N = 32, 8, 2048, 131072
 
@@ -47,16 +45,10 @@ for batch in (1, 4):
         def after():
             return reference._union_from_top_k(scores, seq_lens, older, k, per_list)
 
-        def split():
-            return reference._union_from_head_top_k(split_head_top_k, scores, seq_lens, older, k, per_list)
-
-        want = before()
-        equal, split_equal = bool(torch.equal(want, after())), bool(torch.equal(want, split()))
-        t_before, t_after, t_split = median_ms(before), median_ms(after), median_ms(split)
+        equal = bool(torch.equal(before(), after()))
+        t_before, t_after = median_ms(before), median_ms(after)
         rows.append({"mode": mode, "batch": batch, "slots": N, "equal": equal, "sort_every_slot_ms": round(t_before, 3),
-                     "top_k_candidates_ms": round(t_after, 3), "ratio": round(t_after / t_before, 3),
-                     "split_equal": split_equal, "split_top_k_ms": round(t_split, 3),
-                     "split_ratio": round(t_split / t_before, 3)})
+                     "top_k_candidates_ms": round(t_after, 3), "ratio": round(t_after / t_before, 3)})
         print(rows[-1], flush=True)
 out = Path(sys.argv[1] if len(sys.argv) > 1 else "union_gpu_check.json")
 out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows},
