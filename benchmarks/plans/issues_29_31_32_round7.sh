@@ -40,6 +40,9 @@
 # Nothing of this plan has run. Split it when starts keep failing: the `e2e` part alone needs one call on an H200 and
 # no staging (carry nothing; about 330 s with `e2e 200`); the rest needs the three stage calls and one stretch of
 # about 1,000 s for the shipped run alone (RUNS=pod_8k_scores_recall).
+# The fourth try (2026-12-07, 14:50-16:20 UTC): seven starts refused or failed (about 820 s), then one H100 for four
+# calls: the GPU suite (154 passed, benchmarks/h100_2026-12-07b/gpu_suite/) and the `e2e` part at 128K x 1 only
+# (benchmarks/h100_2026-12-07b/e2e31/). Still to run: 128K x 4 of the e2e part (an H200), and everything else above.
 # Device time measured for these parts: start-up and the three stage calls about 250 s; three 8K trainings side by
 # side about 1000-1200 s (one alone: about 500 s); the e2e about budget + 80 s.
 set -u
