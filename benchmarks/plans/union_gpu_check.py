@@ -1,7 +1,9 @@
 """On a GPU: TidalDecode's union lists built from each head's top-k (kernels/reference.py ``_union_from_top_k``) against
 the same lists from sorting all N slots of every head (``_union_order``), at the Llama-3-8B shape (32 query heads,
 8 KV heads), 128K slots x batch 1 and 4, budget 2048: equal lists, and each one's time (CUDA events, median of 20
-after 3 warm-ups). Writes JSON to the path given (default: union_gpu_check.json).
+after 3 warm-ups). Writes JSON to the path given (default: union_gpu_check.json), with, for batch 1 and ``all_union``,
+each route's ten costliest GPU entries under torch.profiler (where a route's time goes; the e2e decode pays the
+batch-1 route twice per token).
 
     python3 benchmarks/plans/union_gpu_check.py $OUT/union_gpu_check.json
 """
@@ -32,7 +34,21 @@ def median_ms(fn, repeats=20) -> float:
     return statistics.median(times)
 
 
-rows = []
+def kernel_times(fn, repeats=10) -> list[dict]:
+    """The ten profiler entries (torch ops and their CUDA kernels) with the most GPU time over ``repeats`` calls of
+    fn (after a warm-up): name, GPU ms and launches per call."""
+    fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(repeats):
+            fn()
+        torch.cuda.synchronize()
+    events = sorted(prof.key_averages(), key=lambda e: e.device_time_total, reverse=True)[:10]
+    return [{"kernel": e.key[:100], "ms_per_call": round(e.device_time_total / 1e3 / repeats, 4),
+             "launches_per_call": e.count / repeats} for e in events]
+
+
+rows, profiles = [], {}
 for batch in (1, 4):
     scores = (torch.randn(batch, HEADS, N, device="cuda") * 3).to(torch.bfloat16).float()
     seq_lens = torch.full((batch,), N, device="cuda")
@@ -50,6 +66,13 @@ for batch in (1, 4):
         rows.append({"mode": mode, "batch": batch, "slots": N, "equal": equal, "sort_every_slot_ms": round(t_before, 3),
                      "top_k_candidates_ms": round(t_after, 3), "ratio": round(t_after / t_before, 3)})
         print(rows[-1], flush=True)
+        if batch == 1 and mode == "all_union":
+            try:  # a diagnostic: a profiler failure must not lose the timed rows
+                profiles = {"sort_every_slot": kernel_times(before), "top_k_candidates": kernel_times(after)}
+            except Exception as error:  # noqa: BLE001
+                profiles = {"error": repr(error)}
+            print(json.dumps(profiles)[:1500], flush=True)
 out = Path(sys.argv[1] if len(sys.argv) > 1 else "union_gpu_check.json")
-out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows},
+out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows,
+                          "profiles_batch1_all_union": profiles},
                           indent=1) + "\n")
