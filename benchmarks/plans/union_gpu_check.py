@@ -1,9 +1,9 @@
 """On a GPU: TidalDecode's union lists built from each head's top-k (kernels/reference.py ``_union_from_top_k``) against
 the same lists from sorting all N slots of every head (``_union_order``), at the Llama-3-8B shape (32 query heads,
 8 KV heads), 128K slots x batch 1 and 4, budget 2048: equal lists, and each one's time (CUDA events, median of 20
-after 3 warm-ups). Writes JSON to the path given (default: union_gpu_check.json), with, for batch 1 and ``all_union``,
-each route's ten costliest GPU entries under torch.profiler (where a route's time goes; the e2e decode pays the
-batch-1 route twice per token).
+after 3 warm-ups; eager, and replayed from one CUDA graph as in the engine). Writes JSON to the path given (default:
+union_gpu_check.json), with, for batch 1 and ``all_union``, each route's ten costliest GPU entries under
+torch.profiler (where a route's time goes; the e2e decode pays the batch-1 route twice per token).
 
     python3 benchmarks/plans/union_gpu_check.py $OUT/union_gpu_check.json
 """
@@ -32,6 +32,25 @@ def median_ms(fn, repeats=20) -> float:
         torch.cuda.synchronize()
         times.append(start.elapsed_time(end))
     return statistics.median(times)
+
+
+def graph_median_ms(fn, repeats=20) -> float | None:
+    """fn captured in one CUDA graph, as the engine's decode step runs it: the median replay time (no launch
+    overhead, which the eager times above include for a route of many small ops). None if capture fails."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            fn()
+    except Exception as error:  # noqa: BLE001  (a diagnostic: report it, keep the other rows)
+        print(f"capture failed: {error!r}", flush=True)
+        return None
+    return median_ms(graph.replay, repeats)
 
 
 def kernel_times(fn, repeats=10) -> list[dict]:
@@ -63,8 +82,11 @@ for batch in (1, 4):
 
         equal = bool(torch.equal(before(), after()))
         t_before, t_after = median_ms(before), median_ms(after)
+        g_before, g_after = graph_median_ms(before), graph_median_ms(after)
         rows.append({"mode": mode, "batch": batch, "slots": N, "equal": equal, "sort_every_slot_ms": round(t_before, 3),
-                     "top_k_candidates_ms": round(t_after, 3), "ratio": round(t_after / t_before, 3)})
+                     "top_k_candidates_ms": round(t_after, 3), "ratio": round(t_after / t_before, 3),
+                     "graph_sort_every_slot_ms": g_before and round(g_before, 3),
+                     "graph_top_k_candidates_ms": g_after and round(g_after, 3)})
         print(rows[-1], flush=True)
         if batch == 1 and mode == "all_union":
             try:  # a diagnostic: a profiler failure must not lose the timed rows
