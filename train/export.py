@@ -25,8 +25,8 @@ from pathlib import Path
 import yaml
 
 from sparse_models.calibration.pod_similarity import blocks_per_head, kv_saving_fraction
-from sparse_models.model_files import write_export_manifest
-from train.checkpoints import staged_folder, write_text_atomically
+from sparse_models.model_files import write_export_manifest, write_text_atomically
+from train.checkpoints import staged_folder
 from train.long_context_eval.report import card_lines
 from train.recipe import Recipe
 

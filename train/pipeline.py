@@ -85,7 +85,8 @@ def _shutdown_distributed() -> None:
 
 
 def run_pipeline(recipe: Recipe, stages: list[str], local_rank: int | None = None) -> int:
-    from train.checkpoints import copy_file_atomically, make_folder, write_text_atomically
+    from sparse_models.model_files import write_text_atomically
+    from train.checkpoints import copy_file_atomically, make_folder
     from train.models import load_model, load_tokenizer, model_source, public_model_name
     from train.trainer import world_info
 

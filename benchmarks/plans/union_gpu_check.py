@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from eval.bench.kernels_decode import _bench_graph  # noqa: E402
 from kernels import reference  # noqa: E402
 
 HEADS, KV_HEADS, BUDGET, N = 32, 8, 2048, 131072
@@ -34,23 +35,14 @@ def median_ms(fn, repeats=20) -> float:
     return statistics.median(times)
 
 
-def graph_median_ms(fn, repeats=20) -> float | None:
-    """fn captured in one CUDA graph, as the engine's decode step runs it: the median replay time (no launch
-    overhead, which the eager times above include for a route of many small ops). None if capture fails."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
+def graph_median_ms(fn) -> float | None:
+    """fn replayed from one CUDA graph, as the engine's decode step runs it (eval/bench/kernels_decode.py: no launch
+    overhead, which the eager times above include for a route of many small ops), in ms; None if capture fails."""
     try:
-        with torch.cuda.graph(graph):
-            fn()
+        return _bench_graph(fn) / 1e3
     except Exception as error:  # noqa: BLE001  (a diagnostic: report it, keep the other rows)
         print(f"capture failed: {error!r}", flush=True)
         return None
-    return median_ms(graph.replay, repeats)
 
 
 def kernel_times(fn, repeats=10) -> list[dict]:
