@@ -7,6 +7,10 @@ the newest 64 keys in the model's dtype (kv_cache_recent_keys). Rows append to f
 
     python benchmarks/cpu_2026-12-07/fp8_passkey.py [ROW ...]     # ROW: scheme/cache, default every pair
     POD_EXPORT=FOLDER python benchmarks/cpu_2026-12-07/fp8_passkey.py pod/model_dtype pod/fp8 pod/fp8+recent64
+    PASSKEY_SEEDS=2-5 python benchmarks/cpu_2026-12-07/fp8_passkey.py ...  # other pass keys: fp8_passkey_seeds2-5.*
+
+PASSKEY_SEEDS (default 0-1) picks the pass-key seeds, each one prompt per depth; other seeds than the default write
+their own files, so a wider sample never mixes with the first one.
 
 ``pod`` is an adapted POD export (``POD_EXPORT``, e.g. `make demo`'s) under its own decode scheme; the default rows
 leave it out.
@@ -28,13 +32,27 @@ SCHEMES = {"dense": {}, "tidal@256": {"decode_scheme": "tidal", "tidal_budget": 
            "quest@256": {"decode_scheme": "quest", "quest_budget": 256}, "pod": {}}
 CACHES = {"model_dtype": {}, "fp8": {"kv_cache_dtype": "fp8_e4m3"},
           "fp8+recent64": {"kv_cache_dtype": "fp8_e4m3", "kv_cache_recent_keys": 64}}
-LENGTH, DEPTHS, PER_DEPTH = 1024, 10, 2
-OUT = HERE / "fp8_passkey.jsonl"
+LENGTH, DEPTHS = 1024, 10
+
+
+def seed_range(text: str) -> range:
+    """'A-B' (inclusive) -> range(A, B + 1); one clear error otherwise."""
+    first, _, last = text.partition("-")
+    if not (first.isdigit() and last.isdigit() and int(first) <= int(last)):
+        sys.exit(f"PASSKEY_SEEDS={text!r}: expected A-B with integers 0 <= A <= B, e.g. 0-1 or 2-5")
+    return range(int(first), int(last) + 1)
+
+
+SEEDS_TEXT = os.environ.get("PASSKEY_SEEDS", "0-1")
+SEEDS = seed_range(SEEDS_TEXT)
+PER_DEPTH = len(SEEDS)
+STEM = "fp8_passkey" if SEEDS_TEXT == "0-1" else f"fp8_passkey_seeds{SEEDS_TEXT}"
+OUT = HERE / f"{STEM}.jsonl"
 
 
 def summarise() -> dict:
     rows = {r["row"]: r for r in map(json.loads, OUT.read_text().splitlines())} if OUT.exists() else {}
-    summary = {"length": LENGTH - 16, "prompts": DEPTHS * PER_DEPTH, "schemes": {}}
+    summary = {"length": LENGTH - 16, "prompts": DEPTHS * PER_DEPTH, "seeds": list(SEEDS), "schemes": {}}
     for scheme in SCHEMES:
         base = rows.get(f"{scheme}/model_dtype")
         if base is None:
@@ -47,7 +65,7 @@ def summarise() -> dict:
                 cell[f"{cache}_change_points"] = round(100 * (other["passkey"] - base["passkey"]), 1)
                 cell[f"{cache}_prompts_flipped"] = sum(a != b for a, b in zip(base["hits"], other["hits"]))
         summary["schemes"][scheme] = cell
-    (HERE / "fp8_passkey_summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    (HERE / f"{STEM}_summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     return summary
 
 
@@ -61,8 +79,8 @@ def main() -> None:
             sys.exit(f"row {row!r}: set POD_EXPORT to an adapted POD export folder")
     done = {json.loads(line)["row"] for line in OUT.read_text().splitlines()} if OUT.exists() else set()
     tokenizer = load_tokenizer("default")
-    # 16 tokens of answer room, as eval.quality; seeds 0 and 1 give each depth two pass keys and haystack offsets
-    samples = [s for seed in range(PER_DEPTH)
+    # 16 tokens of answer room, as eval.quality; each seed gives each depth one pass key and haystack offset
+    samples = [s for seed in SEEDS
                for s in passkey_grid(tokenizer, [LENGTH - 16], DEPTHS, haystack="filler", seed=seed)]
     for row in wanted:
         if row in done:
