@@ -43,12 +43,12 @@
 # The fourth try (2026-12-07, 14:50-16:20 UTC): seven starts refused or failed (about 820 s), then one H100 for four
 # calls: the GPU suite (154 passed, benchmarks/h100_2026-12-07b/gpu_suite/) and the `e2e` part at 128K x 1 only
 # (benchmarks/h100_2026-12-07b/e2e31/). Still to run: 128K x 4 of the e2e part (an H200), and everything else above.
-# The fifth try (2026-12-07, 17:36-19:10 UTC, 13 requests): no machine; every start request was refused or failed (90-180 s
-# each, on nvidia-h200 with and without needs_h200 and on nvidia-h100-x1) until too little device time was left for
-# the stage calls and a training. A fourteenth (19:16) got an H100 for the GPU suite alone, which the last device
-# seconds cut in its autotuned group (benchmarks/h100_2026-12-07c/gpu_suite/). Its inputs were rebuilt as in the third try. benchmarks/plans/first_call_adaptive.sh
-# is the one-call fallback it prepared: the GPU suite, then the e2e at 128K x 1 and x 4 on an H200 or the union
-# profile on an H100 (carry .whl and outputs/texts only).
+# The fifth try (2026-12-07, 17:36-19:10 UTC, 13 requests): no machine; every start request was refused or failed
+# (90-180 s each, on nvidia-h200 with and without needs_h200 and on nvidia-h100-x1) until too little device time was
+# left for the stage calls and a training. A fourteenth (19:16) got an H100 for the GPU suite alone, which the last
+# device seconds cut in its autotuned group (benchmarks/h100_2026-12-07c/gpu_suite/). Its inputs were rebuilt as in
+# the third try. benchmarks/plans/first_call_adaptive.sh is the one-call fallback it prepared: the GPU suite, then the
+# e2e at 128K x 1 and x 4 on an H200 or the union profile on an H100 (carry .whl and outputs/texts only).
 # Device time measured for these parts: start-up and the three stage calls about 250 s; three 8K trainings side by
 # side about 1000-1200 s (one alone: about 500 s); the e2e about budget + 80 s.
 set -u
