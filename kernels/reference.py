@@ -407,31 +407,44 @@ def sparse_prefill_attention(q, k, v, indices, *, scale=None):
     return out.to(q.dtype)
 
 
-def token_sparse_scores(q, k, seq_lens, window):
+TOKEN_SPARSE_REDUCTIONS = ("mean", "max")  # how the window's queries vote: the paper's mean, or the max (METHODS.md C.1)
+
+
+def token_sparse_scores(q, k, seq_lens, window, reduce="mean"):
     """Token Sparse importance of each prefix key (METHODS.md C.1 step 2).
 
-    s_h[t] = mean over the last `window` valid queries i of softmax_j(q_i.k_j / sqrt(D))[t], with the
-    softmax over keys j <= i (causal). Keys inside the window and padding get 0.
+    s_h[t] = mean (``reduce="mean"``, the paper's) or max (``reduce="max"``) over the last `window` valid
+    queries i of softmax_j(q_i.k_j / sqrt(D))[t], with the softmax over keys j <= i (causal). Keys inside the
+    window and padding get 0.
 
     Args:
         q: [B, Hq, S, D]; k: [B, Hkv, S, D]; seq_lens: [B] valid length of each sequence.
         window: W, the number of last queries that vote.
+        reduce: "mean" or "max" over the voting queries.
     Returns:
-        scores [B, Hq, S] fp32.
+        scores [B, Hq, S] fp32 (fp64 for fp64 inputs).
+    Only the window's rows of the probability matrix are formed ([B, Hq, W, S]), not all S x S.
     """
+    if reduce not in TOKEN_SPARSE_REDUCTIONS:
+        raise ValueError(f"reduce={reduce!r} is invalid: expected one of {', '.join(TOKEN_SPARSE_REDUCTIONS)}")
     ct = _compute_dtype(q)
     batch, num_heads, s, head_dim = q.shape
-    kk = _expand_kv(k, num_heads).to(ct)
-    logits = torch.einsum("bhsd,bhnd->bhsn", q.to(ct), kk) * head_dim ** -0.5
-    pos = torch.arange(s, device=q.device)
-    lens = seq_lens.to(q.device)
-    causal = (pos[None, :] <= pos[:, None])[None] & (pos[None, None, :] < lens[:, None, None])  # [B, S, S]
-    probs = torch.softmax(logits.masked_fill(~causal[:, None], float("-inf")), dim=-1)
+    w = min(window, s)
+    lens = seq_lens.to(q.device).long()
     win_start = (lens - window).clamp(min=0)  # [B]
-    in_window_q = (pos[None, :] >= win_start[:, None]) & (pos[None, :] < lens[:, None])  # [B, S]
-    num_window = in_window_q.sum(-1).clamp(min=1).to(ct)
-    probs = probs.masked_fill(~in_window_q[:, None, :, None], 0.0)
-    scores = probs.sum(2) / num_window[:, None, None]
+    q_pos = win_start[:, None] + torch.arange(w, device=q.device)[None, :]  # [B, w]
+    q_ok = q_pos < lens[:, None]  # fewer than W voters when the sequence is shorter than the window
+    q_pos = q_pos.clamp(max=s - 1)
+    q_win = q.gather(2, q_pos[:, None, :, None].expand(batch, num_heads, w, head_dim)).to(ct)
+    logits = torch.einsum("bhwd,bhnd->bhwn", q_win, _expand_kv(k, num_heads).to(ct)) * head_dim ** -0.5
+    pos = torch.arange(s, device=q.device)
+    visible = (pos[None, None, :] <= q_pos[:, :, None]) & (pos[None, None, :] < lens[:, None, None])  # [B, w, S]
+    probs = torch.softmax(logits.masked_fill(~visible[:, None], float("-inf")), dim=-1)
+    probs = probs.masked_fill(~q_ok[:, None, :, None], 0.0)
+    if reduce == "max":
+        scores = probs.amax(2)
+    else:
+        scores = probs.sum(2) / q_ok.sum(-1).clamp(min=1).to(ct)[:, None, None]
     prefix = pos[None, :] < win_start[:, None]  # [B, S]
     scores = scores.masked_fill(~prefix[:, None, :], 0.0)
     return scores.float() if ct != torch.float64 else scores

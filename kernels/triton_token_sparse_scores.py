@@ -10,8 +10,8 @@ the window and padding score 0. The ``W x S`` probability matrix is never materi
    programs (``num_splits``) so that a long sequence still fills the GPU, and the partial
    statistics are merged with a log-sum-exp in torch (tiny: ``[splits, B, Hq, W]``).
 2. ``_prefix_scores_kernel``: per key block, ``sum_i exp2(s_it - m_i) / l_i`` over the window rows
-   of each head, divided by ``W``. Prefix keys precede every window query, so no causal mask is
-   needed there.
+   of each head, divided by ``W`` (``reduce="max"``: ``max_i`` instead, podkit's option, METHODS.md C.1).
+   Prefix keys precede every window query, so no causal mask is needed there.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from ._prefill_common import (
     head_dim_block,
     interpreter_active,
 )
+from .reference import TOKEN_SPARSE_REDUCTIONS
 
 
 def _stats_block_sizes():
@@ -104,7 +105,7 @@ def _prefix_scores_kernel(
     stride_ob, stride_oh,
     num_kv_heads, seq_total, window, qk_scale,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr, REDUCE_MAX: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -133,8 +134,14 @@ def _prefix_scores_kernel(
                 inv_l = tl.load(INV_L_IN + b * stride_sb + head * stride_sh + w, mask=w_ok, other=0.0)
                 s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
                 p = tl.exp2(s - m[:, None]) * inv_l[:, None]  # inv_l = 0 on rows past the window
-                acc += tl.sum(p, 0)
-            score = tl.where(key_ok, acc / window, 0.0)
+                if REDUCE_MAX:  # probabilities are >= 0, so the zero rows past the window never win
+                    acc = tl.maximum(acc, tl.max(p, 0))
+                else:
+                    acc += tl.sum(p, 0)
+            if REDUCE_MAX:
+                score = tl.where(key_ok, acc, 0.0)
+            else:
+                score = tl.where(key_ok, acc / window, 0.0)
             tl.store(SCORES + b * stride_ob + head * stride_oh + offs_n, score, mask=store_ok)
     else:
         zero = tl.zeros([BLOCK_N], dtype=tl.float32)
@@ -151,17 +158,18 @@ def _num_key_splits(seq_len: int, programs_without_split: int, block_n: int) -> 
     return max(1, min(want, seq_len // (8 * block_n)))
 
 
-def token_sparse_scores_triton(q, k, seq_lens, window):
-    """Mean window-query attention probability of each prefix key (Triton).
+def token_sparse_scores_triton(q, k, seq_lens, window, reduce="mean"):
+    """Mean (or max) window-query attention probability of each prefix key (Triton).
 
     Args:
         q: ``[B, Hq, S, D]`` fp16/bf16/fp32 (post-RoPE); k: ``[B, Hkv, S, D]`` same dtype.
         seq_lens: ``[B]`` int in ``[0, S]``, valid tokens per sequence (right padding).
         window: ``W >= 1``, the number of last valid queries that vote (128 in the paper).
+        reduce: ``"mean"`` (the paper's) or ``"max"`` over the voting queries.
 
     Returns:
         ``scores[B, Hq, S]`` fp32: for keys ``t < seq_lens[b] - W`` the mean over the window
-        queries of their causal softmax probability of ``t``; 0 for window keys and padding (all
+        queries (or their max) of their causal softmax probability of ``t``; 0 for window keys and padding (all
         zeros when ``seq_lens[b] <= W``). The softmax scale is ``D ** -0.5``.
     """
     check_float_tensor("q", q, 4)
@@ -173,6 +181,8 @@ def token_sparse_scores_triton(q, k, seq_lens, window):
     group = check_gqa(num_q_heads, num_kv_heads)
     if isinstance(window, bool) or not isinstance(window, int) or window < 1:
         raise ValueError(f"window={window!r} must be a positive int (the number of last queries that vote)")
+    if reduce not in TOKEN_SPARSE_REDUCTIONS:
+        raise ValueError(f"reduce={reduce!r} is invalid: expected one of {', '.join(TOKEN_SPARSE_REDUCTIONS)}")
     seq_lens = check_int_vector("seq_lens", seq_lens, batch, q.device, low=0, high=seq_total)
 
     scores = torch.empty((batch, num_q_heads, seq_total), device=q.device, dtype=torch.float32)
@@ -214,6 +224,6 @@ def token_sparse_scores_triton(q, k, seq_lens, window):
         scores.stride(0), scores.stride(1),
         num_kv_heads, seq_total, window, qk_scale,
         GROUP=group, HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=bm, BLOCK_N=bn,
-        DOT_PRECISION=precision, num_warps=warps, num_stages=stages,
+        DOT_PRECISION=precision, REDUCE_MAX=reduce == "max", num_warps=warps, num_stages=stages,
     )
     return scores

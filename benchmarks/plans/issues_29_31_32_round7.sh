@@ -49,6 +49,8 @@
 # device seconds cut in its autotuned group (benchmarks/h100_2026-12-07c/gpu_suite/). Its inputs were rebuilt as in
 # the third try. benchmarks/plans/first_call_adaptive.sh is the one-call fallback it prepared: the GPU suite, then the
 # e2e at 128K x 1 and x 4 on an H200 or the union profile on an H100 (carry .whl and outputs/texts only).
+# The sixth try (2026-12-07, 20:05-20:33 UTC): five start requests refused or failed (about 470 s), then the
+# workplace paused new loans for the rest of the session; nothing ran. Its inputs were rebuilt as in the third try.
 # Device time measured for these parts: start-up and the three stage calls about 250 s; three 8K trainings side by
 # side about 1000-1200 s (one alone: about 500 s); the e2e about budget + 80 s.
 set -u

@@ -153,8 +153,8 @@ def second_stage(first: list[Variant], best: Variant | None, num_layers: int) ->
 
 
 def token_sparse_grid(num_layers: int, drift: str | None = None, grid: str = "full") -> list[Variant]:
-    """~11 Token Sparse variants: sparse layers (drift calibration / second half / all but the first two), tau,
-    scoring window, sink tokens, keep_window."""
+    """~12 Token Sparse variants: sparse layers (drift calibration / second half / all but the first two), tau,
+    scoring window, sink tokens, keep_window, the max ranking (score_reduce)."""
     v = [Variant("default", "token_sparse", {}),
          Variant("tau_0.001", "token_sparse", {"token_sparse_coverage": 0.001}),
          Variant("tau_0.01", "token_sparse", {"token_sparse_coverage": 0.01}),
@@ -169,7 +169,8 @@ def token_sparse_grid(num_layers: int, drift: str | None = None, grid: str = "fu
           Variant("window_256", "token_sparse", {"token_sparse_window": 256}),
           Variant("sink_4", "token_sparse", {"token_sparse_sink_tokens": 4}),
           Variant("sink_64", "token_sparse", {"token_sparse_sink_tokens": 64}),
-          Variant("window_competes", "token_sparse", {"token_sparse_keep_window": False})]
+          Variant("window_competes", "token_sparse", {"token_sparse_keep_window": False}),
+          Variant("score_max", "token_sparse", {"token_sparse_score_reduce": "max"})]
     return v
 
 

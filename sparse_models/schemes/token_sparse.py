@@ -9,7 +9,9 @@ outputs are scattered back with zeros elsewhere, so the residual stream passes t
 dropped positions. Unlike the reference code, ragged batches work: each sequence gets its own budget.
 Kept regions beyond the paper (options of the RULER variant sweep, BENCHMARKS.md "TidalDecode and Token Sparse
 variants on RULER"): ``sink_tokens`` (the first tokens, always kept) and ``keep_window=False`` (the window competes
-for the budget; METHODS.md C.1).
+for the budget; METHODS.md C.1). ``score_reduce="max"`` ranks a key by the largest probability any one window query
+gives it instead of the mean (a needle read by few queries; BENCHMARKS.md "Which ranking keeps RULER's answer
+tokens").
 
 Decode is untouched (the full K/V are written to the cache before compression).
 """
@@ -22,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 import kernels
+from kernels.reference import TOKEN_SPARSE_REDUCTIONS
 
 from ..validation import check_int, check_layer_list, check_layers_exist, fail
 from .base import Scheme
@@ -48,6 +51,14 @@ class TokenSparseConfig:
     - ``keep_window`` (bool, default True): the last ``window`` tokens (a RULER prompt's question)
       are always kept. False: they still score the keys, but rank with the prefix over the whole
       sequence; coverage (or ``keep_ratio``) then sizes the budget over all tokens.
+
+    Scoring (podkit's option; the default is the paper's):
+
+    - ``score_reduce`` (``"mean"`` | ``"max"``, default ``"mean"``): how the window queries' softmax
+      probabilities of a key combine into its score. ``"max"`` keeps a key that one query attends to
+      sharply (a needle the question's last tokens read) although the others ignore it. Only the
+      ranking changes: the coverage budget stays the paper's, on the mean (attention mass), so the
+      two keep the same number of tokens. It costs a second scoring pass.
     """
 
     coverage: float = 0.005
@@ -58,6 +69,7 @@ class TokenSparseConfig:
     calibration_file: str | None = None
     sink_tokens: int = 0
     keep_window: bool = True
+    score_reduce: str = "mean"
 
     def __post_init__(self) -> None:
         if isinstance(self.coverage, bool) or not isinstance(self.coverage, (int, float)) or not 0.0 <= self.coverage < 1.0:
@@ -71,6 +83,9 @@ class TokenSparseConfig:
         check_int("token_sparse.sink_tokens", self.sink_tokens, 0)
         if not isinstance(self.keep_window, bool):
             fail("token_sparse.keep_window", self.keep_window, "expected True or False")
+        if self.score_reduce not in TOKEN_SPARSE_REDUCTIONS:
+            fail("token_sparse.score_reduce", self.score_reduce,
+                 f"expected one of {', '.join(map(repr, TOKEN_SPARSE_REDUCTIONS))} (paper: 'mean')")
 
 
 @dataclass
@@ -119,7 +134,8 @@ def token_sparse_indices(q: torch.Tensor, k: torch.Tensor, seq_lens: torch.Tenso
     window's queries, the earlier ones counting 0 (causal masking: the key at n - 1 - r gets the probability
     of r + 1 queries only, divided by all of them: the later a window key, the fewer queries vote for it);
     see :func:`_window_key_scores`. The first ``cfg.sink_tokens`` ranked positions are always
-    among a head's kept tokens (inside the budget).
+    among a head's kept tokens (inside the budget). ``cfg.score_reduce="max"`` ranks each head's tokens by the
+    max instead of the mean of those votes; the budget still comes from the mean.
     Returns:
         indices [B, Hq, K] ascending, -1 padded; kept [B] tokens kept per head; sparse [B] bool
         (False where the sequence is too short, coverage is 0 or nothing could be dropped).
@@ -135,14 +151,12 @@ def token_sparse_indices(q: torch.Tensor, k: torch.Tensor, seq_lens: torch.Tenso
         sparse = torch.zeros_like(sparse)
     k_keep = ranked_len.clone()
     if bool(sparse.any()):
-        scores = kernels.token_sparse_scores(q, k, lens, window)  # [B, Hq, S], 0 at window keys
-        if not cfg.keep_window:
-            scores = scores + _window_key_scores(q, k, lens, window)
-        pad = cfg.pool_kernel // 2
-        pooled = F.avg_pool1d(scores.reshape(batch * num_heads, 1, s), cfg.pool_kernel, stride=1, padding=pad)
-        pooled = pooled.reshape(batch, num_heads, s)
         ranked = pos[None, :] < ranked_len[:, None]  # [B, S]
-        pooled = pooled.masked_fill(~ranked[:, None, :], 0.0)
+        # [B, Hq, S] each: the mean sizes coverage's budget (attention mass); score_reduce="max" ranks by the max
+        # inside that budget, one more scoring pass (a fixed keep_ratio needs no mean)
+        pooled = _pooled_scores(q, k, lens, cfg, ranked, "mean") if keep_ratio is None or cfg.score_reduce == "mean" \
+            else None
+        rank_scores = pooled if cfg.score_reduce == "mean" else _pooled_scores(q, k, lens, cfg, ranked, "max")
         if keep_ratio is not None:
             budget = torch.ceil(ranked_len.double() * keep_ratio).long().clamp(min=1)
         else:
@@ -156,7 +170,7 @@ def token_sparse_indices(q: torch.Tensor, k: torch.Tensor, seq_lens: torch.Tenso
         # the sink sits inside the budget: it only raises a budget smaller than itself
         budget = torch.maximum(budget, torch.full_like(budget, cfg.sink_tokens))
         k_keep = torch.where(sparse, budget.clamp(max=ranked_len), ranked_len)
-        ranking = pooled.masked_fill(~ranked[:, None, :], float("-inf"))
+        ranking = rank_scores.masked_fill(~ranked[:, None, :], float("-inf"))
         sink = pos[None, :] < ranked_len.clamp(max=cfg.sink_tokens)[:, None]  # [B, S], never past the ranked span
         ranking = ranking.masked_fill(sink[:, None, :], float("inf"))
     else:
@@ -182,14 +196,31 @@ def token_sparse_indices(q: torch.Tensor, k: torch.Tensor, seq_lens: torch.Tenso
     return idx, kept, sparse
 
 
+def _pooled_scores(q: torch.Tensor, k: torch.Tensor, lens: torch.Tensor, cfg: TokenSparseConfig,
+                   ranked: torch.Tensor, reduce: str) -> torch.Tensor:
+    """The window's votes for each key (``reduce``: mean or max over the voting queries), the window's own keys
+    scored too without ``keep_window``, average-pooled over ``cfg.pool_kernel`` tokens and zero outside ``ranked``.
+
+    Args: q [B, Hq, S, D]; k [B, Hkv, S, D]; lens [B]; ranked [B, S] bool. Returns [B, Hq, S] fp32.
+    """
+    batch, num_heads, s, _ = q.shape
+    scores = kernels.token_sparse_scores(q, k, lens, cfg.window, reduce)  # [B, Hq, S], 0 at window keys
+    if not cfg.keep_window:
+        scores = scores + _window_key_scores(q, k, lens, cfg.window, reduce=reduce)
+    pad = cfg.pool_kernel // 2
+    pooled = F.avg_pool1d(scores.reshape(batch * num_heads, 1, s), cfg.pool_kernel, stride=1, padding=pad)
+    return pooled.reshape(batch, num_heads, s).masked_fill(~ranked[:, None, :], 0.0)
+
+
 def _window_key_scores(q: torch.Tensor, k: torch.Tensor, seq_lens: torch.Tensor, window: int,
-                       chunk: int = 4096) -> torch.Tensor:
+                       chunk: int = 4096, reduce: str = "mean") -> torch.Tensor:
     """Token Sparse scores of the window's own keys, which ``kernels.token_sparse_scores`` leaves at 0.
 
     Args: q [B, Hq, S, D]; k [B, Hkv, S, D]; seq_lens [B]; window W (the last min(W, n) queries vote).
-    Returns: [B, Hq, S] fp32: at a window key t, the mean over the window queries i of
-        softmax_{j <= i}(q_i.k_j / sqrt(D))[t] (0 for i < t, causal masking); 0 at prefix keys and padding.
-        Added to the kernel's prefix scores it gives each query's full distribution, so a row sums to 1.
+    Returns: [B, Hq, S] fp32: at a window key t, the mean (``reduce="max"``: the max) over the window queries i
+        of softmax_{j <= i}(q_i.k_j / sqrt(D))[t] (0 for i < t, causal masking); 0 at prefix keys and padding.
+        Added to the kernel's prefix scores (same ``reduce``) it gives each key's score over the whole sequence;
+        with the mean, each query's full distribution, so a row sums to 1.
     Only ``keep_window=False`` needs it: plain torch, each window query's log-sum-exp over its keys taken
     in chunks of ``chunk`` keys so memory stays [B, Hq, W, chunk] at long contexts.
     """
@@ -215,8 +246,11 @@ def _window_key_scores(q: torch.Tensor, k: torch.Tensor, seq_lens: torch.Tensor,
     causal = (torch.arange(w, device=q.device)[None, :] <= torch.arange(w, device=q.device)[:, None])
     allowed = causal[None] & valid[:, :, None] & valid[:, None, :]  # [B, w, w]
     probs = torch.exp(logits - lse[..., None]).masked_fill(~allowed[:, None, None], 0.0)
-    voters = valid.sum(-1).clamp(min=1).float()  # [B], the kernel's divisor
-    per_key = (probs.sum(3) / voters[:, None, None, None]).reshape(batch, num_heads, w)
+    if reduce == "max":
+        per_key = probs.amax(3).reshape(batch, num_heads, w)
+    else:
+        voters = valid.sum(-1).clamp(min=1).float()  # [B], the kernel's divisor
+        per_key = (probs.sum(3) / voters[:, None, None, None]).reshape(batch, num_heads, w)
     out = torch.zeros(batch, num_heads, s, device=q.device)
     return out.scatter_add(2, qpos[:, None, :].expand(batch, num_heads, w), per_key)
 

@@ -125,16 +125,18 @@ def test_full_tidal_grid_validates_with_the_new_options():
 
 def test_full_token_sparse_grid_validates_and_sets_its_kept_region_options_away_from_the_defaults():
     grid = va.token_sparse_grid(30, None, "full")
-    assert 10 <= len(grid) <= 12
+    assert 11 <= len(grid) <= 13
     va.validate(grid, [2048], va.FRACTIONS)
     overrides = [v.overrides for v in grid]
     assert {"token_sparse_keep_window": False} in overrides  # the window competing for the budget is swept
+    assert {"token_sparse_score_reduce": "max"} in overrides  # and the max ranking
     assert any(o.get("token_sparse_sink_tokens", 0) > 0 for o in overrides)
 
 
 @pytest.mark.parametrize("method, overrides", [
     ("token_sparse", {"token_sparse_keep_window": True}),   # the default: a sweep row that tests nothing
     ("token_sparse", {"token_sparse_sink_tokens": 0}),
+    ("token_sparse", {"token_sparse_score_reduce": "mean"}),
     ("tidal", {"tidal_selection": "query_head"}),
 ])
 def test_a_variant_equal_to_its_default_is_refused(method, overrides):

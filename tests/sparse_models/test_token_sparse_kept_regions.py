@@ -40,7 +40,8 @@ def reference_kept(q, k, lens, cfg: TokenSparseConfig, keep_ratio=None) -> list[
     only without ``keep_window``); an average pool of width ``pool_kernel`` (zero padding); the ranked span is the
     prefix with ``keep_window``, else the whole sequence; the budget is coverage's (or ceil(ratio * span)), at least
     ``min_tokens``, at least ``sink_tokens``, at most the span; each head keeps the first ``sink_tokens`` of the span
-    and fills the rest of the budget with its top pooled scores; plus the window with ``keep_window``."""
+    and fills the rest of the budget with its top pooled scores (with ``score_reduce="max"`` the pooled max over the
+    window's queries instead; the budget stays the mean's); plus the window with ``keep_window``."""
     heads = q.shape[1]
     group = heads // k.shape[1]
     w, half = cfg.window, cfg.pool_kernel // 2
@@ -52,14 +53,23 @@ def reference_kept(q, k, lens, cfg: TokenSparseConfig, keep_ratio=None) -> list[
         prefix = n - w
         span = prefix if cfg.keep_window else n
         scores = torch.zeros(heads, n, dtype=torch.float64)
+        top = torch.zeros(heads, n, dtype=torch.float64)
         for h in range(heads):
             for i in range(prefix, n):
                 logits = q[b, h, i].double() @ k[b, h // group, :i + 1].double().T * D ** -0.5
-                scores[h, :i + 1] += torch.softmax(logits, -1) / w
+                probs = torch.softmax(logits, -1)
+                scores[h, :i + 1] += probs / w
+                top[h, :i + 1] = torch.maximum(top[h, :i + 1], probs)
         if cfg.keep_window:
             scores[:, prefix:] = 0.0
-        pooled = torch.stack([scores[:, max(0, t - half):t + half + 1].sum(-1) / cfg.pool_kernel
-                              for t in range(span)], dim=1)  # [heads, span]
+            top[:, prefix:] = 0.0
+
+        def pool(x):
+            return torch.stack([x[:, max(0, t - half):t + half + 1].sum(-1) / cfg.pool_kernel
+                                for t in range(span)], dim=1)  # [heads, span]
+
+        pooled = pool(scores)
+        ranking = pool(top) if cfg.score_reduce == "max" else pooled
         if keep_ratio is not None:
             budget = max(1, math.ceil(keep_ratio * span))
         else:
@@ -70,7 +80,7 @@ def reference_kept(q, k, lens, cfg: TokenSparseConfig, keep_ratio=None) -> list[
         sink = list(range(min(cfg.sink_tokens, span)))
         rows = []
         for h in range(heads):
-            rest = sorted(range(len(sink), span), key=lambda t: -float(pooled[h, t]))
+            rest = sorted(range(len(sink), span), key=lambda t: -float(ranking[h, t]))
             kept = sink + rest[:budget - len(sink)]
             rows.append(sorted(kept + (list(range(prefix, n)) if cfg.keep_window else [])))
         out.append(rows)
