@@ -50,7 +50,8 @@
 # the third try. benchmarks/plans/first_call_adaptive.sh is the one-call fallback it prepared: the GPU suite, then the
 # e2e at 128K x 1 and x 4 on an H200 or the union profile on an H100 (carry .whl and outputs/texts only).
 # The sixth try (2026-12-07, 20:05-20:33 UTC): five start requests refused or failed (about 470 s), then the
-# workplace paused new loans for the rest of the session; nothing ran. Its inputs were rebuilt as in the third try.
+# workplace paused new loans; nothing ran. A sixth request at 22:12, once loans resumed, failed as well (the
+# one-call fallback, first_call_adaptive.sh). Its inputs were rebuilt as in the third try.
 # Since that try the Token Sparse grid of TS_SWEEP=1 has one more variant, score_max (token_sparse_score_reduce=
 # "max", BENCHMARKS.md "Which ranking keeps RULER's answer tokens"); if it is picked, its prefill speed at 32K / 128K
 # goes through eval.bench e2e as the other picks did.
