@@ -410,6 +410,12 @@ def sparse_prefill_attention(q, k, v, indices, *, scale=None):
 TOKEN_SPARSE_REDUCTIONS = ("mean", "max")  # how the window's queries vote: the paper's mean, or the max (METHODS.md C.1)
 
 
+def check_token_sparse_reduce(reduce) -> None:
+    """One error for an unknown ``reduce`` of ``token_sparse_scores`` (reference and Triton alike)."""
+    if reduce not in TOKEN_SPARSE_REDUCTIONS:
+        raise ValueError(f"reduce={reduce!r} is invalid: expected one of {', '.join(TOKEN_SPARSE_REDUCTIONS)}")
+
+
 def token_sparse_scores(q, k, seq_lens, window, reduce="mean"):
     """Token Sparse importance of each prefix key (METHODS.md C.1 step 2).
 
@@ -425,8 +431,7 @@ def token_sparse_scores(q, k, seq_lens, window, reduce="mean"):
         scores [B, Hq, S] fp32 (fp64 for fp64 inputs).
     Only the window's rows of the probability matrix are formed ([B, Hq, W, S]), not all S x S.
     """
-    if reduce not in TOKEN_SPARSE_REDUCTIONS:
-        raise ValueError(f"reduce={reduce!r} is invalid: expected one of {', '.join(TOKEN_SPARSE_REDUCTIONS)}")
+    check_token_sparse_reduce(reduce)
     ct = _compute_dtype(q)
     batch, num_heads, s, head_dim = q.shape
     w = min(window, s)

@@ -29,7 +29,7 @@ from ._prefill_common import (
     head_dim_block,
     interpreter_active,
 )
-from .reference import TOKEN_SPARSE_REDUCTIONS
+from .reference import check_token_sparse_reduce
 
 
 def _stats_block_sizes():
@@ -181,8 +181,7 @@ def token_sparse_scores_triton(q, k, seq_lens, window, reduce="mean"):
     group = check_gqa(num_q_heads, num_kv_heads)
     if isinstance(window, bool) or not isinstance(window, int) or window < 1:
         raise ValueError(f"window={window!r} must be a positive int (the number of last queries that vote)")
-    if reduce not in TOKEN_SPARSE_REDUCTIONS:
-        raise ValueError(f"reduce={reduce!r} is invalid: expected one of {', '.join(TOKEN_SPARSE_REDUCTIONS)}")
+    check_token_sparse_reduce(reduce)
     seq_lens = check_int_vector("seq_lens", seq_lens, batch, q.device, low=0, high=seq_total)
 
     scores = torch.empty((batch, num_q_heads, seq_total), device=q.device, dtype=torch.float32)

@@ -154,8 +154,8 @@ def token_sparse_indices(q: torch.Tensor, k: torch.Tensor, seq_lens: torch.Tenso
         ranked = pos[None, :] < ranked_len[:, None]  # [B, S]
         # [B, Hq, S] each: the mean sizes coverage's budget (attention mass); score_reduce="max" ranks by the max
         # inside that budget, one more scoring pass (a fixed keep_ratio needs no mean)
-        pooled = _pooled_scores(q, k, lens, cfg, ranked, "mean") if keep_ratio is None or cfg.score_reduce == "mean" \
-            else None
+        needs_mean = keep_ratio is None or cfg.score_reduce == "mean"
+        pooled = _pooled_scores(q, k, lens, cfg, ranked, "mean") if needs_mean else None
         rank_scores = pooled if cfg.score_reduce == "mean" else _pooled_scores(q, k, lens, cfg, ranked, "max")
         if keep_ratio is not None:
             budget = torch.ceil(ranked_len.double() * keep_ratio).long().clamp(min=1)
