@@ -52,11 +52,20 @@
 # The sixth try (2026-12-07, 20:05-20:33 UTC): five start requests refused or failed (about 470 s), then the
 # workplace paused new loans; nothing ran. A sixth request at 22:12, once loans resumed, failed as well (the
 # one-call fallback, first_call_adaptive.sh). Its inputs were rebuilt as in the third try.
-# Since that try the Token Sparse grid of TS_SWEEP=1 has one more variant, score_max (token_sparse_score_reduce=
-# "max", BENCHMARKS.md "Which ranking keeps RULER's answer tokens"); if it is picked, its prefill speed at 32K / 128K
-# goes through eval.bench e2e as the other picks did.
+# The seventh try (2026-12-07, 22:57-23:52 UTC): five start requests refused or failed (about 650 s), then one H100
+# for all three stage calls and `SUITE=0 TS_SWEEP=1 TS_LIMIT=450 LIMIT32=450 RUNS=pod_8k_scores_recall ... start`
+# (the GPU suite started in call 1 through gpu_suite_background.sh), two `wait`s, `collect`, and the shipped export's
+# pass-key / needle rows and the original's (issue29_retrieval_row.py) in the last 120 s:
+# benchmarks/h100_2026-12-07d/. Ran: the GPU suite (154 passed), the Token Sparse grid at 10 samples per task (pick:
+# the default), issue 32's 4K rows, the shipped setting's retrieval target. Still to run: the e2e at 128K x 4 (an
+# H200), pod_8k_recall_kv20 / kv35, the shipped export's test rows densely, issue 32's POD rows under FP8, and
+# `make test-gpu` on an H200.
+# Since the sixth try the Token Sparse grid of TS_SWEEP=1 has one more variant, score_max (token_sparse_score_reduce=
+# "max", BENCHMARKS.md "Which ranking keeps RULER's answer tokens"); the seventh try's sweep did not pick it (the
+# default holds: BENCHMARKS.md "Token Sparse's grid at 10 samples per task"), so TS_SWEEP=1 is done.
 # Device time measured for these parts: start-up and the three stage calls about 250 s; three 8K trainings side by
-# side about 1000-1200 s (one alone: about 500 s); the e2e about budget + 80 s.
+# side about 1000-1200 s (one alone: about 500 s; one beside the sweep, the boards and the suite: 735 s on an H100);
+# the e2e about budget + 80 s.
 set -u
 part=${1:-}; shift || true
 case "$part" in

@@ -105,15 +105,16 @@ def test_max_and_mean_rank_differently():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("reduce", ["mean", "max"])
 @pytest.mark.parametrize("group", [1, 3, 4, 8])
-def test_bf16_gpu(group):
+def test_bf16_gpu(group, reduce):
     gen = torch.Generator().manual_seed(group)
     q = torch.randn(2, 2 * group, 3000, 128, generator=gen).to(DEVICE, torch.bfloat16)
     k = torch.randn(2, 2, 3000, 128, generator=gen).to(DEVICE, torch.bfloat16)
     seq_lens = torch.tensor([3000, 1700], device=DEVICE)
-    got = token_sparse_scores_triton(q, k, seq_lens, 128)
-    exact = reference.token_sparse_scores(q.double(), k.double(), seq_lens, 128)
-    ref = reference.token_sparse_scores(q, k, seq_lens, 128)
+    got = token_sparse_scores_triton(q, k, seq_lens, 128, reduce=reduce)
+    exact = reference.token_sparse_scores(q.double(), k.double(), seq_lens, 128, reduce)
+    ref = reference.token_sparse_scores(q, k, seq_lens, 128, reduce)
     got_err = (got.double() - exact).abs().max().item()
     ref_err = (ref.double() - exact).abs().max().item()
     assert got_err <= 4 * ref_err + 1e-6
