@@ -235,10 +235,14 @@ def run_setting_engine(model, tokenizer, setting, samples: list[ruler.RulerSampl
         began = time.perf_counter()
         engine = GenerationEngine(model, sparse_config=model.sparse_config, max_batch_size=len(chunk),
                                   max_seq_len=capacity)
-        answers = engine_answers(engine, contexts, questions, tokens, tokenizer.eos_token_id)
+        stats: dict = {}
+        answers = engine_answers(engine, contexts, questions, tokens, tokenizer.eos_token_id, stats=stats)
         del engine
+        # Token Sparse's dropped share per row, as the one-prompt loop records it (eval.runner.token_sparse_sparsity)
+        sparsity = stats["token_sparse"].sequence_token_sparsity if "token_sparse" in stats else [None] * len(chunk)
         seconds = (time.perf_counter() - began) / len(chunk)
-        for sample, context, question, answer, limit in zip(chunk, contexts, questions, answers, tokens):
+        for sample, context, question, answer, limit, dropped in zip(chunk, contexts, questions, answers, tokens,
+                                                                    sparsity):
             text = tokenizer.decode(answer)
             kept, read = kv_fractions(model, len(context) + len(question))
             records.append({
@@ -247,7 +251,7 @@ def run_setting_engine(model, tokenizer, setting, samples: list[ruler.RulerSampl
                 "seed": sample.seed, "score": ruler.score(sample.task, text, sample.outputs), "generation": text,
                 "outputs": sample.outputs, "prompt_tokens": len(context) + len(question), "kv_kept": kept,
                 "kv_read": read, "budget": setting.budget, "coverage": setting.coverage, "compression_ratio": None,
-                "token_sparsity": None, "max_new_tokens": limit, "chat": chat, "engine": True,
+                "token_sparsity": dropped, "max_new_tokens": limit, "chat": chat, "engine": True,
                 "question_phase": question_phase(question_in_decode),
                 "seconds": round(seconds, 3), "device": device_name, "model": model_name})
         if torch.cuda.is_available():

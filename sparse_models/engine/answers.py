@@ -26,7 +26,8 @@ def slots_needed(context_ids: Sequence[Sequence[int]], question_ids: Sequence[Se
 
 @torch.no_grad()
 def engine_answers(engine, context_ids: Sequence[Sequence[int]], question_ids: Sequence[Sequence[int]],
-                   max_new_tokens: Sequence[int], eos_token_id: int | None) -> list[list[int]]:
+                   max_new_tokens: Sequence[int], eos_token_id: int | None,
+                   stats: dict | None = None) -> list[list[int]]:
     """Greedy answer token ids (end-of-sequence excluded) per row, at most ``max_new_tokens[b]`` each.
 
     ``context_ids[b]`` is prefilled; ``question_ids[b]`` is fed through decode steps (the question-agnostic
@@ -34,6 +35,8 @@ def engine_answers(engine, context_ids: Sequence[Sequence[int]], question_ids: S
     comes from the prefill's last logits.
     ``engine``: a :class:`sparse_models.engine.GenerationEngine` with ``max_batch_size >= len(context_ids)``
     and a capacity of at least :func:`slots_needed` (every row advances until the last row finishes).
+    ``stats``: if given, receives the prefill scheme's report (``GenerationEngine.prefill``; Token Sparse: a
+    TokenSparseStats whose rows are the batch's rows, in order).
     """
     batch = len(context_ids)
     if not batch or not len(question_ids) == len(max_new_tokens) == batch:
@@ -45,7 +48,7 @@ def engine_answers(engine, context_ids: Sequence[Sequence[int]], question_ids: S
     if need > engine.capacity or batch > engine.max_batch_size:
         raise ValueError(f"engine_answers: {batch} rows needing {need} slots, but the engine holds "
                          f"{engine.max_batch_size} rows of {engine.capacity}")
-    first = engine.prefill([list(c) for c in context_ids]).argmax(-1).tolist()
+    first = engine.prefill([list(c) for c in context_ids], stats=stats).argmax(-1).tolist()
     answers: list[list[int]] = [[] for _ in range(batch)]
     done = [False] * batch
     fed = [0] * batch

@@ -115,6 +115,13 @@ class TokenSparseStats:
         values = [s for rec in self.layers.values() for s in rec.token_sparsity]
         return sum(values) / len(values) if values else 0.0
 
+    @property
+    def sequence_token_sparsity(self) -> list[float]:
+        """Per sequence of the batch, its dropped-token fraction averaged over the sparse layers (what
+        :attr:`mean_token_sparsity` is for a batch of one); [] when nothing ran."""
+        rows = [rec.token_sparsity for rec in self.layers.values()]
+        return [sum(column) / len(column) for column in zip(*rows)]
+
     def to_dict(self) -> dict:
         return {"mean_token_sparsity": self.mean_token_sparsity,
                 "layers": {layer: {"seq_lens": r.seq_lens, "kept": r.kept, "sparse": r.sparse,

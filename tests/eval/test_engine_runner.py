@@ -95,6 +95,53 @@ def test_a_prefilled_question_matches_the_one_prompt_loop(deep_model, tiny_token
         apply_overrides(deep_model, base, {})
 
 
+TOKEN_SPARSE = {"prefill_scheme": "token_sparse", "token_sparse_sparse_layers": [2, 3], "token_sparse_window": 8,
+                "token_sparse_coverage": 0.2, "token_sparse_min_tokens": 4}
+
+
+@pytest.mark.parametrize("question_in_decode", [True, False], ids=["question_decoded", "question_prefilled"])
+def test_the_engine_reports_each_rows_token_sparsity_as_the_one_prompt_loop(deep_model, tiny_tokenizer,
+                                                                           question_in_decode):
+    """engine_answers(stats=...) hands back Token Sparse's report with one entry per batch row, equal to what the
+    one-prompt loop records for that prompt alone (the leaderboard's token_sparsity on either path)."""
+    from sparse_models.engine import GenerationEngine
+
+    base = deep_model.sparse_config
+    apply_overrides(deep_model, base, TOKEN_SPARSE)
+    try:
+        loop = [retrieval_generate(deep_model, tiny_tokenizer, c, q, max_new_tokens=n, stop_at_newline=False,
+                                   question_in_decode=question_in_decode).token_sparsity
+                for c, q, n in zip(CONTEXTS, QUESTIONS, MAX_NEW)]
+        assert all(0.0 < x < 1.0 for x in loop)  # every row drops some tokens and keeps some
+        assert len(set(loop)) == len(loop)        # and a different share: a row mix-up would show
+        engine = GenerationEngine(deep_model, sparse_config=deep_model.sparse_config, max_batch_size=4,
+                                  max_seq_len=512, use_cuda_graphs=False)
+        contexts, questions = encoded(tiny_tokenizer)
+        if not question_in_decode:
+            contexts, questions = [c + q for c, q in zip(contexts, questions)], [[] for _ in questions]
+        stats: dict = {}
+        engine_answers(engine, contexts, questions, MAX_NEW, tiny_tokenizer.eos_token_id, stats=stats)
+        assert stats["token_sparse"].sequence_token_sparsity == pytest.approx(loop, abs=1e-12)
+        dense: dict = {}
+        apply_overrides(deep_model, base, {})
+        engine = GenerationEngine(deep_model, sparse_config=deep_model.sparse_config, max_batch_size=4,
+                                  max_seq_len=512, use_cuda_graphs=False)
+        engine_answers(engine, contexts, questions, MAX_NEW, tiny_tokenizer.eos_token_id, stats=dense)
+        assert "token_sparse" not in dense      # a dense prefill reports nothing: the record says None
+    finally:
+        apply_overrides(deep_model, base, {})
+
+
+def test_sequence_token_sparsity_averages_each_row_over_the_sparse_layers():
+    from sparse_models.schemes.token_sparse import LayerSparsity, TokenSparseStats
+
+    stats = TokenSparseStats({2: LayerSparsity(2, [100, 40], [25, 40], [True, False]),
+                              3: LayerSparsity(3, [100, 40], [75, 40], [True, False])})
+    assert stats.sequence_token_sparsity == pytest.approx([0.5, 0.0])
+    assert stats.mean_token_sparsity == pytest.approx(0.25)
+    assert TokenSparseStats().sequence_token_sparsity == []
+
+
 def test_bad_batches_are_refused(deep_model):
     from sparse_models.engine import GenerationEngine
 
@@ -125,11 +172,15 @@ def test_leaderboard_engine_and_loop_write_the_same_records(deep_model_dir, tmp_
         out.mkdir()
         (out / "samples_2048.json").write_text(json.dumps({"seed": 0, "samples": [s.to_dict() for s in samples]}))
         leaderboard.main(["--model", str(deep_model_dir), "--lengths", "2048", "--samples", "2", "--tasks", "vt",
-                          "--settings", "dense", "streaming@1/128", "--fractions", "1/128",
+                          "--settings", "dense", "streaming@1/128", "token_sparse@0.005", "--fractions", "1/128",
                           "--no-calibrate", "--plain", "--device", "cpu", engine, "--out", str(out)])
         records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
-        results[engine] = sorted((r["setting"], r["index"], r["generation"], r["kv_read"]) for r in records)
-    assert len(results["--engine"]) == 4 and results["--engine"] == results["--no-engine"]
+        results[engine] = sorted((r["setting"], r["index"], r["generation"], r["kv_read"], r["token_sparsity"])
+                                 for r in records)
+    assert len(results["--engine"]) == 6 and results["--engine"] == results["--no-engine"]
+    # both paths record Token Sparse's dropped share (0.0 here: these prompts are below its min_tokens), None elsewhere
+    assert {r[0]: r[4] for r in results["--engine"]} == {"dense": None, "streaming@1/128": None,
+                                                        "token_sparse@0.005": 0.0}
     assert {r[3] < 1 for r in results["--engine"] if r[0] == "streaming@1/128"} == {True}
 
 
