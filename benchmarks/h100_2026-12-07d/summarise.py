@@ -9,8 +9,8 @@ A difference is the RULER average (each task weighs the same) of mine - theirs o
 bootstrap interval that resamples the samples within each task (2000 draws, fixed seed), as
 ../h100_2026-12-06/issue31_placement/summarise.py does.
     python3 benchmarks/h100_2026-12-07d/summarise.py  ->  summary.json, issue32_4k.png"""
+import importlib.util
 import json
-import random
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -24,6 +24,11 @@ HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE.parents[1]))
 from eval.harness import leaderboard_records as lr  # noqa: E402  (the record format; standard library only)
 
+_spec = importlib.util.spec_from_file_location("placement", HERE.parent / "h100_2026-12-06" / "issue31_placement" /
+                                               "summarise.py")
+placement = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(placement)   # its paired_interval: one bootstrap for both studies
+
 CACHES = ["bf16", "fp8", "fp8_recent64"]
 SCHEMES = ["dense", "tidal@1/8", "quest@1/8"]
 
@@ -36,15 +41,11 @@ def by_task(records: list[dict], setting: str, length: int) -> dict[str, dict[in
     return tasks
 
 
-def paired_interval(mine: dict, theirs: dict, draws: int = 2000) -> dict[str, float]:
-    rng = random.Random(0)
-    common = {t: sorted(set(mine[t]) & set(theirs[t])) for t in mine if t in theirs}
-    diffs = {t: [mine[t][i] - theirs[t][i] for i in idx] for t, idx in common.items() if idx}
-    point = 100 * sum(sum(d) / len(d) for d in diffs.values()) / len(diffs)
-    boots = sorted(100 * sum(sum(rng.choices(d, k=len(d))) / len(d) for d in diffs.values()) / len(diffs)
-                   for _ in range(draws))
-    return {"difference": round(point, 2), "low": round(boots[int(0.025 * draws)], 2),
-            "high": round(boots[int(0.975 * draws)], 2), "samples": sum(len(d) for d in diffs.values())}
+def paired_interval(mine: dict, theirs: dict) -> dict[str, float]:
+    """The placement study's paired bootstrap (same draws, same seed), with the sample count."""
+    point, low, high = placement.paired_interval(mine, theirs)
+    return {"difference": point, "low": low, "high": high,
+            "samples": sum(len(set(mine[t]) & set(theirs[t])) for t in mine if t in theirs)}
 
 
 def average(tasks: dict[str, dict[int, float]]) -> float:
